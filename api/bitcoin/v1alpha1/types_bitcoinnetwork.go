@@ -1,0 +1,135 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DefaultImage is the bitcoind image used when spec.image is left out.
+const DefaultImage = "bitcoin/bitcoin:28.0"
+
+// Network is the Bitcoin chain the nodes run on.
+// +kubebuilder:validation:Enum=regtest;testnet;mainnet
+type Network string
+
+const (
+	// NetworkRegtest is a private chain where blocks are mined on demand; the default, since the
+	// seed's network is for testing.
+	NetworkRegtest Network = "regtest"
+	NetworkTestnet Network = "testnet"
+	NetworkMainnet Network = "mainnet"
+)
+
+// BitcoinNetworkSpec describes a small network of bitcoind nodes that know each other.
+type BitcoinNetworkSpec struct {
+	// nodes is how many bitcoind nodes to run.
+	// +optional
+	// +kubebuilder:default=2
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10
+	Nodes int32 `json:"nodes,omitempty"`
+
+	// image is the bitcoind container image.
+	// +optional
+	// +kubebuilder:default="bitcoin/bitcoin:28.0"
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	Image string `json:"image,omitempty"`
+
+	// network is the chain the nodes run on.
+	// +optional
+	// +kubebuilder:default=regtest
+	Network Network `json:"network,omitempty"`
+
+	// secretName names a Secret in the same namespace holding the RPC credentials (keys "user"
+	// and "password"). Unset means the operator generates one.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	SecretName string `json:"secretName,omitempty"`
+}
+
+// BitcoinNodeStatus is one node of the network as the operator last saw it.
+type BitcoinNodeStatus struct {
+	// name of the node (its pod).
+	// +required
+	Name string `json:"name"`
+	// ip is the node's pod IP, empty until it has one.
+	// +optional
+	IP string `json:"ip,omitempty"`
+	// ready is true when bitcoind answers RPC and has been added to its peers.
+	// +optional
+	Ready bool `json:"ready,omitempty"`
+}
+
+// BitcoinNetworkStatus is reported by the Bitcoin operator.
+type BitcoinNetworkStatus struct {
+	// observedGeneration is the metadata.generation this status was computed for.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// readyNodes is how many nodes are ready.
+	// +optional
+	ReadyNodes int32 `json:"readyNodes,omitempty"`
+
+	// peers is how many peer connections (addnode links between ready nodes) the operator has
+	// established.
+	// +optional
+	Peers int32 `json:"peers,omitempty"`
+
+	// nodes lists every node the operator knows about.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Nodes []BitcoinNodeStatus `json:"nodes,omitempty"`
+
+	// conditions: Ready is True when readyNodes equals spec.nodes and every ready node is
+	// connected to the others.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// BitcoinNetwork is a network of bitcoind nodes managed by the Bitcoin operator (seed 002).
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:path=bitcoinnetworks,singular=bitcoinnetwork,scope=Namespaced,shortName=btc,categories={crdipc,crdipc-bitcoin}
+// +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.spec.nodes`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyNodes`
+// +kubebuilder:printcolumn:name="Network",type=string,JSONPath=`.spec.network`
+// +kubebuilder:printcolumn:name="Peers",type=integer,JSONPath=`.status.peers`,priority=1
+// +kubebuilder:printcolumn:name="Status",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type BitcoinNetwork struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec may be left out entirely: every field has a default.
+	// +optional
+	// +kubebuilder:default={}
+	Spec BitcoinNetworkSpec `json:"spec,omitempty"`
+	// +optional
+	Status BitcoinNetworkStatus `json:"status,omitempty"`
+}
+
+// BitcoinNetworkList is a list of BitcoinNetworks.
+// +kubebuilder:object:root=true
+type BitcoinNetworkList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []BitcoinNetwork `json:"items"`
+}
+
+// GetConditions implements conditions.Object.
+func (o *BitcoinNetwork) GetConditions() []metav1.Condition { return o.Status.Conditions }
+
+// SetConditions implements conditions.Object.
+func (o *BitcoinNetwork) SetConditions(c []metav1.Condition) { o.Status.Conditions = c }
+
+// GetObservedGeneration implements conditions.Object.
+func (o *BitcoinNetwork) GetObservedGeneration() int64 { return o.Status.ObservedGeneration }
+
+// SetObservedGeneration implements conditions.Object.
+func (o *BitcoinNetwork) SetObservedGeneration(g int64) { o.Status.ObservedGeneration = g }

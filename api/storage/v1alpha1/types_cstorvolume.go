@@ -1,0 +1,162 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DefaultReplicationFactor is spec.replicationFactor when the user leaves it out.
+const DefaultReplicationFactor int32 = 3
+
+// VolumePhase is the lifecycle phase of a CStorVolume as reported by the operator.
+// +kubebuilder:validation:Enum=Init;Healthy;Degraded;Offline;Error
+type VolumePhase string
+
+const (
+	// VolumePhaseInit: no replica is Healthy yet.
+	VolumePhaseInit VolumePhase = "Init"
+	// VolumePhaseHealthy: every desired replica is Healthy.
+	VolumePhaseHealthy VolumePhase = "Healthy"
+	// VolumePhaseDegraded: at least consistencyFactor replicas are Healthy, but not all; the
+	// operator places the missing ones when pools become available.
+	VolumePhaseDegraded VolumePhase = "Degraded"
+	// VolumePhaseOffline: fewer than consistencyFactor replicas are Healthy.
+	VolumePhaseOffline VolumePhase = "Offline"
+	VolumePhaseError   VolumePhase = "Error"
+)
+
+// CStorVolumeSpec is a volume replicated over distinct pools.
+// +kubebuilder:validation:XValidation:rule="!has(self.consistencyFactor) || !has(self.replicationFactor) || self.consistencyFactor <= self.replicationFactor",message="consistencyFactor must be less than or equal to replicationFactor",fieldPath=".consistencyFactor"
+type CStorVolumeSpec struct {
+	// capacity of the volume (and of each replica).
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="capacity is immutable"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="capacity must be greater than zero"
+	Capacity resource.Quantity `json:"capacity"`
+
+	// replicationFactor is how many replicas, on distinct pools, the volume has.
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=5
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="replicationFactor is immutable"
+	ReplicationFactor int32 `json:"replicationFactor,omitempty"`
+
+	// consistencyFactor is how many replicas must be Healthy for the volume to serve I/O. Unset
+	// means a majority, replicationFactor/2+1.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	ConsistencyFactor *int32 `json:"consistencyFactor,omitempty"`
+
+	// ttlSecondsAfterFinished, when set, lets the operator delete the volume this many seconds
+	// after it became Ready; for throwaway volumes in tests and benchmarks.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
+}
+
+// EffectiveConsistencyFactor returns spec.consistencyFactor, or the majority of the replication
+// factor when it is unset. An unset replication factor (an object not yet defaulted by the API
+// server) counts as DefaultReplicationFactor.
+func (s *CStorVolumeSpec) EffectiveConsistencyFactor() int32 {
+	if s.ConsistencyFactor != nil {
+		return *s.ConsistencyFactor
+	}
+	rf := s.ReplicationFactor
+	if rf == 0 {
+		rf = DefaultReplicationFactor
+	}
+	return rf/2 + 1
+}
+
+// VolumeReplicaStatus is the operator's summary of one CStorVolumeReplica of the volume.
+type VolumeReplicaStatus struct {
+	// name of the CStorVolumeReplica (in the volume's namespace).
+	// +required
+	Name string `json:"name"`
+	// pool is the CStorPool holding the replica.
+	// +required
+	Pool string `json:"pool"`
+	// node is the pool's node.
+	// +required
+	Node string `json:"node"`
+	// phase is the replica's phase as its agent last reported it.
+	// +optional
+	Phase ReplicaPhase `json:"phase,omitempty"`
+}
+
+// CStorVolumeStatus is reported by the operator.
+type CStorVolumeStatus struct {
+	// observedGeneration is the metadata.generation this status was computed for.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// phase of the volume.
+	// +optional
+	Phase VolumePhase `json:"phase,omitempty"`
+
+	// replicas placed so far, one entry per CStorVolumeReplica.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	Replicas []VolumeReplicaStatus `json:"replicas,omitempty"`
+
+	// readyReplicas is how many replicas are Healthy.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+
+	// desiredReplicas is spec.replicationFactor as the operator saw it.
+	// +optional
+	DesiredReplicas int32 `json:"desiredReplicas,omitempty"`
+
+	// conditions: Ready is True when every desired replica is Healthy; False with reason
+	// Waiting while the operator waits for pools to place the rest.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// CStorVolume is a request for a replicated volume (seed 000). The operator turns it into
+// CStorVolumeReplicas on distinct pools and reports their state here.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:path=cstorvolumes,singular=cstorvolume,scope=Namespaced,shortName=cv,categories={crdipc,crdipc-storage}
+// +kubebuilder:printcolumn:name="Capacity",type=string,JSONPath=`.spec.capacity`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.status.readyReplicas`
+// +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.status.desiredReplicas`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type CStorVolume struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec CStorVolumeSpec `json:"spec"`
+	// +optional
+	Status CStorVolumeStatus `json:"status,omitempty"`
+}
+
+// CStorVolumeList is a list of CStorVolumes.
+// +kubebuilder:object:root=true
+type CStorVolumeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []CStorVolume `json:"items"`
+}
+
+// GetConditions implements conditions.Object.
+func (o *CStorVolume) GetConditions() []metav1.Condition { return o.Status.Conditions }
+
+// SetConditions implements conditions.Object.
+func (o *CStorVolume) SetConditions(c []metav1.Condition) { o.Status.Conditions = c }
+
+// GetObservedGeneration implements conditions.Object.
+func (o *CStorVolume) GetObservedGeneration() int64 { return o.Status.ObservedGeneration }
+
+// SetObservedGeneration implements conditions.Object.
+func (o *CStorVolume) SetObservedGeneration(g int64) { o.Status.ObservedGeneration = g }

@@ -1,0 +1,129 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ReplicaPhase is the lifecycle phase of a CStorVolumeReplica as reported by its node's agent.
+// +kubebuilder:validation:Enum=Init;Healthy;Offline;Error;DeletionFailed
+type ReplicaPhase string
+
+const (
+	// ReplicaPhaseInit: the agent has not created the replica yet.
+	ReplicaPhaseInit    ReplicaPhase = "Init"
+	ReplicaPhaseHealthy ReplicaPhase = "Healthy"
+	ReplicaPhaseOffline ReplicaPhase = "Offline"
+	ReplicaPhaseError   ReplicaPhase = "Error"
+	// ReplicaPhaseDeletionFailed: deleting the replica's data failed; the finalizer stays.
+	ReplicaPhaseDeletionFailed ReplicaPhase = "DeletionFailed"
+)
+
+// CStorVolumeReplicaSpec places one replica of a volume on one pool. Every field is fixed at
+// creation: moving a replica means deleting it and creating another.
+type CStorVolumeReplicaSpec struct {
+	// volume is the name of the CStorVolume (same namespace) this replica belongs to.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="volume is immutable"
+	Volume string `json:"volume"`
+
+	// pool is the name of the CStorPool holding the replica.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="pool is immutable"
+	Pool string `json:"pool"`
+
+	// nodeName is the pool's node, copied here so the node's agent can select its replicas.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeName is immutable"
+	NodeName string `json:"nodeName"`
+
+	// capacity of the replica.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="capacity is immutable"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="capacity must be greater than zero"
+	Capacity resource.Quantity `json:"capacity"`
+}
+
+// ReplicaCapacity is the space of a replica as the agent measured it.
+type ReplicaCapacity struct {
+	// total is the replica's logical size.
+	// +optional
+	Total resource.Quantity `json:"total,omitempty"`
+	// used is the space actually allocated (replicas are sparse).
+	// +optional
+	Used resource.Quantity `json:"used,omitempty"`
+}
+
+// CStorVolumeReplicaStatus is reported by the agent on spec.nodeName.
+type CStorVolumeReplicaStatus struct {
+	// observedGeneration is the metadata.generation this status was computed for.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// phase of the replica; empty until the agent first sees it.
+	// +optional
+	Phase ReplicaPhase `json:"phase,omitempty"`
+
+	// capacity as measured on the node.
+	// +optional
+	Capacity *ReplicaCapacity `json:"capacity,omitempty"`
+
+	// conditions: Ready is True when the replica is Healthy.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// CStorVolumeReplica is one replica of a CStorVolume on one pool (seed 000, step 3), named
+// <volume>-<pool>. The operator creates it; the agent on spec.nodeName creates the data.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:path=cstorvolumereplicas,singular=cstorvolumereplica,scope=Namespaced,shortName=cvr,categories={crdipc,crdipc-storage}
+// +kubebuilder:selectablefield:JSONPath=`.spec.nodeName`
+// +kubebuilder:selectablefield:JSONPath=`.spec.pool`
+// +kubebuilder:selectablefield:JSONPath=`.spec.volume`
+// +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volume`
+// +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.pool`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Capacity",type=string,JSONPath=`.spec.capacity`
+// +kubebuilder:printcolumn:name="Used",type=string,JSONPath=`.status.capacity.used`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type CStorVolumeReplica struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec CStorVolumeReplicaSpec `json:"spec"`
+	// +optional
+	Status CStorVolumeReplicaStatus `json:"status,omitempty"`
+}
+
+// CStorVolumeReplicaList is a list of CStorVolumeReplicas.
+// +kubebuilder:object:root=true
+type CStorVolumeReplicaList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []CStorVolumeReplica `json:"items"`
+}
+
+// GetConditions implements conditions.Object.
+func (o *CStorVolumeReplica) GetConditions() []metav1.Condition { return o.Status.Conditions }
+
+// SetConditions implements conditions.Object.
+func (o *CStorVolumeReplica) SetConditions(c []metav1.Condition) { o.Status.Conditions = c }
+
+// GetObservedGeneration implements conditions.Object.
+func (o *CStorVolumeReplica) GetObservedGeneration() int64 { return o.Status.ObservedGeneration }
+
+// SetObservedGeneration implements conditions.Object.
+func (o *CStorVolumeReplica) SetObservedGeneration(g int64) { o.Status.ObservedGeneration = g }

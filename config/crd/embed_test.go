@@ -1,0 +1,86 @@
+package crd_test
+
+import (
+	"slices"
+	"testing"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+
+	"github.com/crdipc/crdipc/config/crd"
+)
+
+func TestCRDsDecode(t *testing.T) {
+	crds, err := crd.CRDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"bitcoinnetworks.bitcoin.crdipc.io",
+		"books.library.crdipc.io",
+		"branches.scm.crdipc.io",
+		"cstorpools.storage.crdipc.io",
+		"cstorvolumereplicas.storage.crdipc.io",
+		"cstorvolumes.storage.crdipc.io",
+		"pullrequests.scm.crdipc.io",
+		"storagepoolclaims.storage.crdipc.io",
+	}
+	var got []string
+	for _, c := range crds {
+		got = append(got, c.Name)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("embedded CRDs (sorted) = %v, want %v", got, want)
+	}
+
+	for _, c := range crds {
+		if !slices.Contains(c.Spec.Names.Categories, "crdipc") {
+			t.Errorf("%s: categories %v lack %q", c.Name, c.Spec.Names.Categories, "crdipc")
+		}
+		if len(c.Spec.Versions) != 1 || c.Spec.Versions[0].Name != "v1alpha1" {
+			t.Errorf("%s: want exactly version v1alpha1, got %d versions", c.Name, len(c.Spec.Versions))
+			continue
+		}
+		v := c.Spec.Versions[0]
+		if v.Subresources == nil || v.Subresources.Status == nil {
+			t.Errorf("%s: status subresource missing", c.Name)
+		}
+		if v.Schema == nil || v.Schema.OpenAPIV3Schema == nil {
+			t.Errorf("%s: schema missing", c.Name)
+		}
+	}
+}
+
+func TestSelectableNodeName(t *testing.T) {
+	crds, err := crd.CRDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"cstorpools.storage.crdipc.io", "cstorvolumereplicas.storage.crdipc.io"} {
+		i := slices.IndexFunc(crds, func(c *apiextensionsv1.CustomResourceDefinition) bool { return c.Name == name })
+		if i < 0 {
+			t.Fatalf("%s not embedded", name)
+		}
+		var paths []string
+		for _, f := range crds[i].Spec.Versions[0].SelectableFields {
+			paths = append(paths, f.JSONPath)
+		}
+		if !slices.Contains(paths, ".spec.nodeName") {
+			t.Errorf("%s: selectableFields %v lack .spec.nodeName", name, paths)
+		}
+	}
+}
+
+func TestCRDsAreFresh(t *testing.T) {
+	a, err := crd.CRDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a[0].Name = "mutated"
+	b, err := crd.CRDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b[0].Name == "mutated" {
+		t.Fatal("CRDs returned shared objects; callers' changes leak into later calls")
+	}
+}

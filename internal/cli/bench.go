@@ -1,0 +1,146 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
+
+	"github.com/crdipc/crdipc/internal/bench"
+	"github.com/crdipc/crdipc/internal/controlplane"
+	"github.com/crdipc/crdipc/internal/install"
+)
+
+func newBenchCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure crdipc against the API server floor of the same run",
+		Long: `bench runs performance measurements. Each one first measures the floor
+(what the API server alone does with small custom resources on this machine,
+right now) and reports crdipc's figures as ratios to it, because absolute
+numbers on a shared machine drift from run to run while ratios do not.
+
+Without --kubeconfig, bench starts its own embedded control plane in a
+temporary directory and removes it afterwards.`,
+	}
+	cmd.AddCommand(newBenchFloorCommand())
+	return cmd
+}
+
+type benchTarget struct {
+	kubeconfig string
+	jsonPath   string
+}
+
+func (b *benchTarget) flags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&b.kubeconfig, "kubeconfig", "", "measure this cluster instead of an embedded control plane")
+	cmd.Flags().StringVar(&b.jsonPath, "json", "", "also write the results as JSON to this file ('-' for stdout)")
+}
+
+// cluster returns a client config for the cluster to measure and a func
+// that releases it.
+func (b *benchTarget) cluster(ctx context.Context, out io.Writer) (*rest.Config, func(), error) {
+	if b.kubeconfig != "" {
+		cfg, err := restConfig(b.kubeconfig)
+		return cfg, func() {}, err
+	}
+	dir, err := os.MkdirTemp("", "crdipc-bench-")
+	if err != nil {
+		return nil, nil, err
+	}
+	t := time.Now()
+	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: dir})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	release := func() {
+		_ = cp.Stop()
+		os.RemoveAll(dir)
+	}
+	if _, err := install.CRDs(ctx, cp.RESTConfig); err != nil {
+		release()
+		return nil, nil, err
+	}
+	fmt.Fprintf(out, "embedded control plane ready in %.2f s\n", time.Since(t).Seconds())
+	return cp.RESTConfig, release, nil
+}
+
+func (b *benchTarget) writeJSON(out io.Writer, v any) error {
+	if b.jsonPath == "" {
+		return nil
+	}
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	data = append(data, '\n')
+	if b.jsonPath == "-" {
+		_, err = out.Write(data)
+		return err
+	}
+	return os.WriteFile(b.jsonPath, data, 0o644)
+}
+
+func newBenchFloorCommand() *cobra.Command {
+	var target benchTarget
+	o := bench.DefaultFloorOptions
+	cmd := &cobra.Command{
+		Use:   "floor",
+		Short: "Measure the raw API server: creates/s and watch latencies",
+		Long: `floor measures what the API server alone does with a small custom
+resource (a Book), with unthrottled clients:
+
+  creates/s           with 1, 8 and 32 concurrent writers (own connection each)
+  create→watch        create call start until the creator's watch delivers it
+  create→status→watch create; a second client sees it and writes status; the
+                      creator's watch delivers the status. No request/response
+                      over custom resources can be faster than this.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			cfg, release, err := target.cluster(cmd.Context(), out)
+			if err != nil {
+				return err
+			}
+			defer release()
+			f, err := bench.MeasureFloor(cmd.Context(), cfg, o)
+			if err != nil {
+				return err
+			}
+			printFloor(out, f)
+			return target.writeJSON(out, f)
+		},
+	}
+	target.flags(cmd)
+	cmd.Flags().IntVar(&o.Creates, "creates", o.Creates, "objects created per concurrency level")
+	cmd.Flags().IntVar(&o.Samples, "samples", o.Samples, "round trips per latency measurement")
+	cmd.Flags().IntSliceVar(&o.Writers, "writers", o.Writers, "concurrency levels for the create throughput test")
+	return cmd
+}
+
+func printFloor(out io.Writer, f *bench.Floor) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "floor\tvalue\t")
+	writers := make([]int, 0, len(f.CreatesPerSec))
+	for w := range f.CreatesPerSec {
+		writers = append(writers, w)
+	}
+	slices.Sort(writers)
+	for _, w := range writers {
+		fmt.Fprintf(tw, "creates/s, %d writers\t%.0f\t\n", w, f.CreatesPerSec[w])
+	}
+	lat := func(name string, l bench.Latencies) {
+		fmt.Fprintf(tw, "%s p50 (ms)\t%.2f\t\n%s p99 (ms)\t%.2f\t\n", name, l.P50, name, l.P99)
+	}
+	lat("create→watch", f.CreateToWatch)
+	lat("create→status→watch", f.StatusRoundTrip)
+	tw.Flush()
+}

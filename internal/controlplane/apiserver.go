@@ -1,0 +1,75 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/spf13/pflag"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app/options"
+)
+
+// startAPIServer configures kube-apiserver as its command would from flags,
+// but runs it under ctx: app.NewAPIServerCommand installs its own signal
+// handler and can never be stopped, which an embedded server must be.
+func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki) (*component, error) {
+	s := options.NewServerRunOptions()
+	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
+	for _, f := range s.Flags().FlagSets {
+		fs.AddFlagSet(f)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	args := []string{
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(port),
+		"--tls-cert-file=" + p.servingCert,
+		"--tls-private-key-file=" + p.servingKey,
+		"--client-ca-file=" + p.caCert,
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file=" + p.serviceAccountKey,
+		"--service-account-signing-key-file=" + p.serviceAccountKey,
+		"--service-cluster-ip-range=" + serviceCIDR,
+		"--authorization-mode=Node,RBAC",
+		// One API server and no Service endpoints to keep: the lease-based
+		// reconciler would only add writes.
+		"--endpoint-reconciler-type=none",
+		"--enable-priority-and-fairness=true",
+		"--profiling=false",
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("kube-apiserver flags: %w", err)
+	}
+	s.SecureServing.Listener = ln
+	s.SecureServing.BindPort = port
+	if err := s.GenericServerRunOptions.ComponentGlobalsRegistry.Set(); err != nil {
+		return nil, fmt.Errorf("kube-apiserver feature gates: %w", err)
+	}
+	// The API server's own loopback clients should not log its warnings.
+	rest.SetDefaultWarningHandler(rest.NoWarnings{})
+
+	completed, err := s.Complete(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("completing kube-apiserver options: %w", err)
+	}
+	if errs := completed.Validate(); len(errs) != 0 {
+		return nil, fmt.Errorf("invalid kube-apiserver options: %w", utilerrors.NewAggregate(errs))
+	}
+	// Informer names are registered process-wide; a restarted API server in
+	// the same process (tests, restart persistence) needs the name freed.
+	name, err := cache.NewInformerName("kube-apiserver")
+	if err != nil {
+		return nil, fmt.Errorf("kube-apiserver informer name: %w", err)
+	}
+	completed.InformerName = name
+	return runComponent("kube-apiserver", func() error {
+		defer name.Release()
+		return app.Run(ctx, completed)
+	}), nil
+}

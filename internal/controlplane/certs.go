@@ -1,0 +1,204 @@
+package controlplane
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// pki holds the paths of the files the control plane's TLS and service
+// account token signing use. Files are created once and reused, so a
+// kubeconfig written by an earlier run stays valid across restarts.
+type pki struct {
+	dir                           string
+	caCert, caKey                 string
+	servingCert, servingKey       string
+	adminCert, adminKey           string
+	serviceAccountKey             string
+	controllerCert, controllerKey string
+}
+
+func newPKI(dir string) pki {
+	p := func(name string) string { return filepath.Join(dir, name) }
+	return pki{
+		dir:               dir,
+		caCert:            p("ca.crt"),
+		caKey:             p("ca.key"),
+		servingCert:       p("apiserver.crt"),
+		servingKey:        p("apiserver.key"),
+		adminCert:         p("admin.crt"),
+		adminKey:          p("admin.key"),
+		serviceAccountKey: p("service-account.key"),
+		controllerCert:    p("controller-manager.crt"),
+		controllerKey:     p("controller-manager.key"),
+	}
+}
+
+// ensure creates whatever is missing. It never replaces an existing CA: the
+// clients' kubeconfigs and the stored service account tokens depend on it.
+func (p pki) ensure() error {
+	if err := os.MkdirAll(p.dir, 0o700); err != nil {
+		return fmt.Errorf("creating pki dir: %w", err)
+	}
+	caCert, caKey, err := p.ensureCA()
+	if err != nil {
+		return err
+	}
+	leafs := []struct {
+		cert, key string
+		tmpl      x509.Certificate
+	}{
+		{p.servingCert, p.servingKey, x509.Certificate{
+			Subject:     pkix.Name{CommonName: "kube-apiserver"},
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+			DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+			IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.IPv6loopback, net.ParseIP(serviceIP)},
+		}},
+		{p.adminCert, p.adminKey, x509.Certificate{
+			Subject:     pkix.Name{CommonName: "crdipc-admin", Organization: []string{"system:masters"}},
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		}},
+		{p.controllerCert, p.controllerKey, x509.Certificate{
+			Subject:     pkix.Name{CommonName: "system:kube-controller-manager"},
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		}},
+	}
+	for _, l := range leafs {
+		if exists(l.cert) && exists(l.key) {
+			continue
+		}
+		if err := writeLeaf(l.cert, l.key, l.tmpl, caCert, caKey); err != nil {
+			return err
+		}
+	}
+	if !exists(p.serviceAccountKey) {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return fmt.Errorf("generating service account key: %w", err)
+		}
+		if err := writeKey(p.serviceAccountKey, key); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p pki) ensureCA() (*x509.Certificate, crypto.Signer, error) {
+	if exists(p.caCert) && exists(p.caKey) {
+		return loadPair(p.caCert, p.caKey)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generating CA key: %w", err)
+	}
+	tmpl := x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: "crdipc-ca"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().AddDate(10, 0, 0),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, &tmpl, key.Public(), key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating CA certificate: %w", err)
+	}
+	if err := writeKey(p.caKey, key); err != nil {
+		return nil, nil, err
+	}
+	if err := writePEM(p.caCert, "CERTIFICATE", der, 0o644); err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	return cert, key, err
+}
+
+func writeLeaf(certPath, keyPath string, tmpl x509.Certificate, ca *x509.Certificate, caKey crypto.Signer) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("generating key for %s: %w", tmpl.Subject.CommonName, err)
+	}
+	tmpl.SerialNumber = serial()
+	tmpl.NotBefore = time.Now().Add(-time.Hour)
+	tmpl.NotAfter = time.Now().AddDate(10, 0, 0)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, ca, key.Public(), caKey)
+	if err != nil {
+		return fmt.Errorf("signing certificate for %s: %w", tmpl.Subject.CommonName, err)
+	}
+	if err := writeKey(keyPath, key); err != nil {
+		return err
+	}
+	return writePEM(certPath, "CERTIFICATE", der, 0o644)
+}
+
+func loadPair(certPath, keyPath string) (*x509.Certificate, crypto.Signer, error) {
+	certPEM, err := os.ReadFile(certPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading %s: %w", certPath, err)
+	}
+	keyPEM, err := os.ReadFile(keyPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading %s: %w", keyPath, err)
+	}
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, nil, errors.New("ca files are not PEM")
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, nil, fmt.Errorf("parsing %s: %w", certPath, err)
+	}
+	key, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, nil, fmt.Errorf("parsing %s: %w", keyPath, err)
+	}
+	return cert, key, nil
+}
+
+func writeKey(path string, key *ecdsa.PrivateKey) error {
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return fmt.Errorf("encoding key: %w", err)
+	}
+	return writePEM(path, "EC PRIVATE KEY", der, 0o600)
+}
+
+// writePEM writes via a temporary file and rename so a crash never leaves a
+// half-written key that a restart would then fail to parse.
+func writePEM(path, typ string, der []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+func serial() *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return n
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}

@@ -1,0 +1,56 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/pflag"
+	"k8s.io/component-base/configz"
+	"k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	"k8s.io/kubernetes/cmd/kube-controller-manager/app/options"
+)
+
+// startControllerManager runs the named kube-controller-manager controllers
+// in this process, without leader election (there is one) and without a
+// serving port (its health is the API server's concern here).
+func startControllerManager(ctx context.Context, kubeconfig string, p pki, controllers []string) (*component, error) {
+	s, err := options.NewKubeControllerManagerOptions()
+	if err != nil {
+		return nil, fmt.Errorf("kube-controller-manager options: %w", err)
+	}
+	known, disabled, aliases := app.KnownControllers(), app.ControllersDisabledByDefault(), app.ControllerAliases()
+	fs := pflag.NewFlagSet("kube-controller-manager", pflag.ContinueOnError)
+	for _, f := range s.Flags(known, disabled, aliases).FlagSets {
+		fs.AddFlagSet(f)
+	}
+	args := []string{
+		"--kubeconfig=" + kubeconfig,
+		"--controllers=" + strings.Join(controllers, ","),
+		"--leader-elect=false",
+		"--secure-port=0",
+		"--service-account-private-key-file=" + p.serviceAccountKey,
+		"--root-ca-file=" + p.caCert,
+		"--use-service-account-credentials=false",
+		// The embedded cluster is small; default worker counts only add goroutines.
+		"--concurrent-gc-syncs=5",
+		"--concurrent-namespace-syncs=2",
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("kube-controller-manager flags: %w", err)
+	}
+	if err := s.ComponentGlobalsRegistry.Set(); err != nil {
+		return nil, fmt.Errorf("kube-controller-manager feature gates: %w", err)
+	}
+	c, err := s.Config(ctx, known, disabled, aliases)
+	if err != nil {
+		return nil, fmt.Errorf("kube-controller-manager config: %w", err)
+	}
+	// configz is a process-wide registry; the previous run's entry must go
+	// before a restarted controller manager registers its own.
+	configz.Delete(app.ConfigzName)
+	completed := c.Complete()
+	return runComponent("kube-controller-manager", func() error {
+		return app.Run(ctx, completed)
+	}), nil
+}

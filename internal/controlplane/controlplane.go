@@ -1,0 +1,319 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+const (
+	// serviceCIDR is the cluster's service range; only the apiserver's own
+	// "kubernetes" Service takes an address from it.
+	serviceCIDR = "10.96.0.0/24"
+	serviceIP   = "10.96.0.1"
+)
+
+// DefaultControllers are the kube-controller-manager controllers crdipc's
+// flows depend on: ownerReference cascades, namespace deletion, service
+// account tokens for workloads, and PVC↔PV binding for the CSI flow.
+var DefaultControllers = []string{
+	"garbage-collector-controller",
+	"namespace-controller",
+	"serviceaccount-controller",
+	"serviceaccount-token-controller",
+	"persistentvolume-binder-controller",
+}
+
+// Config says where and how to run the control plane.
+type Config struct {
+	// DataDir holds etcd's data, the PKI, the kubeconfig and the logs. It is
+	// durable: a control plane started again on it sees every object.
+	DataDir string
+	// Port is the API server's port on 127.0.0.1; 0 reuses the previous
+	// run's port when it is free, so an exported KUBECONFIG stays valid,
+	// and otherwise takes any free port.
+	Port int
+	// Controllers overrides DefaultControllers when non-nil.
+	Controllers []string
+	// Progress, when set, is told about each startup step as it completes.
+	Progress func(step string, took time.Duration)
+}
+
+// ControlPlane is a running control plane.
+type ControlPlane struct {
+	// RESTConfig authenticates as a cluster admin (O=system:masters).
+	RESTConfig *rest.Config
+	// Kubeconfig is the path of a kubeconfig file for RESTConfig's identity.
+	Kubeconfig string
+	// URL is the API server's https address.
+	URL string
+
+	dataDir    string
+	pki        pki
+	lock       *os.File
+	cancel     context.CancelFunc
+	components []*component
+	etcd       *etcdServer
+	stopped    chan struct{}
+	once       sync.Once
+}
+
+// ErrDataDirInUse is returned by Start when another process runs a control
+// plane on the same data directory.
+var ErrDataDirInUse = errors.New("data directory is in use by another crdipc control plane")
+
+// Start runs etcd, kube-apiserver and the controllers and returns once the
+// API server answers /readyz. Stop releases everything Start took.
+func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("controlplane: DataDir is required")
+	}
+	dir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("resolving data dir: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating data dir: %w", err)
+	}
+	progress := cfg.Progress
+	if progress == nil {
+		progress = func(string, time.Duration) {}
+	}
+	step := time.Now()
+	done := func(name string) {
+		progress(name, time.Since(step))
+		step = time.Now()
+	}
+
+	lock, err := lockDataDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	cp := &ControlPlane{dataDir: dir, pki: newPKI(filepath.Join(dir, "pki")), lock: lock, cancel: cancel, stopped: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			cp.Stop()
+		}
+	}()
+
+	if err := redirectLogs(filepath.Join(dir, "logs")); err != nil {
+		return nil, err
+	}
+	if err := cp.pki.ensure(); err != nil {
+		return nil, err
+	}
+	done("certificates")
+
+	cp.etcd, err = startEtcd(ctx, filepath.Join(dir, "etcd"), filepath.Join(dir, "logs", "etcd.log"))
+	if err != nil {
+		return nil, err
+	}
+	done("etcd")
+
+	ln, err := listen(dir, cfg.Port)
+	if err != nil {
+		return nil, err
+	}
+	cp.URL = "https://" + ln.Addr().String()
+	cp.RESTConfig = &rest.Config{
+		Host: cp.URL,
+		TLSClientConfig: rest.TLSClientConfig{
+			CAFile:   cp.pki.caCert,
+			CertFile: cp.pki.adminCert,
+			KeyFile:  cp.pki.adminKey,
+		},
+		// client-go's default of 5 QPS would make crdipc's own services the
+		// bottleneck; the API server's priority and fairness protects it.
+		QPS:   -1,
+		Burst: 1000,
+	}
+	cp.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	if err := writeKubeconfig(cp.Kubeconfig, cp.URL, cp.pki.caCert, cp.pki.adminCert, cp.pki.adminKey, "crdipc-admin"); err != nil {
+		return nil, err
+	}
+	controllerKubeconfig := filepath.Join(dir, "pki", "controller-manager.kubeconfig")
+	if err := writeKubeconfig(controllerKubeconfig, cp.URL, cp.pki.caCert, cp.pki.controllerCert, cp.pki.controllerKey, "system:kube-controller-manager"); err != nil {
+		return nil, err
+	}
+
+	api, err := startAPIServer(runCtx, ln, cp.etcd.clientURL, cp.pki)
+	if err != nil {
+		return nil, err
+	}
+	cp.components = append(cp.components, api)
+	client, err := kubernetes.NewForConfig(cp.RESTConfig)
+	if err != nil {
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+	if err := waitReady(ctx, client, api); err != nil {
+		return nil, err
+	}
+	done("kube-apiserver ready")
+
+	controllers := cfg.Controllers
+	if controllers == nil {
+		controllers = DefaultControllers
+	}
+	if len(controllers) > 0 {
+		kcm, err := startControllerManager(runCtx, controllerKubeconfig, cp.pki, controllers)
+		if err != nil {
+			return nil, err
+		}
+		cp.components = append(cp.components, kcm)
+		done("controllers")
+	}
+	return cp, nil
+}
+
+// component is one part of the control plane running in a goroutine.
+type component struct {
+	name string
+	done chan struct{}
+	err  error
+}
+
+func runComponent(name string, run func() error) *component {
+	c := &component{name: name, done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		if err := run(); err != nil && !errors.Is(err, context.Canceled) {
+			c.err = fmt.Errorf("%s: %w", name, err)
+		}
+	}()
+	return c
+}
+
+// DataDir is the absolute path of the control plane's data directory.
+func (cp *ControlPlane) DataDir() string { return cp.dataDir }
+
+// CAFile is the path of the CA certificate clients should trust.
+func (cp *ControlPlane) CAFile() string { return cp.pki.caCert }
+
+// Stop shuts every component down, waits for them and releases the data
+// directory. It is safe to call more than once.
+func (cp *ControlPlane) Stop() error {
+	cp.once.Do(func() {
+		cp.cancel()
+		for _, c := range cp.components {
+			<-c.done
+		}
+		if cp.etcd != nil {
+			cp.etcd.close()
+		}
+		if cp.lock != nil {
+			_ = syscall.Flock(int(cp.lock.Fd()), syscall.LOCK_UN)
+			_ = cp.lock.Close()
+		}
+		close(cp.stopped)
+	})
+	var errs []error
+	for _, c := range cp.components {
+		errs = append(errs, c.err)
+	}
+	return errors.Join(errs...)
+}
+
+// lockDataDir takes an exclusive, non-blocking flock on the data directory.
+// The kernel drops it when the process dies, so a crash never leaves a stale
+// lock behind (unlike a PID file).
+func lockDataDir(dir string) (*os.File, error) {
+	path := filepath.Join(dir, "lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening lock file: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s (held by pid %s); stop it or pick another --data-dir", ErrDataDirInUse, dir, strings.TrimSpace(string(holder)))
+		}
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return f, nil
+}
+
+// listen binds the API server's port before the server starts, so no other
+// process can take it between choosing and serving.
+func listen(dir string, port int) (net.Listener, error) {
+	portFile := filepath.Join(dir, "port")
+	if port != 0 {
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			return nil, fmt.Errorf("listening on 127.0.0.1:%d: %w", port, err)
+		}
+		return ln, recordPort(portFile, ln)
+	}
+	if b, err := os.ReadFile(portFile); err == nil {
+		if ln, err := net.Listen("tcp", "127.0.0.1:"+strings.TrimSpace(string(b))); err == nil {
+			return ln, nil
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("listening on loopback: %w", err)
+	}
+	return ln, recordPort(portFile, ln)
+}
+
+func recordPort(path string, ln net.Listener) error {
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	if err := os.WriteFile(path, []byte(port+"\n"), 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("recording port: %w", err)
+	}
+	return nil
+}
+
+func writeKubeconfig(path, server, ca, cert, key, user string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["crdipc"] = &clientcmdapi.Cluster{Server: server, CertificateAuthority: ca}
+	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificate: cert, ClientKey: key}
+	cfg.Contexts["crdipc"] = &clientcmdapi.Context{Cluster: "crdipc", AuthInfo: user}
+	cfg.CurrentContext = "crdipc"
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		return fmt.Errorf("writing kubeconfig: %w", err)
+	}
+	return nil
+}
+
+// waitReady polls /readyz. Polling is right here: there is nothing to watch
+// before the API server serves.
+func waitReady(ctx context.Context, client kubernetes.Interface, api *component) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	tick := time.NewTicker(25 * time.Millisecond)
+	defer tick.Stop()
+	var last error
+	for {
+		var status int
+		res := client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).StatusCode(&status)
+		if status == 200 {
+			return nil
+		}
+		last = res.Error()
+		select {
+		case <-api.done:
+			return fmt.Errorf("kube-apiserver exited before it was ready: %w", api.err)
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for kube-apiserver /readyz: %w (last error: %v)", ctx.Err(), last)
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,171 @@
+package controlplane_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crdipc/crdipc/api/conditions"
+	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
+	"github.com/crdipc/crdipc/internal/controlplane"
+	"github.com/crdipc/crdipc/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func book(ns, name string) *libraryv1alpha1.Book {
+	return &libraryv1alpha1.Book{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       libraryv1alpha1.BookSpec{Title: "Dune", Author: "Frank Herbert"},
+	}
+}
+
+// eventually polls cond every 20 ms until it holds or the deadline passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, timeout, true, cond)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func gone(c client.Client, obj client.Object) func(context.Context) (bool, error) {
+	return func(ctx context.Context) (bool, error) {
+		err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, err
+	}
+}
+
+func TestSecondStartOnSameDataDirFails(t *testing.T) {
+	env := testenv.Get(t)
+	_, err := controlplane.Start(context.Background(), controlplane.Config{DataDir: env.DataDir()})
+	if !errors.Is(err, controlplane.ErrDataDirInUse) {
+		t.Fatalf("second Start on a data dir in use: got %v, want ErrDataDirInUse", err)
+	}
+}
+
+func TestStatusSubresourceSeparatesSpecAndStatus(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	b := book(ns, "status")
+	if err := env.Client.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+
+	// A status write through the main resource is ignored...
+	b.Status.ObservedGeneration = 7
+	b.Spec.Title = "Dune Messiah"
+	if err := env.Client.Update(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Status.ObservedGeneration != 0 || b.Spec.Title != "Dune Messiah" || b.Generation != 2 {
+		t.Fatalf("update of main resource: status %+v, title %q, generation %d; want status untouched, title changed, generation 2", b.Status, b.Spec.Title, b.Generation)
+	}
+
+	// ...and a spec change through /status is ignored.
+	b.Spec.Title = "Children of Dune"
+	b.Status.ObservedGeneration = 2
+	b.Status.Conditions = []metav1.Condition{{Type: conditions.TypeReady, Status: metav1.ConditionTrue, Reason: conditions.ReasonSucceeded, LastTransitionTime: metav1.Now()}}
+	if err := env.Client.Status().Update(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Spec.Title != "Dune Messiah" || b.Status.ObservedGeneration != 2 || b.Generation != 2 {
+		t.Fatalf("update of status: title %q, observedGeneration %d, generation %d; want title kept, status written, generation unchanged", b.Spec.Title, b.Status.ObservedGeneration, b.Generation)
+	}
+}
+
+func TestOwnerReferenceCascade(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	for _, policy := range []metav1.DeletionPropagation{metav1.DeletePropagationBackground, metav1.DeletePropagationForeground} {
+		t.Run(string(policy), func(t *testing.T) {
+			owner := book(ns, "owner-"+strings.ToLower(string(policy)))
+			if err := env.Client.Create(ctx, owner); err != nil {
+				t.Fatal(err)
+			}
+			child := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+				Namespace: ns, Name: owner.Name + "-child",
+				OwnerReferences: []metav1.OwnerReference{{
+					APIVersion: libraryv1alpha1.GroupVersion.String(), Kind: "Book",
+					Name: owner.Name, UID: owner.UID, BlockOwnerDeletion: ptr(true),
+				}},
+			}}
+			if err := env.Client.Create(ctx, child); err != nil {
+				t.Fatal(err)
+			}
+			if err := env.Client.Delete(ctx, owner, client.PropagationPolicy(policy)); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 30*time.Second, "child deleted by the garbage collector", gone(env.Client, child))
+			eventually(t, 30*time.Second, "owner deleted", gone(env.Client, owner))
+		})
+	}
+}
+
+func TestNamespaceDeletionCompletes(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "doomed-"}}
+	if err := env.Client.Create(ctx, nsObj); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		if err := env.Client.Create(ctx, book(nsObj.Name, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := env.Client.Delete(ctx, nsObj); err != nil {
+		t.Fatal(err)
+	}
+	// The namespace controller waits a fixed grace period before it empties
+	// a namespace; a minute is far above it.
+	eventually(t, time.Minute, "namespace with Books in it deleted", gone(env.Client, nsObj))
+	var left libraryv1alpha1.BookList
+	if err := env.Client.List(ctx, &left, client.InNamespace(nsObj.Name)); err != nil {
+		t.Fatal(err)
+	}
+	if len(left.Items) != 0 {
+		t.Fatalf("%d Books left in deleted namespace", len(left.Items))
+	}
+}
+
+// TestRestartKeepsObjects must run last among tests that hold objects: it
+// stops and starts the control plane on the same data directory.
+func TestRestartKeepsObjects(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	b := book(ns, "durable")
+	if err := env.Client.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	env.Restart(t)
+	env = testenv.Get(t)
+	var got libraryv1alpha1.Book
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(b), &got); err != nil {
+		t.Fatalf("Book after restart: %v", err)
+	}
+	if got.UID != b.UID || got.Spec != b.Spec {
+		t.Fatalf("Book after restart = %+v (uid %s), want %+v (uid %s)", got.Spec, got.UID, b.Spec, b.UID)
+	}
+	// The restarted control plane is fully working, controllers included.
+	if err := env.Client.Delete(ctx, &got); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "Book deleted after restart", gone(env.Client, &got))
+}
+
+func ptr[T any](v T) *T { return &v }

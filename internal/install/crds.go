@@ -1,0 +1,98 @@
+package install
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+
+	"github.com/crdipc/crdipc/config/crd"
+)
+
+// FieldManager names crdipc's writes in managedFields.
+const FieldManager = "crdipc-install"
+
+// CRDs applies every embedded CRD (server-side apply, so re-running it is a
+// no-op and a changed schema is an update) and waits until each is
+// Established. It returns the names it applied.
+func CRDs(ctx context.Context, cfg *rest.Config) ([]string, error) {
+	client, err := apiextensionsclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating apiextensions client: %w", err)
+	}
+	crds, err := crd.CRDs()
+	if err != nil {
+		return nil, err
+	}
+	api := client.ApiextensionsV1().CustomResourceDefinitions()
+	names := make([]string, 0, len(crds))
+	for _, c := range crds {
+		c.TypeMeta = metav1.TypeMeta{APIVersion: "apiextensions.k8s.io/v1", Kind: "CustomResourceDefinition"}
+		body, err := json.Marshal(c)
+		if err != nil {
+			return nil, fmt.Errorf("encoding CRD %s: %w", c.Name, err)
+		}
+		force := true
+		if _, err := api.Patch(ctx, c.Name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: FieldManager, Force: &force}); err != nil {
+			return nil, fmt.Errorf("applying CRD %s: %w", c.Name, err)
+		}
+		names = append(names, c.Name)
+	}
+	for _, name := range names {
+		if err := waitEstablished(ctx, client, name); err != nil {
+			return nil, err
+		}
+	}
+	return names, nil
+}
+
+// waitEstablished watches one CRD until its Established condition is True.
+func waitEstablished(ctx context.Context, client apiextensionsclient.Interface, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	api := client.ApiextensionsV1().CustomResourceDefinitions()
+	for {
+		got, err := api.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("reading CRD %s: %w", name, err)
+		}
+		if established(got) {
+			return nil
+		}
+		w, err := api.Watch(ctx, metav1.ListOptions{
+			FieldSelector:   fields.OneTermEqualSelector("metadata.name", name).String(),
+			ResourceVersion: got.ResourceVersion,
+		})
+		if err != nil {
+			return fmt.Errorf("watching CRD %s: %w", name, err)
+		}
+		for ev := range w.ResultChan() {
+			if c, ok := ev.Object.(*apiextensionsv1.CustomResourceDefinition); ok && ev.Type != watch.Deleted && established(c) {
+				w.Stop()
+				return nil
+			}
+		}
+		w.Stop()
+		if ctx.Err() != nil {
+			return fmt.Errorf("waiting for CRD %s to be Established: %w", name, ctx.Err())
+		}
+		// The watch closed early (timeout, server restart): read and watch again.
+	}
+}
+
+func established(c *apiextensionsv1.CustomResourceDefinition) bool {
+	for _, cond := range c.Status.Conditions {
+		if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
