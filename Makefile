@@ -1,6 +1,10 @@
 # Generated code (deepcopy, CRDs) is committed; `make verify` fails CI when it is stale.
 CONTROLLER_GEN = go run sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0
 
+.PHONY: help
+help: ## List targets.
+	@grep -E "^[a-z-]+:.*## " $(MAKEFILE_LIST) | sed "s/:.*## /\t/"
+
 .PHONY: generate
 generate: ## Regenerate deepcopy functions and CRD manifests from api/.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
@@ -27,3 +31,19 @@ verify: generate ## Fail if generated files are stale or untracked, code is unfo
 		exit 1; \
 	fi
 	go vet ./...
+
+.PHONY: build
+build: ## Build bin/crdipc.
+	go build -o bin/crdipc ./cmd/crdipc
+
+.PHONY: up
+up: ## Run the control plane and every service (see `crdipc up --help`).
+	go run ./cmd/crdipc up $(ARGS)
+
+.PHONY: test
+test: ## Run every test; integration tests start a real embedded API server per package.
+	go test -count=1 -timeout 60m ./...
+
+.PHONY: bench
+bench: ## Measure the API server floor of this machine.
+	go run ./cmd/crdipc bench floor

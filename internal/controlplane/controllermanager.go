@@ -31,7 +31,10 @@ func startControllerManager(ctx context.Context, kubeconfig string, p pki, contr
 		"--secure-port=0",
 		"--service-account-private-key-file=" + p.serviceAccountKey,
 		"--root-ca-file=" + p.caCert,
-		"--use-service-account-credentials=false",
+		// Each controller acts as its own ServiceAccount with its bootstrap
+		// role (system:controller:<name>), as kubeadm clusters run it; the
+		// controller manager's own identity may only mint their tokens.
+		"--use-service-account-credentials=true",
 		// The embedded cluster is small; default worker counts only add goroutines.
 		"--concurrent-gc-syncs=5",
 		"--concurrent-namespace-syncs=2",
