@@ -65,7 +65,7 @@ func (b *benchTarget) cluster(ctx context.Context, out io.Writer) (*rest.Config,
 		_ = cp.Stop()
 		os.RemoveAll(dir)
 	}
-	if _, err := install.CRDs(ctx, cp.RESTConfig); err != nil {
+	if _, err := install.Apply(ctx, cp.RESTConfig); err != nil {
 		release()
 		return nil, nil, err
 	}

@@ -23,7 +23,7 @@ CRD is Established.`,
 			if err != nil {
 				return err
 			}
-			names, err := install.CRDs(cmd.Context(), cfg)
+			names, err := install.Apply(cmd.Context(), cfg)
 			if err != nil {
 				return err
 			}

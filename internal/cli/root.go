@@ -22,7 +22,7 @@ KUBECONFIG it prints.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newUpCommand(), newInstallCommand(), newBenchCommand())
+	root.AddCommand(newUpCommand(), newInstallCommand(), newCallCommand(), newBooksCommand(), newBenchCommand())
 	return root
 }
 

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -16,8 +18,10 @@ import (
 )
 
 type upOptions struct {
-	dataDir string
-	port    int
+	dataDir     string
+	port        int
+	metricsAddr string
+	healthAddr  string
 }
 
 func newUpCommand() *cobra.Command {
@@ -44,6 +48,8 @@ Ctrl-C shuts everything down.`,
 		},
 	}
 	cmd.Flags().StringVar(&o.dataDir, "data-dir", ".crdipc", "directory for etcd data, certificates, kubeconfig and logs")
+	cmd.Flags().StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:8080", "address for the services' Prometheus /metrics")
+	cmd.Flags().StringVar(&o.healthAddr, "health-addr", "127.0.0.1:8081", "address for the services' /healthz and /readyz")
 	cmd.Flags().IntVar(&o.port, "port", 0, "API server port on 127.0.0.1 (0: the previous run's port if free, else any free port)")
 	return cmd
 }
@@ -67,13 +73,23 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	}()
 
 	t := time.Now()
-	names, err := install.CRDs(ctx, cp.RESTConfig)
+	names, err := install.Apply(ctx, cp.RESTConfig)
 	if err != nil {
 		return err
 	}
 	step(fmt.Sprintf("%d CRDs established", len(names)), time.Since(t))
 
+	t = time.Now()
+	svc, err := startServices(ctx, cp.RESTConfig, o)
+	if err != nil {
+		return err
+	}
+	defer svc.stop()
+	step("services: "+strings.Join(svc.names, ", "), time.Since(t))
+
 	fmt.Fprintf(out, "crdipc is up in %.2f s; API server %s\n\n", time.Since(start).Seconds(), cp.URL)
+	fmt.Fprintf(out, "  metrics  http://%s/metrics   health http://%s/readyz\n", o.metricsAddr, o.healthAddr)
+	fmt.Fprintf(out, "  logs     %s\n\n", filepath.Join(cp.DataDir(), "logs"))
 	fmt.Fprintf(out, "export KUBECONFIG=%s\n\n", cp.Kubeconfig)
 	fmt.Fprintln(out, "Ctrl-C to stop.")
 	<-ctx.Done()

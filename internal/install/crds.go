@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/crdipc/crdipc/config/crd"
@@ -19,6 +22,24 @@ import (
 
 // FieldManager names crdipc's writes in managedFields.
 const FieldManager = "crdipc-install"
+
+// SystemNamespace holds crdipc's own objects: receiver heartbeat Leases,
+// leader election Leases, node fencing Leases.
+const SystemNamespace = "crdipc-system"
+
+// Apply installs everything crdipc needs in a cluster before its services
+// start: the system namespace and the CRDs (see CRDs).
+func Apply(ctx context.Context, cfg *rest.Config) ([]string, error) {
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: SystemNamespace}}
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("creating namespace %s: %w", SystemNamespace, err)
+	}
+	return CRDs(ctx, cfg)
+}
 
 // CRDs applies every embedded CRD (server-side apply, so re-running it is a
 // no-op and a changed schema is an update) and waits until each is

@@ -93,7 +93,7 @@ func (e *Env) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := install.CRDs(ctx, cp.RESTConfig); err != nil {
+	if _, err := install.Apply(ctx, cp.RESTConfig); err != nil {
 		_ = cp.Stop()
 		return err
 	}
