@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
@@ -77,10 +80,11 @@ func Await(ctx context.Context, c client.WithWatch, obj client.Object, cond Cond
 		return fmt.Errorf("await: %w", err)
 	}
 	if obj.GetResourceVersion() == "" {
-		if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
-			return fmt.Errorf("await %s %s: %w", gvk.Kind, key(obj.GetNamespace(), obj.GetName()), err)
+		if err := refresh(ctx, c, obj, gvk.Kind, newBackoff()); err != nil {
+			return err
 		}
 	}
+	backoff := newBackoff()
 	for {
 		if done, err := check(gvk.Kind, obj, cond); done || err != nil {
 			return err
@@ -90,29 +94,27 @@ func Await(ctx context.Context, c client.WithWatch, obj client.Object, cond Cond
 			client.MatchingFields{"metadata.name": obj.GetName()},
 			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: obj.GetResourceVersion(), AllowWatchBookmarks: true}},
 		)
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err) {
-				return fmt.Errorf("await %s %s: watch: %w", gvk.Kind, key(obj.GetNamespace(), obj.GetName()), err)
-			}
-			if err := refresh(ctx, c, obj, gvk.Kind); err != nil {
+		if err == nil {
+			done, err := consume(ctx, w, gvk.Kind, obj, cond)
+			w.Stop()
+			if done || err != nil {
 				return err
 			}
-			continue
-		}
-		done, err := consume(ctx, w, gvk.Kind, obj, cond)
-		w.Stop()
-		if done || err != nil {
-			return err
-		}
-		if ctx.Err() != nil {
+			backoff = newBackoff()
+		} else if ctx.Err() != nil {
 			return ctx.Err()
+		} else if permanent(err) {
+			return fmt.Errorf("await %s %s: watch: %w", gvk.Kind, key(obj.GetNamespace(), obj.GetName()), err)
+		} else if !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err) {
+			// The API server is unreachable or overloaded (e.g. restarting):
+			// back off and try again; the request is durable meanwhile.
+			if err := sleepCtx(ctx, backoff.Step()); err != nil {
+				return err
+			}
 		}
-		// The watch ended (server timeout, restart, 410 Gone): re-read the
+		// The watch ended (server timeout or restart, 410 Gone): re-read the
 		// object so the next watch starts from a version the server still has.
-		if err := refresh(ctx, c, obj, gvk.Kind); err != nil {
+		if err := refresh(ctx, c, obj, gvk.Kind, backoff); err != nil {
 			return err
 		}
 	}
@@ -165,17 +167,45 @@ func check(kind string, obj client.Object, cond Condition) (bool, error) {
 	return cond(obj, s)
 }
 
-func refresh(ctx context.Context, c client.Client, obj client.Object, kind string) error {
-	if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
-		if apierrors.IsNotFound(err) {
+func refresh(ctx context.Context, c client.Client, obj client.Object, kind string, backoff *wait.Backoff) error {
+	for {
+		err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		switch {
+		case err == nil:
+			return nil
+		case apierrors.IsNotFound(err):
 			return fmt.Errorf("await %s %s: %w", kind, key(obj.GetNamespace(), obj.GetName()), ErrDeleted)
-		}
-		if ctx.Err() != nil {
+		case ctx.Err() != nil:
 			return ctx.Err()
+		case permanent(err):
+			return fmt.Errorf("await %s %s: %w", kind, key(obj.GetNamespace(), obj.GetName()), err)
 		}
-		return fmt.Errorf("await %s %s: %w", kind, key(obj.GetNamespace(), obj.GetName()), err)
+		if err := sleepCtx(ctx, backoff.Step()); err != nil {
+			return err
+		}
 	}
-	return nil
+}
+
+// permanent reports errors that retrying cannot fix.
+func permanent(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsBadRequest(err) ||
+		apierrors.IsInvalid(err) || apierrors.IsMethodNotSupported(err) || apierrors.IsNotAcceptable(err) ||
+		apierrors.IsUnsupportedMediaType(err) || meta.IsNoMatchError(err)
+}
+
+func newBackoff() *wait.Backoff {
+	return &wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: 2 * time.Second}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // assign copies a watched object into the caller's object, whose concrete

@@ -84,6 +84,9 @@ type Options struct {
 	LeaseDuration time.Duration
 	// Identity names this replica in the Lease; default hostname_uuid.
 	Identity string
+	// Watches are other kinds whose changes call the handler again for the
+	// requests they map to (see Watch).
+	Watches []Watch
 }
 
 // Register adds a receiver for the kind of proto (a pointer to a crdipc
@@ -139,9 +142,10 @@ func Register[T conditions.Object](mgr manager.Manager, proto T, h Handler[T], o
 			return fmt.Errorf("registering receiver heartbeat: %w", err)
 		}
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named(o.Name).
-		For(proto, builder.WithPredicates(requestChanged)).
+		For(proto, builder.WithPredicates(requestChanged))
+	return addWatches(b, o.Watches).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: o.MaxConcurrentReconciles,
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](o.BackoffBase, o.BackoffMax),
@@ -334,7 +338,10 @@ func finishedAt(obj conditions.Object) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	if c.Status == metav1.ConditionTrue || conditions.IsTerminal(c.Reason) {
-		return c.LastTransitionTime.Time, true
+		// LastTransitionTime is stored with second precision (truncated):
+		// the true time lies within the following second. Taking its end
+		// means a TTL may expire up to a second late, never early.
+		return c.LastTransitionTime.Add(time.Second), true
 	}
 	return time.Time{}, false
 }

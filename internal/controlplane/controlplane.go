@@ -65,6 +65,7 @@ type ControlPlane struct {
 	pki        pki
 	lock       *os.File
 	cancel     context.CancelFunc
+	listener   *trackingListener
 	components []*component
 	etcd       *etcdServer
 	stopped    chan struct{}
@@ -150,7 +151,8 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 		return nil, err
 	}
 
-	api, err := startAPIServer(runCtx, ln, cp.etcd.clientURL, cp.pki)
+	cp.listener = newTrackingListener(ln)
+	api, err := startAPIServer(runCtx, cp.listener, cp.etcd.clientURL, cp.pki)
 	if err != nil {
 		return nil, err
 	}
@@ -208,6 +210,21 @@ func (cp *ControlPlane) CAFile() string { return cp.pki.caCert }
 func (cp *ControlPlane) Stop() error {
 	cp.once.Do(func() {
 		cp.cancel()
+		// kube-apiserver drains requests before it returns, but waits up to
+		// a minute for open watches; clients of a stopping process would see
+		// their connections drop, so drop them after a short drain.
+		drain := time.After(time.Second)
+		for _, c := range cp.components {
+			select {
+			case <-c.done:
+				continue
+			case <-drain:
+			}
+			break
+		}
+		if cp.listener != nil {
+			cp.listener.closeAll()
+		}
 		for _, c := range cp.components {
 			<-c.done
 		}

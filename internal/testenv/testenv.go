@@ -147,10 +147,14 @@ func (e *Env) Namespace(t testing.TB) string {
 // by the test keep working once it returns.
 func (e *Env) Restart(t testing.TB) {
 	t.Helper()
+	url := e.cp.URL
 	if err := e.cp.Stop(); err != nil {
 		t.Logf("testenv: stop: %v", err)
 	}
 	if err := e.start(context.Background()); err != nil {
 		t.Fatalf("testenv: restart: %v", err)
+	}
+	if e.cp.URL != url {
+		t.Fatalf("testenv: restarted control plane serves %s, not %s as before", e.cp.URL, url)
 	}
 }
