@@ -122,6 +122,10 @@ func Get(t testing.TB) *Env {
 	return e
 }
 
+// Current returns the package's environment, or nil outside Main. Runnable
+// examples, which get no *testing.T, use it.
+func Current() *Env { return current.Load() }
+
 // DataDir is the control plane's data directory.
 func (e *Env) DataDir() string { return e.dir }
 
