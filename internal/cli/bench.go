@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap/zapcore"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"k8s.io/client-go/rest"
 
 	"github.com/crdipc/crdipc/internal/bench"
@@ -30,7 +33,7 @@ numbers on a shared machine drift from run to run while ratios do not.
 Without --kubeconfig, bench starts its own embedded control plane in a
 temporary directory and removes it afterwards.`,
 	}
-	cmd.AddCommand(newBenchFloorCommand())
+	cmd.AddCommand(newBenchFloorCommand(), newBenchRoundTripCommand())
 	return cmd
 }
 
@@ -47,6 +50,8 @@ func (b *benchTarget) flags(cmd *cobra.Command) {
 // cluster returns a client config for the cluster to measure and a func
 // that releases it.
 func (b *benchTarget) cluster(ctx context.Context, out io.Writer) (*rest.Config, func(), error) {
+	// In-process receivers log only their errors, to stderr, away from the table.
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
 	if b.kubeconfig != "" {
 		cfg, err := restConfig(b.kubeconfig)
 		return cfg, func() {}, err
@@ -143,4 +148,57 @@ func printFloor(out io.Writer, f *bench.Floor) {
 	lat("create→watch", f.CreateToWatch)
 	lat("create→status→watch", f.StatusRoundTrip)
 	tw.Flush()
+}
+
+func newBenchRoundTripCommand() *cobra.Command {
+	var target benchTarget
+	o := bench.DefaultRoundTripOptions
+	cmd := &cobra.Command{
+		Use:   "roundtrip",
+		Short: "Measure ipc.Call through the real Book receiver, as ratios to the floor",
+		Long: `roundtrip measures the floor (see "bench floor"), starts the Book receiver
+in this process and measures ipc.Call round trips through it:
+
+  latency      one sender, p50/p99, as a ratio to the floor's
+               create→status→watch round trip (goals: ≤ 1.2× and ≤ 1.5×)
+  throughput   Calls/s with 1, 8 and 32 senders, as a ratio to half the
+               floor's creates/s at the same concurrency: a request costs a
+               create and a status write (goal: ≥ 0.9). The receiver also
+               records one Event per request, a third write the ceiling
+               does not count.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			cfg, release, err := target.cluster(cmd.Context(), out)
+			if err != nil {
+				return err
+			}
+			defer release()
+			rt, err := bench.MeasureRoundTrip(cmd.Context(), cfg, o)
+			if err != nil {
+				return err
+			}
+			printFloor(out, rt.Floor)
+			fmt.Fprintln(out)
+			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintln(tw, "ipc.Call\tvalue\tratio to floor\tgoal\t")
+			fmt.Fprintf(tw, "latency p50 (ms)\t%.2f\t%.2f×\t≤ 1.2×\t\n", rt.Latency.P50, rt.P50Ratio)
+			fmt.Fprintf(tw, "latency p99 (ms)\t%.2f\t%.2f×\t≤ 1.5×\t\n", rt.Latency.P99, rt.P99Ratio)
+			senders := make([]int, 0, len(rt.CallsPerSec))
+			for s := range rt.CallsPerSec {
+				senders = append(senders, s)
+			}
+			slices.Sort(senders)
+			for _, s := range senders {
+				fmt.Fprintf(tw, "calls/s, %d senders\t%.0f\t%.2f\t≥ 0.90\t\n", s, rt.CallsPerSec[s], rt.ThroughputRatio[s])
+			}
+			tw.Flush()
+			return target.writeJSON(out, rt)
+		},
+	}
+	target.flags(cmd)
+	cmd.Flags().IntVar(&o.Samples, "samples", o.Samples, "sequential Calls for the latency measurement")
+	cmd.Flags().IntVar(&o.Calls, "calls", o.Calls, "Calls per throughput level")
+	cmd.Flags().IntSliceVar(&o.Senders, "senders", o.Senders, "concurrency levels for the throughput measurement")
+	return cmd
 }

@@ -1,0 +1,181 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
+	"github.com/crdipc/crdipc/internal/books"
+	"github.com/crdipc/crdipc/internal/scheme"
+	"github.com/crdipc/crdipc/ipc"
+)
+
+// RoundTripOptions sizes the round-trip benchmark.
+type RoundTripOptions struct {
+	Floor FloorOptions
+	// Samples is how many sequential Calls the latency measurement makes.
+	Samples int
+	// Senders are the concurrency levels for the throughput measurement.
+	Senders []int
+	// Calls is how many Calls each throughput level makes.
+	Calls int
+}
+
+// DefaultRoundTripOptions take ~30 s on a 2-core machine.
+var DefaultRoundTripOptions = RoundTripOptions{Floor: DefaultFloorOptions, Samples: 300, Senders: []int{1, 8, 32}, Calls: 1000}
+
+// RoundTrip is ipc.Call through the real Book receiver, next to the floor
+// measured in the same run.
+type RoundTrip struct {
+	Floor *Floor `json:"floor"`
+	// Latency is one sender's Call: create → receiver → status → watch.
+	Latency Latencies `json:"latency"`
+	// CallsPerSec maps sender count to completed Calls per second.
+	CallsPerSec map[int]float64 `json:"callsPerSec"`
+	// Ratios compare with the floor: latency to the floor's
+	// create→status→watch, throughput to half the floor's creates/s (a
+	// request needs two writes: the create and the status update).
+	P50Ratio        float64         `json:"p50Ratio"`
+	P99Ratio        float64         `json:"p99Ratio"`
+	ThroughputRatio map[int]float64 `json:"throughputRatio"`
+}
+
+// MeasureRoundTrip measures the floor, starts a Book receiver in this
+// process (as `crdipc up` runs it) and measures Calls through it.
+func MeasureRoundTrip(ctx context.Context, cfg *rest.Config, o RoundTripOptions) (*RoundTrip, error) {
+	floor, err := MeasureFloor(ctx, cfg, o.Floor)
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+	ns, cleanup, err := tempNamespace(ctx, c, "bench-roundtrip-")
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	stop, err := startBooks(cfg, ns)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+
+	rt := &RoundTrip{Floor: floor, CallsPerSec: map[int]float64{}, ThroughputRatio: map[int]float64{}}
+	// Warm up: the first requests pay for informer start and connection setup.
+	if _, err := callBooks(ctx, []client.WithWatch{c}, ns, "warm", 20); err != nil {
+		return nil, err
+	}
+	lat, err := callBooks(ctx, []client.WithWatch{c}, ns, "lat", o.Samples)
+	if err != nil {
+		return nil, err
+	}
+	rt.Latency = summarize(lat.latencies)
+	rt.P50Ratio = rt.Latency.P50 / floor.StatusRoundTrip.P50
+	rt.P99Ratio = rt.Latency.P99 / floor.StatusRoundTrip.P99
+	for _, s := range o.Senders {
+		clients := make([]client.WithWatch, s)
+		for i := range clients {
+			if clients[i], err = client.NewWithWatch(rest.CopyConfig(cfg), client.Options{Scheme: scheme.Scheme}); err != nil {
+				return nil, fmt.Errorf("creating client: %w", err)
+			}
+		}
+		res, err := callBooks(ctx, clients, ns, fmt.Sprintf("tp%d", s), o.Calls)
+		if err != nil {
+			return nil, err
+		}
+		rt.CallsPerSec[s] = res.rate
+		if ceiling := floor.CreatesPerSec[s] / 2; ceiling > 0 {
+			rt.ThroughputRatio[s] = res.rate / ceiling
+		}
+	}
+	return rt, nil
+}
+
+// startBooks runs a Book receiver that watches only ns: the floor's
+// thousands of Books elsewhere are not requests for it.
+func startBooks(cfg *rest.Config, ns string) (func(), error) {
+	mgr, err := ctrl.NewManager(rest.CopyConfig(cfg), ctrl.Options{
+		Scheme:                 scheme.Scheme,
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating manager: %w", err)
+	}
+	// As many workers as the largest sender count, so the receiver is not
+	// the queue that limits throughput.
+	if err := books.Register(mgr, ipc.Options{Name: "bench-book", MaxConcurrentReconciles: 32, LeaseDuration: -1}); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	if !mgr.GetCache().WaitForCacheSync(ctx) {
+		cancel()
+		return nil, fmt.Errorf("receiver caches did not sync: %w", <-done)
+	}
+	return func() { cancel(); <-done }, nil
+}
+
+type callResult struct {
+	latencies []time.Duration
+	rate      float64
+}
+
+// callBooks makes n Calls spread over the clients (one goroutine each).
+func callBooks(ctx context.Context, clients []client.WithWatch, ns, prefix string, n int) (callResult, error) {
+	var next atomic.Int64
+	var mu sync.Mutex
+	var firstErr error
+	lat := make([]time.Duration, 0, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(n) {
+					return
+				}
+				b := &libraryv1alpha1.Book{
+					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%d", prefix, i)},
+					Spec:       libraryv1alpha1.BookSpec{Title: "The Go Programming Language", Author: "Donovan and Kernighan"},
+				}
+				callCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				t := time.Now()
+				err := ipc.Call(callCtx, c, b, ipc.Ready)
+				d := time.Since(t)
+				cancel()
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = fmt.Errorf("call %s: %w", b.Name, err)
+				}
+				lat = append(lat, d)
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return callResult{}, firstErr
+	}
+	return callResult{latencies: lat, rate: float64(n) / time.Since(start).Seconds()}, nil
+}

@@ -1,0 +1,273 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	scmv1alpha1 "github.com/crdipc/crdipc/api/scm/v1alpha1"
+	"github.com/crdipc/crdipc/internal/scheme"
+	"github.com/crdipc/crdipc/internal/scm/webhook"
+)
+
+// WebhookOptions size the webhook benchmark.
+type WebhookOptions struct {
+	// Clients is how many concurrent HTTP clients send deliveries in the throughput run.
+	Clients int
+	// Deliveries is how many deliveries the throughput run sends.
+	Deliveries int
+	// Rate is the paced delivery rate (per second) of the latency run.
+	Rate float64
+	// Samples is how many deliveries the latency run sends.
+	Samples int
+}
+
+// DefaultWebhookOptions take ~25 s on a 2-core machine, control plane start included.
+var DefaultWebhookOptions = WebhookOptions{Clients: 16, Deliveries: 2000, Rate: 100, Samples: 500}
+
+// Webhook is the result of `crdipc bench webhook`. Every delivery is a pull_request opened
+// for a new pull request: the listener reads the object (not found), creates it and creates
+// one Event, so the ceiling is the API server's create rate halved.
+type Webhook struct {
+	Options WebhookOptions `json:"options"`
+	// FloorCreatesPerSec is the API server's create rate with Clients writers (bench floor).
+	FloorCreatesPerSec float64 `json:"floorCreatesPerSec"`
+	// CeilingDeliveriesPerSec is FloorCreatesPerSec / 2: two creates per delivery.
+	CeilingDeliveriesPerSec float64 `json:"ceilingDeliveriesPerSec"`
+	// DeliveriesPerSec is what the listener sustained with Clients signed HTTP clients.
+	DeliveriesPerSec float64 `json:"deliveriesPerSec"`
+	// ThroughputRatio is DeliveriesPerSec / CeilingDeliveriesPerSec (goal ≥ 0.8).
+	ThroughputRatio float64 `json:"throughputRatio"`
+	// Latency is request start → 2xx at Rate deliveries/s, measured from each delivery's
+	// scheduled send time so a stall is not hidden (goal p99 < 50 ms at 100/s).
+	Latency Latencies `json:"latency"`
+	// FloorLatency is the same two creates (PullRequest, Event) sent directly to the API
+	// server at the same rate: the least a delivery can cost.
+	FloorLatency Latencies `json:"floorLatency"`
+	// P50Ratio and P99Ratio are Latency over FloorLatency.
+	P50Ratio float64 `json:"p50Ratio"`
+	P99Ratio float64 `json:"p99Ratio"`
+}
+
+// MeasureWebhook runs an in-process webhook listener against cfg and measures it against
+// the same run's floor. cfg must allow unthrottled clients (QPS < 0).
+func MeasureWebhook(ctx context.Context, cfg *rest.Config, o WebhookOptions) (*Webhook, error) {
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+	res := &Webhook{Options: o}
+
+	ns, cleanup, err := tempNamespace(ctx, c, "bench-webhook-")
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, err
+	}
+	l, err := webhook.New(webhook.Options{Config: cfg, Namespace: ns, Secret: secret,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	sctx, stop := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- l.Serve(sctx, ln) }()
+	defer func() { stop(); <-served }()
+	url := "http://" + ln.Addr().String() + "/webhook"
+
+	var seq atomic.Int64
+	send := func(hc *http.Client) error {
+		n := seq.Add(1)
+		body := prPayload(n)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		m := hmac.New(sha256.New, secret)
+		m.Write(body)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-GitHub-Event", "pull_request")
+		req.Header.Set("X-GitHub-Delivery", fmt.Sprintf("bench-%d", n))
+		req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(m.Sum(nil)))
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		msg, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("delivery %d: %s: %s", n, resp.Status, msg)
+		}
+		return nil
+	}
+	newHTTPClient := func() *http.Client {
+		return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}, Timeout: 30 * time.Second}
+	}
+
+	// Warm up: the first request pays for API discovery in the listener's client.
+	if err := send(newHTTPClient()); err != nil {
+		return nil, err
+	}
+
+	// Latency first, floor then listener, on a quiet API server: the throughput runs leave
+	// thousands of objects whose namespace deletion would load the server for a while.
+	var pair atomic.Int64
+	// Warm-up, discarded: a control plane that just started is still settling (caches,
+	// controllers, etcd's first compactions) and would put its own stalls into the floor.
+	if _, err := paced(ctx, o.Rate, o.Samples/2, func() error { return createPair(ctx, c, ns, pair.Add(1)) }); err != nil {
+		return nil, err
+	}
+	if res.FloorLatency, err = paced(ctx, o.Rate, o.Samples, func() error {
+		return createPair(ctx, c, ns, pair.Add(1))
+	}); err != nil {
+		return nil, err
+	}
+	hc := newHTTPClient()
+	if res.Latency, err = paced(ctx, o.Rate, o.Samples, func() error { return send(hc) }); err != nil {
+		return nil, err
+	}
+	res.P50Ratio = res.Latency.P50 / res.FloorLatency.P50
+	res.P99Ratio = res.Latency.P99 / res.FloorLatency.P99
+
+	if res.DeliveriesPerSec, err = concurrently(o.Clients, o.Deliveries, func() func() error {
+		hc := newHTTPClient()
+		return func() error { return send(hc) }
+	}); err != nil {
+		return nil, err
+	}
+	floor, err := MeasureFloor(ctx, cfg, FloorOptions{Writers: []int{o.Clients}, Creates: o.Deliveries * 2, Samples: 1})
+	if err != nil {
+		return nil, fmt.Errorf("measuring floor: %w", err)
+	}
+	res.FloorCreatesPerSec = floor.CreatesPerSec[o.Clients]
+	res.CeilingDeliveriesPerSec = res.FloorCreatesPerSec / 2
+	res.ThroughputRatio = res.DeliveriesPerSec / res.CeilingDeliveriesPerSec
+	return res, nil
+}
+
+// concurrently runs n calls of the func each of w workers builds, and returns calls/s.
+func concurrently(w, n int, worker func() func() error) (float64, error) {
+	var next atomic.Int64
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range w {
+		do := worker()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(n) {
+				if err := do(); err != nil {
+					once.Do(func() { firstErr = err })
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return 0, firstErr
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// paced starts n calls at rate per second, open loop, and measures each from its scheduled
+// start, so a slow call delays the measurement of the calls behind it instead of hiding them.
+func paced(ctx context.Context, rate float64, n int, call func() error) (Latencies, error) {
+	interval := time.Duration(float64(time.Second) / rate)
+	d := make([]time.Duration, n)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		at := start.Add(time.Duration(i) * interval)
+		if wait := time.Until(at); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return Latencies{}, ctx.Err()
+			case <-time.After(wait):
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := call(); err != nil {
+				errs <- err
+				return
+			}
+			d[i] = time.Since(at)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return Latencies{}, err
+	}
+	return summarize(d), nil
+}
+
+// createPair is a delivery's writes without the listener: the PullRequest and its Event.
+func createPair(ctx context.Context, c client.Client, ns string, n int64) error {
+	now := metav1.Now()
+	pr := &scmv1alpha1.PullRequest{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("floor-%d", n)},
+		Spec: scmv1alpha1.PullRequestSpec{User: "mona", Branch: "feature/login", Status: scmv1alpha1.PullRequestOpen,
+			ID: n, Repository: "octo-org/bench", Number: n, LastAction: "opened", UpdatedAt: &now},
+	}
+	if err := c.Create(ctx, pr); err != nil {
+		return fmt.Errorf("floor create: %w", err)
+	}
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("floor-%d.d", n)},
+		InvolvedObject: corev1.ObjectReference{APIVersion: scmv1alpha1.GroupVersion.String(), Kind: "PullRequest",
+			Namespace: ns, Name: pr.Name, UID: pr.UID},
+		Reason: "PullRequestOpened", Message: "floor", Type: corev1.EventTypeNormal, Action: "opened",
+		ReportingController: webhook.ReportingController, ReportingInstance: "bench",
+		EventTime: metav1.NewMicroTime(now.Time), FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}
+	if err := c.Create(ctx, ev); err != nil {
+		return fmt.Errorf("floor event: %w", err)
+	}
+	return nil
+}
+
+// prPayload is a pull_request "opened" delivery for pull request n, with the fields GitHub
+// sends that the listener reads and a body of realistic size (~4 KiB).
+func prPayload(n int64) []byte {
+	return fmt.Appendf(nil, `{"action":"opened","number":%[1]d,"pull_request":{"url":"https://api.github.com/repos/octo-org/bench/pulls/%[1]d",`+
+		`"id":%[2]d,"node_id":"PR_kwDOBench%[1]d","html_url":"https://github.com/octo-org/bench/pull/%[1]d","number":%[1]d,"state":"open",`+
+		`"locked":false,"title":"Benchmark pull request %[1]d","user":{"login":"mona","id":583231,"type":"User","site_admin":false},`+
+		`"body":"%[3]s","created_at":"2026-03-02T10:06:00Z","updated_at":"2026-03-02T10:06:00Z","closed_at":null,"merged_at":null,`+
+		`"merge_commit_sha":null,"draft":false,"head":{"label":"octo-org:feature/login","ref":"feature/login",`+
+		`"sha":"c4f1e0f8a3c0b4f2a6b9b9e0c2d3e4f5a6b7c8d9"},"base":{"label":"octo-org:main","ref":"main",`+
+		`"sha":"9049f1265b7d61be4a8904a9a27120d2064dab3b"},"author_association":"MEMBER","merged":false,"comments":0,`+
+		`"commits":2,"additions":120,"deletions":4,"changed_files":3},"repository":{"id":186853002,"name":"bench",`+
+		`"full_name":"octo-org/bench","private":false,"owner":{"login":"octo-org","id":9919,"type":"Organization"},`+
+		`"default_branch":"main","pushed_at":"2026-03-02T10:05:00Z"},"sender":{"login":"mona","id":583231,"type":"User"}}`,
+		n, 2061340000+n, bytes.Repeat([]byte("Lorem ipsum dolor sit amet. "), 120))
+}
