@@ -11,6 +11,8 @@ generate: ## Regenerate deepcopy functions and CRD manifests from api/.
 	@# Start from an empty directory so a removed kind does not leave its CRD behind.
 	rm -f config/crd/bases/*.yaml
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	@# One least-privilege role per service, from the +kubebuilder:rbac markers in its package.
+	$(CONTROLLER_GEN) rbac:roleName=crdipc-books paths=./internal/books/... output:rbac:artifacts:config=config/rbac/books
 
 .PHONY: verify
 verify: generate ## Fail if generated files are stale or untracked, code is unformatted, or vet complains.

@@ -53,7 +53,10 @@ func leaseFresh(l *coordinationv1.Lease, now time.Time) bool {
 // when leader election is on) and clears the holder on a clean stop, so
 // ReceiverReady turns false at once instead of after the lease expires.
 type heartbeat struct {
-	c        client.Client
+	c client.Client
+	// r reads the Lease directly: a cached read would start an informer
+	// on every Lease in the cluster, and need permission for that.
+	r        client.Reader
 	key      client.ObjectKey
 	identity string
 	duration time.Duration
@@ -84,7 +87,7 @@ func (h *heartbeat) Start(ctx context.Context) error {
 func (h *heartbeat) renew(ctx context.Context, holder *string) error {
 	now := metav1.NewMicroTime(time.Now())
 	var l coordinationv1.Lease
-	err := h.c.Get(ctx, h.key, &l)
+	err := h.r.Get(ctx, h.key, &l)
 	if apierrors.IsNotFound(err) {
 		if holder == nil {
 			return nil

@@ -49,7 +49,8 @@ type Handler[T conditions.Object] interface {
 // Finalizer is implemented by handlers that must clean up before their
 // request disappears. The receiver then adds a finalizer to every request
 // and removes it once Finalize returns nil; not-found while cleaning up
-// should count as success.
+// should count as success. Finalize returns Deleting(…) to wait for
+// something else without counting a failure.
 type Finalizer[T conditions.Object] interface {
 	Finalize(ctx context.Context, obj T) error
 }
@@ -135,6 +136,7 @@ func Register[T conditions.Object](mgr manager.Manager, proto T, h Handler[T], o
 	if o.LeaseDuration > 0 {
 		if err := mgr.Add(&heartbeat{
 			c:        mgr.GetClient(),
+			r:        mgr.GetAPIReader(),
 			key:      client.ObjectKey{Namespace: o.LeaseNamespace, Name: LeaseName(gvk.GroupKind())},
 			identity: o.Identity,
 			duration: o.LeaseDuration,
@@ -305,6 +307,12 @@ func (r *receiver[T]) finalize(ctx context.Context, obj T) (reconcile.Result, er
 		return reconcile.Result{}, nil
 	}
 	if err := r.finalizer.Finalize(ctx, obj); err != nil {
+		if d, ok := asDeleting(err); ok {
+			if err := r.setDeleting(ctx, obj, d.message); err != nil && !apierrors.IsNotFound(err) {
+				return conflictRequeue(err)
+			}
+			return reconcile.Result{RequeueAfter: d.requeueAfter}, nil
+		}
 		r.recorder.Eventf(obj, nil, corev1.EventTypeWarning, "CleanupFailed", "Finalize", "cleanup failed, retrying: %v", err)
 		requestErrorsTotal.WithLabelValues(r.kind).Inc()
 		return reconcile.Result{}, err

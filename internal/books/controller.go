@@ -11,6 +11,15 @@ import (
 	"github.com/crdipc/crdipc/ipc"
 )
 
+// The Book controller's permissions: its kind, the Events it records, and
+// the Leases for leader election and the receiver heartbeat.
+// +kubebuilder:rbac:groups=library.crdipc.io,resources=books,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups=library.crdipc.io,resources=books/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=library.crdipc.io,resources=books/finalizers,verbs=update
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete,namespace=crdipc-system
+
 // Register adds the Book receiver to mgr.
 func Register(mgr manager.Manager, o ipc.Options) error {
 	return ipc.Register(mgr, &libraryv1alpha1.Book{}, ipc.HandlerFunc[*libraryv1alpha1.Book](handle), o)

@@ -1,0 +1,139 @@
+package books_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/crdipc/crdipc/api/conditions"
+	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
+	"github.com/crdipc/crdipc/internal/books"
+	"github.com/crdipc/crdipc/internal/install"
+	"github.com/crdipc/crdipc/internal/scheme"
+	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/ipc"
+)
+
+func TestMain(m *testing.M) {
+	log.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	testenv.Main(m)
+}
+
+// applyRBAC creates the objects in config/rbac/books, as `kubectl apply -k`
+// would, so the test runs the controller with exactly what we ship.
+func applyRBAC(t *testing.T, c client.Client) {
+	t.Helper()
+	dir := filepath.Join("..", "..", "config", "rbac", "books")
+	for _, f := range []string{"service_account.yaml", "role.yaml", "role_binding.yaml"} {
+		data, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+		for {
+			u := &unstructured.Unstructured{}
+			if err := dec.Decode(&u.Object); err != nil {
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				t.Fatalf("%s: %v", f, err)
+			}
+			if len(u.Object) == 0 {
+				continue
+			}
+			if err := c.Create(context.Background(), u); err != nil {
+				t.Fatalf("%s: creating %s %s: %v", f, u.GetKind(), u.GetName(), err)
+			}
+		}
+	}
+}
+
+// TestBooksWithShippedRBAC runs the Book controller as its ServiceAccount,
+// with only the permissions in config/rbac/books, and sends it requests.
+func TestBooksWithShippedRBAC(t *testing.T) {
+	env := testenv.Get(t)
+	applyRBAC(t, env.Client)
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + install.SystemNamespace + ":crdipc-books"}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme.Scheme,
+		Metrics:                       metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress:        "0",
+		LeaderElection:                true,
+		LeaderElectionID:              "books.crdipc.io",
+		LeaderElectionNamespace:       install.SystemNamespace,
+		LeaderElectionReleaseOnCancel: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := books.Register(mgr, ipc.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+
+	ns := env.Namespace(t)
+	callCtx, cancelCall := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancelCall()
+
+	good := &libraryv1alpha1.Book{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sicp"},
+		Spec:       libraryv1alpha1.BookSpec{Title: "Structure and Interpretation of Computer Programs", Author: "Abelson and Sussman", ISBN: "978-0-262-51087-5"},
+	}
+	if err := ipc.Call(callCtx, env.Client, good, ipc.Ready); err != nil {
+		t.Fatalf("valid Book: %v", err)
+	}
+	if r := meta.FindStatusCondition(good.Status.Conditions, conditions.TypeReady); r.Reason != conditions.ReasonSucceeded {
+		t.Fatalf("Ready = %+v", r)
+	}
+
+	bad := &libraryv1alpha1.Book{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "typo"},
+		Spec:       libraryv1alpha1.BookSpec{Title: "Typo", Author: "Anon", ISBN: "978-0-262-51087-6"},
+	}
+	var terr *ipc.TerminalError
+	if err := ipc.Call(callCtx, env.Client, bad, ipc.Ready); !errors.As(err, &terr) || terr.Reason != conditions.ReasonInvalidSpec {
+		t.Fatalf("Book with a wrong ISBN checksum: got %v, want InvalidSpec", err)
+	}
+
+	// Each outcome is also an Event on the Book, recorded with the
+	// controller's own permissions.
+	for _, b := range []*libraryv1alpha1.Book{good, bad} {
+		sel := fields.OneTermEqualSelector("involvedObject.uid", string(b.UID))
+		if err := wait.PollUntilContextTimeout(callCtx, 20*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+			var evs corev1.EventList
+			err := env.Client.List(ctx, &evs, client.InNamespace(ns), client.MatchingFieldsSelector{Selector: sel})
+			return err == nil && len(evs.Items) == 1, err
+		}); err != nil {
+			t.Fatalf("Event for Book %s: %v", b.Name, err)
+		}
+	}
+}
