@@ -1,0 +1,205 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "crdipc-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "crdipc")
+	build := exec.Command("go", "build", "-o", binary, "../../cmd/crdipc")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building crdipc:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// upProcess is a running `crdipc up`.
+type upProcess struct {
+	cmd        *exec.Cmd
+	kubeconfig string
+	output     *bytes.Buffer
+	exited     chan error
+}
+
+// startUp runs `crdipc up` and returns once it printed its export line.
+func startUp(t *testing.T, dataDir string, extra ...string) *upProcess {
+	t.Helper()
+	args := append([]string{"up", "--data-dir", dataDir, "--metrics-addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0"}, extra...)
+	cmd := exec.Command(binary, args...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd.Stderr = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &upProcess{cmd: cmd, output: &out, exited: make(chan error, 1)}
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			out.WriteString(line + "\n")
+			if k, ok := strings.CutPrefix(line, "export KUBECONFIG="); ok {
+				found <- k
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+		p.exited <- cmd.Wait()
+	}()
+	t.Cleanup(func() { p.stop(t) })
+	select {
+	case p.kubeconfig = <-found:
+	case err := <-p.exited:
+		p.exited <- err
+		t.Fatalf("crdipc up exited before it was ready: %v\n%s", err, out.String())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("crdipc up not ready after 2 minutes:\n%s", out.String())
+	}
+	return p
+}
+
+// stop sends Ctrl-C and returns how long the process took to exit.
+func (p *upProcess) stop(t *testing.T) time.Duration {
+	t.Helper()
+	if p.cmd.ProcessState != nil {
+		return 0
+	}
+	start := time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-p.exited:
+		p.exited <- err
+		if err != nil {
+			t.Errorf("crdipc up exited with %v after Ctrl-C:\n%s", err, p.output.String())
+		}
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		t.Fatalf("crdipc up still running 30 s after Ctrl-C")
+	}
+	return time.Since(start)
+}
+
+func (p *upProcess) run(t *testing.T, name string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+p.kubeconfig)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func (p *upProcess) kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := p.run(t, "kubectl", args...)
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// TestUp walks through what a new user does on the first day.
+func TestUp(t *testing.T) {
+	if _, err := exec.LookPath("kubectl"); err != nil {
+		t.Skip("kubectl is not on PATH")
+	}
+	dataDir := t.TempDir()
+	up := startUp(t, dataDir)
+	if !strings.Contains(up.output.String(), "crdipc is up in") {
+		t.Fatalf("up did not report its start time:\n%s", up.output.String())
+	}
+
+	t.Run("second up on the same data dir is refused", func(t *testing.T) {
+		out, err := exec.Command(binary, "up", "--data-dir", dataDir).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "in use") {
+			t.Fatalf("second up: err=%v, output:\n%s", err, out)
+		}
+	})
+
+	t.Run("kubectl get crdipc", func(t *testing.T) {
+		up.kubectl(t, "get", "crdipc", "-A")
+	})
+
+	t.Run("samples apply", func(t *testing.T) {
+		out := up.kubectl(t, "apply", "-f", "../../config/samples/")
+		for _, want := range []string{"book.library.crdipc.io/", "storagepoolclaim.storage.crdipc.io/", "pullrequest.scm.crdipc.io/", "branch.scm.crdipc.io/", "bitcoinnetwork.bitcoin.crdipc.io/", "cstorvolume.storage.crdipc.io/"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("kubectl apply -f config/samples/ did not create a %s:\n%s", want, out)
+			}
+		}
+	})
+
+	t.Run("a Book without author is refused naming spec.author", func(t *testing.T) {
+		out, err := up.run(t, "kubectl", "apply", "-f", "../../test/testdata/invalid/book-no-author.yaml")
+		if err == nil || !strings.Contains(out, "spec.author") {
+			t.Fatalf("kubectl apply of a Book without author: err=%v\n%s", err, out)
+		}
+	})
+
+	t.Run("crdipc call prints Ready and the Event", func(t *testing.T) {
+		out, err := up.run(t, binary, "call", "-f", "../../config/samples/library_v1alpha1_book.yaml", "--apply")
+		if err != nil {
+			t.Fatalf("crdipc call: %v\n%s", err, out)
+		}
+		for _, want := range []string{"Ready=True", "Events:", "Succeeded"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("crdipc call output lacks %q:\n%s", want, out)
+			}
+		}
+		up.kubectl(t, "wait", "--for=condition=Ready", "book/david-copperfield", "--timeout=30s")
+	})
+
+	t.Run("crdipc call exit codes", func(t *testing.T) {
+		bad := filepath.Join(t.TempDir(), "bad.yaml")
+		if err := os.WriteFile(bad, []byte("apiVersion: library.crdipc.io/v1alpha1\nkind: Book\nmetadata:\n  name: bad-isbn\nspec:\n  title: Typo\n  author: Anon\n  isbn: 0-306-40615-3\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := up.run(t, binary, "call", "-f", bad)
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(out, "checksum") {
+			t.Fatalf("call of a Book the controller refuses: err=%v (want exit 1 with its message)\n%s", err, out)
+		}
+		// No receiver serves BitcoinNetworks yet: the wait times out.
+		out, err = up.run(t, binary, "call", "-f", "../../config/samples/bitcoin_v1alpha1_bitcoinnetwork.yaml", "--apply", "--timeout", "1s")
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+			t.Fatalf("call that cannot finish: err=%v (want exit 2)\n%s", err, out)
+		}
+	})
+
+	// Ctrl-C, then up again on the same directory: everything is still there.
+	if took := up.stop(t); took > 5*time.Second {
+		t.Errorf("up took %v to stop after Ctrl-C, want ≤ 5 s", took)
+	}
+	again := startUp(t, dataDir)
+	out := again.kubectl(t, "get", "books", "david-copperfield", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}")
+	if out != "True" {
+		t.Fatalf("after restart, Book Ready = %q, want True", out)
+	}
+	again.kubectl(t, "get", "storagepoolclaims,pullrequests,branches,bitcoinnetworks,cstorvolumes", "-A")
+}
