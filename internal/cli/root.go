@@ -22,7 +22,15 @@ KUBECONFIG it prints.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newUpCommand(), newInstallCommand(), newCallCommand(), newBooksCommand(), newBenchCommand())
+	root.AddCommand(
+		newUpCommand(),
+		newInstallCommand(),
+		newCallCommand(),
+		newBooksCommand(),
+		newWebhookListenerCommand(),
+		newMetricsAgentCommand(),
+		newBenchCommand(),
+	)
 	return root
 }
 

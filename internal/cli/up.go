@@ -18,10 +18,13 @@ import (
 )
 
 type upOptions struct {
-	dataDir     string
-	port        int
-	metricsAddr string
-	healthAddr  string
+	dataDir        string
+	port           int
+	metricsAddr    string
+	healthAddr     string
+	webhookAddr    string
+	scmMetricsAddr string
+	scmNamespace   string
 }
 
 func newUpCommand() *cobra.Command {
@@ -50,6 +53,9 @@ Ctrl-C shuts everything down.`,
 	cmd.Flags().StringVar(&o.dataDir, "data-dir", ".crdipc", "directory for etcd data, certificates, kubeconfig and logs")
 	cmd.Flags().StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:8080", "address for the services' Prometheus /metrics")
 	cmd.Flags().StringVar(&o.healthAddr, "health-addr", "127.0.0.1:8081", "address for the services' /healthz and /readyz")
+	cmd.Flags().StringVar(&o.webhookAddr, "webhook-addr", "127.0.0.1:8090", "address of the GitHub webhook listener (POST /webhook)")
+	cmd.Flags().StringVar(&o.scmMetricsAddr, "scm-metrics-addr", "127.0.0.1:9102", "address of the SCM metrics agent's /metrics")
+	cmd.Flags().StringVar(&o.scmNamespace, "scm-namespace", "default", "namespace for PullRequests, Branches and their Events")
 	cmd.Flags().IntVar(&o.port, "port", 0, "API server port on 127.0.0.1 (0: the previous run's port if free, else any free port)")
 	return cmd
 }
@@ -84,11 +90,18 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	if err != nil {
 		return err
 	}
-	defer svc.stop()
+	defer func() {
+		if err := svc.stop(); err != nil {
+			fmt.Fprintf(out, "services: %v\n", err)
+		}
+	}()
 	step("services: "+strings.Join(svc.names, ", "), time.Since(t))
 
 	fmt.Fprintf(out, "crdipc is up in %.2f s; API server %s\n\n", time.Since(start).Seconds(), cp.URL)
 	fmt.Fprintf(out, "  metrics  http://%s/metrics   health http://%s/readyz\n", o.metricsAddr, o.healthAddr)
+	for _, l := range svc.lines {
+		fmt.Fprintf(out, "  %s\n", l)
+	}
 	fmt.Fprintf(out, "  logs     %s\n\n", filepath.Join(cp.DataDir(), "logs"))
 	fmt.Fprintf(out, "export KUBECONFIG=%s\n\n", cp.Kubeconfig)
 	fmt.Fprintln(out, "Ctrl-C to stop.")

@@ -2,7 +2,11 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 
@@ -12,47 +16,110 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/crdipc/crdipc/internal/books"
+	"github.com/crdipc/crdipc/internal/scm/metricsagent"
+	"github.com/crdipc/crdipc/internal/scm/webhook"
 	"github.com/crdipc/crdipc/ipc"
 )
 
-// upServices are the crdipc services `up` runs in-process, on one manager:
-// one process has nothing to elect a leader against.
+// upServices are the crdipc services `up` runs in-process. The controllers
+// share one manager: one process has nothing to elect a leader against.
 type upServices struct {
 	names []string
-	stop  func()
+	// lines are what up prints about the services: addresses, secrets.
+	lines  []string
+	cancel context.CancelFunc
+	done   []chan error
+	log    io.Closer
 }
 
-func startServices(ctx context.Context, cfg *rest.Config, o upOptions) (*upServices, error) {
+// stop ends every service and waits for them.
+func (s *upServices) stop() error {
+	s.cancel()
+	var errs []error
+	for _, d := range s.done {
+		errs = append(errs, <-d)
+	}
+	s.log.Close()
+	return errors.Join(errs...)
+}
+
+func (s *upServices) run(ctx context.Context, run func(context.Context) error) {
+	d := make(chan error, 1)
+	s.done = append(s.done, d)
+	go func() { d <- run(ctx) }()
+}
+
+func startServices(ctx context.Context, cfg *rest.Config, o upOptions) (_ *upServices, err error) {
 	logFile, err := os.OpenFile(filepath.Join(o.dataDir, "logs", "crdipc.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening service log: %w", err)
 	}
 	ctrl.SetLogger(zap.New(zap.WriteTo(logFile), zap.Level(zapcore.InfoLevel)))
+	slogger := slog.New(slog.NewJSONHandler(logFile, nil))
+
+	runCtx, cancel := context.WithCancel(context.Background())
+	svc := &upServices{cancel: cancel, log: logFile}
+	defer func() {
+		if err != nil {
+			_ = svc.stop()
+		}
+	}()
+
+	// Bind every port first: a port in use fails up at once, with its name.
+	webhookLn, err := net.Listen("tcp", o.webhookAddr)
+	if err != nil {
+		return nil, fmt.Errorf("webhook listener: %w", err)
+	}
+	agentLn, err := net.Listen("tcp", o.scmMetricsAddr)
+	if err != nil {
+		webhookLn.Close()
+		return nil, fmt.Errorf("metrics agent: %w", err)
+	}
 
 	mgr, err := newManager(cfg, "up", serviceOptions{metricsAddr: o.metricsAddr, healthAddr: o.healthAddr})
 	if err != nil {
-		logFile.Close()
+		webhookLn.Close()
+		agentLn.Close()
 		return nil, err
 	}
-	svc := &upServices{}
 	if err := books.Register(mgr, ipc.Options{}); err != nil {
-		logFile.Close()
 		return nil, err
 	}
 	svc.names = append(svc.names, "books")
+	svc.run(runCtx, mgr.Start)
 
-	mgrCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mgrCtx) }()
-	if !mgr.GetCache().WaitForCacheSync(ctx) {
-		cancel()
-		logFile.Close()
-		return nil, fmt.Errorf("services: informer caches did not sync: %w", <-done)
+	secretPath := filepath.Join(o.dataDir, "webhook-secret")
+	secret, created, err := webhook.EnsureSecretFile(secretPath)
+	if err != nil {
+		webhookLn.Close()
+		agentLn.Close()
+		return nil, err
 	}
-	svc.stop = func() {
-		cancel()
-		<-done
-		logFile.Close()
+	listener, err := webhook.New(webhook.Options{Config: cfg, Namespace: o.scmNamespace, Secret: secret, Logger: slogger.With("service", "webhook-listener")})
+	if err != nil {
+		webhookLn.Close()
+		agentLn.Close()
+		return nil, err
+	}
+	svc.run(runCtx, func(ctx context.Context) error { return listener.Serve(ctx, webhookLn) })
+	svc.names = append(svc.names, "webhook-listener")
+	secretNote := "secret in " + secretPath
+	if created {
+		secretNote = "new secret " + string(secret) + " in " + secretPath
+	}
+	svc.lines = append(svc.lines, fmt.Sprintf("webhook  http://%s/webhook   (%s)", webhookLn.Addr(), secretNote))
+
+	agent, err := metricsagent.New(metricsagent.Options{Config: cfg, Namespace: o.scmNamespace, Logger: slogger.With("service", "metrics-agent")})
+	if err != nil {
+		agentLn.Close()
+		return nil, err
+	}
+	svc.run(runCtx, func(ctx context.Context) error { return agent.Serve(ctx, agentLn) })
+	svc.names = append(svc.names, "metrics-agent")
+	svc.lines = append(svc.lines, fmt.Sprintf("scm      http://%s/metrics   (metrics agent: PullRequest/Branch Events and gauges)", agentLn.Addr()))
+
+	if !mgr.GetCache().WaitForCacheSync(ctx) {
+		return nil, fmt.Errorf("services: informer caches did not sync")
 	}
 	return svc, nil
 }

@@ -1,0 +1,373 @@
+package metricsagent_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+
+	"github.com/crdipc/crdipc/internal/scm/metricsagent"
+	"github.com/crdipc/crdipc/internal/scm/webhook"
+)
+
+const secret = "metrics-agent-test-secret"
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// runningAgent is an agent serving on a loopback port.
+type runningAgent struct {
+	*metricsagent.Agent
+	URL  string
+	stop func()
+}
+
+// startAgent runs an agent for ns until the test ends or stop is called, and returns once
+// its caches are synced.
+func startAgent(t *testing.T, cfg *rest.Config, ns string) *runningAgent {
+	t.Helper()
+	a, err := metricsagent.New(metricsagent.Options{Config: cfg, Namespace: ns, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Serve(ctx, ln) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("agent: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	r := &runningAgent{Agent: a, URL: "http://" + ln.Addr().String(), stop: stop}
+	waitFor(t, "agent ready", func() (bool, error) {
+		resp, err := http.Get(r.URL + "/readyz")
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	return r
+}
+
+func waitFor(t *testing.T, what string, cond func() (bool, error)) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true,
+		func(context.Context) (bool, error) { return cond() })
+	if err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parsing /metrics: %v", err)
+	}
+	return mfs
+}
+
+// value sums the samples of a family whose labels include want.
+func value(mfs map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
+	var sum float64
+next:
+	for _, m := range mfs[name].GetMetric() {
+		got := map[string]string{}
+		for _, lp := range m.GetLabel() {
+			got[lp.GetName()] = lp.GetValue()
+		}
+		for k, v := range want {
+			if got[k] != v {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			sum += m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			sum += m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
+
+func eventsTotal(t *testing.T, a *runningAgent) float64 {
+	return value(scrape(t, a.URL), "crdipc_scm_events_total", nil)
+}
+
+// waitTotal waits until the agent's counter is exactly n. Reaching n and staying is checked
+// by callers with a sentinel: one more Event must make it n+1, not more.
+func waitTotal(t *testing.T, a *runningAgent, n float64) {
+	t.Helper()
+	var last float64
+	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true,
+		func(context.Context) (bool, error) {
+			last = eventsTotal(t, a)
+			if last > n {
+				return false, fmt.Errorf("crdipc_scm_events_total is %v, over the expected %v", last, n)
+			}
+			return last == n, nil
+		})
+	if err != nil {
+		t.Fatalf("waiting for crdipc_scm_events_total == %v (last %v): %v", n, last, err)
+	}
+}
+
+// sender delivers signed GitHub payloads to a real webhook listener, so the Events the agent
+// counts are the ones the pipeline writes.
+type sender struct {
+	t   testing.TB
+	srv *httptest.Server
+	seq int
+	mu  sync.Mutex
+}
+
+func newSender(t testing.TB, cfg *rest.Config, ns string) *sender {
+	l, err := webhook.New(webhook.Options{Config: cfg, Namespace: ns, Secret: []byte(secret), Logger: quiet, Instance: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(l.Handler())
+	t.Cleanup(srv.Close)
+	return &sender{t: t, srv: srv}
+}
+
+func (s *sender) nextDelivery() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	return fmt.Sprintf("00000000-0000-4000-8000-%012d", s.seq)
+}
+
+// send delivers one event and returns the listener's result; it fails the test unless 2xx.
+func (s *sender) send(event string, payload []byte) string {
+	s.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/webhook", bytes.NewReader(payload))
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write(payload)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-GitHub-Event", event)
+	req.Header.Set("X-GitHub-Delivery", s.nextDelivery())
+	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(m.Sum(nil)))
+	resp, err := s.srv.Client().Do(req)
+	if err != nil {
+		s.t.Fatalf("deliver: %v", err)
+	}
+	defer resp.Body.Close()
+	var body struct{ Result, Error string }
+	_ = json.NewDecoder(resp.Body).Decode(&body)
+	if resp.StatusCode/100 != 2 {
+		s.t.Fatalf("deliver %s: %d %s", event, resp.StatusCode, body.Error)
+	}
+	return body.Result
+}
+
+var base = time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
+
+// pullRequest is the webhook fixture for PR 42 rewritten as pull request number in the given
+// action and state, updated at base+minute.
+func pullRequest(t testing.TB, number int, action, state string, merged bool, minute int) []byte {
+	t.Helper()
+	raw, err := os.ReadFile("../webhook/testdata/pull_request-opened.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p map[string]any
+	if err := json.Unmarshal(raw, &p); err != nil {
+		t.Fatal(err)
+	}
+	pr := p["pull_request"].(map[string]any)
+	p["action"], p["number"] = action, number
+	pr["number"], pr["id"], pr["state"], pr["merged"] = number, 1000000+number, state, merged
+	pr["updated_at"] = base.Add(time.Duration(minute) * time.Minute).Format(time.RFC3339)
+	out, _ := json.Marshal(p)
+	return out
+}
+
+// push is a push of branch to a new head at base+minute.
+func push(t testing.TB, branch string, minute int, created, deleted bool) []byte {
+	t.Helper()
+	raw, err := os.ReadFile("../webhook/testdata/push.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p map[string]any
+	if err := json.Unmarshal(raw, &p); err != nil {
+		t.Fatal(err)
+	}
+	p["ref"], p["created"], p["deleted"] = "refs/heads/"+branch, created, deleted
+	if deleted {
+		p["after"] = "0000000000000000000000000000000000000000"
+	}
+	p["repository"].(map[string]any)["pushed_at"] = base.Add(time.Duration(minute) * time.Minute).Unix()
+	out, _ := json.Marshal(p)
+	return out
+}
+
+// apiProxy forwards TCP to the API server; down closes the port and every connection, as
+// when the API server process is gone (connection refused).
+type apiProxy struct {
+	t      testing.TB
+	addr   string
+	target string
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]bool
+}
+
+func newAPIProxy(t testing.TB, cfg *rest.Config) (*apiProxy, *rest.Config) {
+	u, err := url.Parse(cfg.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &apiProxy{t: t, target: u.Host, conns: map[net.Conn]bool{}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = ln.Addr().String()
+	p.serve(ln)
+	t.Cleanup(func() { p.setUp(false) })
+	pc := rest.CopyConfig(cfg)
+	pc.Host = "https://" + p.addr
+	return p, pc
+}
+
+func (p *apiProxy) serve(ln net.Listener) {
+	p.ln = ln
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns[c], p.conns[up] = true, true
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(up, c); up.Close() }()
+			go func() { _, _ = io.Copy(c, up); c.Close() }()
+		}
+	}()
+}
+
+func (p *apiProxy) setUp(up bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !up {
+		if p.ln != nil {
+			p.ln.Close()
+			p.ln = nil
+		}
+		for c := range p.conns {
+			c.Close()
+		}
+		clear(p.conns)
+		return
+	}
+	if p.ln == nil {
+		ln, err := net.Listen("tcp", p.addr)
+		if err != nil {
+			p.t.Errorf("proxy: listen again on %s: %v", p.addr, err)
+			return
+		}
+		p.serve(ln)
+	}
+}
+
+// watchBreaker ends the Event watches in flight and answers the next watch request with
+// 410 Gone "too old resource version", which is what the API server answers when a watch
+// resumes from a resourceVersion no longer in its window. client-go then lists afresh: the
+// re-list that seed 003's agent counted twice.
+type watchBreaker struct {
+	mu     sync.Mutex
+	gone   int
+	bodies map[io.ReadCloser]bool
+}
+
+const goneStatus = `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: 1 (2)","reason":"Expired","code":410}`
+
+func (b *watchBreaker) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		isEventWatch := req.URL.Query().Get("watch") == "true" && strings.HasSuffix(req.URL.Path, "/events")
+		if !isEventWatch {
+			return rt.RoundTrip(req)
+		}
+		b.mu.Lock()
+		if b.gone > 0 {
+			b.gone--
+			b.mu.Unlock()
+			return &http.Response{
+				StatusCode: http.StatusGone, Status: "410 Gone", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+				Header:  http.Header{"Content-Type": []string{"application/json"}},
+				Body:    io.NopCloser(strings.NewReader(goneStatus)),
+				Request: req,
+			}, nil
+		}
+		b.mu.Unlock()
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			b.mu.Lock()
+			if b.bodies == nil {
+				b.bodies = map[io.ReadCloser]bool{}
+			}
+			b.bodies[resp.Body] = true
+			b.mu.Unlock()
+		}
+		return resp, err
+	})
+}
+
+// expire ends the current watches and fails the next one with 410.
+func (b *watchBreaker) expire() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.gone = 1
+	for body := range b.bodies {
+		body.Close()
+	}
+	clear(b.bodies)
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -1,0 +1,292 @@
+package webhook
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	scmv1alpha1 "github.com/crdipc/crdipc/api/scm/v1alpha1"
+	"github.com/crdipc/crdipc/internal/scheme"
+)
+
+// Body size limits. GitHub caps payloads at 25 MiB; most are a few KiB.
+const (
+	DefaultMaxBodyBytes = 1 << 20
+	MaxMaxBodyBytes     = 25 << 20
+)
+
+// DefaultTimeout is the budget for storing one delivery. GitHub gives up on a delivery after
+// 10 s, so answering 503 before then shows the delivery as failed rather than timed out.
+const DefaultTimeout = 8 * time.Second
+
+// SecretEnv is the environment variable the CLI reads the secret from when no file is given.
+const SecretEnv = "CRDIPC_WEBHOOK_SECRET"
+
+// Options configure a Listener.
+type Options struct {
+	// Config reaches the API server. Required.
+	Config *rest.Config
+	// Namespace receives the PullRequests, Branches and Events. Required.
+	Namespace string
+	// Secret is the webhook secret configured on GitHub. Required: without it anyone who can
+	// reach the listener could write objects.
+	Secret []byte
+	// MaxBodyBytes bounds a delivery's body (default DefaultMaxBodyBytes, at most
+	// MaxMaxBodyBytes).
+	MaxBodyBytes int64
+	// Timeout bounds the API writes for one delivery (default DefaultTimeout).
+	Timeout time.Duration
+	// Instance is the Events' reportingInstance (default: the host name).
+	Instance string
+	// Addr is where Run listens, e.g. ":8080". /webhook, /healthz, /readyz and /metrics share it.
+	Addr string
+	// Logger receives one line per delivery (default slog.Default()).
+	Logger *slog.Logger
+	// Registry receives the listener's metrics (default: a new registry with Go and process
+	// collectors). Never the global registry, so several listeners can live in one process.
+	Registry *prometheus.Registry
+}
+
+// Listener receives GitHub webhook deliveries.
+type Listener struct {
+	opts   Options
+	client client.Client
+	rest   rest.Interface
+	// cache holds the namespace's PullRequests and Branches once Start ran; synced says so.
+	cache   cache.Cache
+	synced  atomic.Bool
+	started atomic.Bool
+	metrics *metrics
+	handler http.Handler
+}
+
+// New checks opts and returns a Listener; it does not contact the API server.
+func New(opts Options) (*Listener, error) {
+	if len(opts.Secret) == 0 {
+		return nil, errors.New("webhook secret is empty: refusing to accept unsigned deliveries")
+	}
+	if opts.Config == nil {
+		return nil, errors.New("no API server config")
+	}
+	if opts.Namespace == "" {
+		return nil, errors.New("no namespace")
+	}
+	switch {
+	case opts.MaxBodyBytes == 0:
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	case opts.MaxBodyBytes < 0 || opts.MaxBodyBytes > MaxMaxBodyBytes:
+		return nil, fmt.Errorf("body limit %d bytes is outside 1..%d (GitHub's maximum)", opts.MaxBodyBytes, MaxMaxBodyBytes)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Instance == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("reading host name for reportingInstance: %w", err)
+		}
+		opts.Instance = h
+	}
+	if len(opts.Instance) > 128 {
+		opts.Instance = opts.Instance[:128]
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+		opts.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	c, err := client.New(opts.Config, client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		return nil, fmt.Errorf("creating API client: %w", err)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(opts.Config)
+	if err != nil {
+		return nil, fmt.Errorf("creating API health client: %w", err)
+	}
+	m, err := newMetrics(opts.Registry)
+	if err != nil {
+		return nil, err
+	}
+	cc, err := cache.New(opts.Config, cache.Options{
+		Scheme:            scheme.Scheme,
+		DefaultNamespaces: map[string]cache.Config{opts.Namespace: {}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating cache: %w", err)
+	}
+	l := &Listener{opts: opts, client: c, rest: dc.RESTClient(), cache: cc, metrics: m}
+	mux := http.NewServeMux()
+	mux.Handle("/webhook", http.HandlerFunc(l.serveWebhook))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", l.serveReady)
+	mux.Handle("/metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
+	l.handler = mux
+	return l, nil
+}
+
+// Handler serves /webhook, /healthz, /readyz and /metrics.
+func (l *Listener) Handler() http.Handler { return l.handler }
+
+// Registry is the registry the listener's metrics are in.
+func (l *Listener) Registry() *prometheus.Registry { return l.opts.Registry }
+
+// Start fills the listener's cache of PullRequests and Branches and keeps it current until
+// ctx ends; it returns once the cache is synced. Run and Serve call it. A listener that was
+// not started still works: every delivery then reads the API server directly.
+func (l *Listener) Start(ctx context.Context) error {
+	if !l.started.CompareAndSwap(false, true) {
+		return errors.New("webhook listener already started")
+	}
+	for _, obj := range []client.Object{&scmv1alpha1.PullRequest{}, &scmv1alpha1.Branch{}} {
+		if _, err := l.cache.GetInformer(ctx, obj); err != nil {
+			return fmt.Errorf("starting informer: %w", err)
+		}
+	}
+	go func() {
+		if err := l.cache.Start(ctx); err != nil {
+			l.opts.Logger.Error("webhook listener cache stopped", "error", err)
+		}
+	}()
+	if !l.cache.WaitForCacheSync(ctx) {
+		return fmt.Errorf("waiting for the cache to sync: %w", context.Cause(ctx))
+	}
+	l.synced.Store(true)
+	return nil
+}
+
+// serveReady is ready when the API server answers (and the cache is synced, once started): a
+// listener that cannot store deliveries should be taken out of its Service rather than
+// answer 503 to each.
+func (l *Listener) serveReady(w http.ResponseWriter, r *http.Request) {
+	if l.started.Load() && !l.synced.Load() {
+		http.Error(w, "cache not synced yet", http.StatusServiceUnavailable)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := l.rest.Get().AbsPath("/readyz").Do(ctx).Error(); err != nil {
+		http.Error(w, "API server not ready: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+// Run serves on opts.Addr until ctx ends, then shuts down gracefully.
+func (l *Listener) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", l.opts.Addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", l.opts.Addr, err)
+	}
+	return l.Serve(ctx, ln)
+}
+
+// Serve starts the cache (unless Start ran already), then serves on ln until ctx ends;
+// deliveries in flight get 10 s to finish.
+func (l *Listener) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           l.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+	if !l.started.Load() {
+		if err := l.Start(ctx); err != nil {
+			return err
+		}
+	}
+	l.opts.Logger.Info("webhook listener serving", "addr", ln.Addr().String(), "namespace", l.opts.Namespace)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving webhooks: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutting down webhook listener: %w", err)
+	}
+	return nil
+}
+
+// LoadSecret reads the webhook secret from path, or from $SecretEnv when path is empty. A
+// trailing newline is dropped: `echo secret > file` is how most people write one.
+func LoadSecret(path string) ([]byte, error) {
+	var s string
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("reading webhook secret: %w", err)
+		}
+		s = string(b)
+	} else {
+		s = os.Getenv(SecretEnv)
+	}
+	s = strings.TrimRight(s, "\r\n")
+	if s == "" {
+		src := "$" + SecretEnv
+		if path != "" {
+			src = path
+		}
+		return nil, fmt.Errorf("webhook secret from %s is empty: refusing to accept unsigned deliveries", src)
+	}
+	return []byte(s), nil
+}
+
+// EnsureSecretFile returns the secret in path, generating a random one (0600) when the file
+// does not exist yet, as `crdipc up` does in its data directory. created reports a new secret.
+func EnsureSecretFile(path string) (secret []byte, created bool, err error) {
+	if _, err := os.Stat(path); err == nil {
+		s, err := LoadSecret(path)
+		return s, false, err
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, false, fmt.Errorf("reading webhook secret: %w", err)
+	}
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		return nil, false, fmt.Errorf("generating webhook secret: %w", err)
+	}
+	s := hex.EncodeToString(raw)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, false, fmt.Errorf("creating directory for webhook secret: %w", err)
+	}
+	// O_EXCL: two processes racing on a fresh data dir must not end up with different secrets.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		s, err := LoadSecret(path)
+		return s, false, err
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("writing webhook secret: %w", err)
+	}
+	if _, err := f.WriteString(s + "\n"); err != nil {
+		f.Close()
+		return nil, false, fmt.Errorf("writing webhook secret: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, false, fmt.Errorf("writing webhook secret: %w", err)
+	}
+	return []byte(s), true, nil
+}

@@ -1,0 +1,169 @@
+package webhook_test
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"k8s.io/client-go/rest"
+)
+
+// apiProxy forwards TCP to the API server. Down closes the listening socket and every open
+// connection, so clients see exactly what they see when the API server process is gone:
+// connection refused. Up listens on the same port again.
+type apiProxy struct {
+	t      testing.TB
+	addr   string
+	target string
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]bool
+}
+
+func newAPIProxy(t testing.TB, cfg *rest.Config) (*apiProxy, *rest.Config) {
+	u, err := url.Parse(cfg.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &apiProxy{t: t, target: u.Host, conns: map[net.Conn]bool{}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = ln.Addr().String()
+	p.serve(ln)
+	t.Cleanup(p.Down)
+	pc := rest.CopyConfig(cfg)
+	pc.Host = "https://" + p.addr
+	return p, pc
+}
+
+func (p *apiProxy) serve(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns[c], p.conns[up] = true, true
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(up, c); up.Close() }()
+			go func() { _, _ = io.Copy(c, up); c.Close() }()
+		}
+	}()
+}
+
+func (p *apiProxy) Down() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+func (p *apiProxy) Up() {
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		p.t.Fatalf("proxy listen again on %s: %v", p.addr, err)
+	}
+	p.serve(ln)
+}
+
+// API server unreachable → 503 with a reason and Retry-After, nothing written; reachable
+// again → GitHub's redelivery of the same delivery succeeds, once.
+func TestAPIServerUnavailable(t *testing.T) {
+	proxy, cfg := newAPIProxy(t, testenvConfig(t))
+	h := newHarness(t, cfg) // h.counts() and friends use the test's own, direct client
+
+	proxy.Down()
+	req := h.request("pull_request", deliveryA, fixture(t, "pull_request-opened.json"))
+	resp, err := h.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
+		!strings.Contains(string(body), "API server unavailable") {
+		t.Fatalf("with the API server down: %d %s (Retry-After %q)", resp.StatusCode, body, resp.Header.Get("Retry-After"))
+	}
+	if c := h.counts(); c != [3]int{} {
+		t.Fatalf("API server down, yet objects exist: %v", c)
+	}
+	// The listener's readiness follows the API server.
+	if r, err := h.srv.Client().Get(h.srv.URL + "/readyz"); err != nil || r.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("/readyz with API server down: %v %v", r, err)
+	}
+
+	proxy.Up()
+	if r := h.mustDeliver("pull_request", deliveryA, "pull_request-opened.json", http.StatusOK); r.Result != "created" {
+		t.Errorf("redelivery after the API server is back: %+v", r)
+	}
+	if c := h.counts(); c != [3]int{1, 0, 1} {
+		t.Errorf("after redelivery: %v, want one PullRequest and one Event", c)
+	}
+	if r, err := h.srv.Client().Get(h.srv.URL + "/readyz"); err != nil || r.StatusCode != http.StatusOK {
+		t.Errorf("/readyz with API server up: %v %v", r, err)
+	}
+}
+
+// failEvents fails Event creates while armed, as an API server that dies between the two
+// writes of a delivery would.
+type failEvents struct {
+	rt    http.RoundTripper
+	armed *atomic.Bool
+}
+
+func (f failEvents) RoundTrip(r *http.Request) (*http.Response, error) {
+	if f.armed.Load() && r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/events") {
+		return nil, errors.New("connection reset by peer (injected)")
+	}
+	return f.rt.RoundTrip(r)
+}
+
+// The object is stored but the Event is not: the answer is 503 (GitHub will show the
+// delivery failed), and the redelivery completes it with exactly one Event and no change to
+// the object.
+func TestEventWriteFailsThenRedelivery(t *testing.T) {
+	var armed atomic.Bool
+	cfg := rest.CopyConfig(testenvConfig(t))
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return failEvents{rt: rt, armed: &armed} })
+	h := newHarness(t, cfg)
+	armed.Store(true)
+	r := h.deliver("pull_request", deliveryA, fixture(t, "pull_request-opened.json"))
+	if r.Status != http.StatusServiceUnavailable || !strings.Contains(r.Error, "is stored but its event is not") {
+		t.Fatalf("event write failed: %d %+v", r.Status, r)
+	}
+	rv := h.pullRequest(pr42).ResourceVersion
+	armed.Store(false)
+	r = h.mustDeliver("pull_request", deliveryA, "pull_request-opened.json", http.StatusOK)
+	if r.Result != "unchanged" {
+		t.Errorf("redelivery: %q, want unchanged (the object was already stored)", r.Result)
+	}
+	if got := h.pullRequest(pr42).ResourceVersion; got != rv {
+		t.Errorf("redelivery rewrote the object: %s → %s", rv, got)
+	}
+	if c := h.counts(); c != [3]int{1, 0, 1} {
+		t.Errorf("after redelivery: %v, want one PullRequest and one Event", c)
+	}
+}
