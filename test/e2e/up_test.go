@@ -47,7 +47,8 @@ type upProcess struct {
 // startUp runs `crdipc up` and returns once it printed its export line.
 func startUp(t *testing.T, dataDir string, extra ...string) *upProcess {
 	t.Helper()
-	args := append([]string{"up", "--data-dir", dataDir, "--metrics-addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0"}, extra...)
+	args := append([]string{"up", "--data-dir", dataDir, "--metrics-addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0",
+		"--webhook-addr", "127.0.0.1:0", "--scm-metrics-addr", "127.0.0.1:0"}, extra...)
 	cmd := exec.Command(binary, args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

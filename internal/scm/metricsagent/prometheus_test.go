@@ -2,17 +2,7 @@ package metricsagent_test
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"net"
-	"net/http"
-	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,19 +15,12 @@ import (
 // scrapes the metrics agent and the webhook listener, sends GitHub deliveries through the
 // listener, and asks Prometheus with PromQL for the counts.
 func TestPrometheusEndToEnd(t *testing.T) {
-	bin, err := exec.LookPath("prometheus")
-	if err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_PROMETHEUS") != "" {
-			t.Fatal("prometheus is not installed and CRDIPC_REQUIRE_PROMETHEUS is set")
-		}
-		t.Skip("prometheus binary not found; install it with: apt-get install -y prometheus")
-	}
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	s := newSender(t, env.Config, ns)
 	agent := startAgent(t, env.Config, ns)
 
-	prom := startPrometheus(t, bin, map[string]string{
+	prom := testenv.StartPrometheus(t, map[string]string{
 		"crdipc-metrics-agent":    strings.TrimPrefix(agent.URL, "http://"),
 		"crdipc-webhook-listener": strings.TrimPrefix(s.srv.URL, "http://"),
 	})
@@ -70,116 +53,11 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		var gotErr error
 		err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 60*time.Second, true,
 			func(context.Context) (bool, error) {
-				got, gotErr = prom.query(query)
+				got, gotErr = prom.Query(query)
 				return gotErr == nil && got == want, nil
 			})
 		if err != nil {
 			t.Errorf("PromQL %s = %v (%v), want %v", query, got, gotErr, want)
 		}
 	}
-}
-
-type promServer struct{ url string }
-
-func startPrometheus(t *testing.T, bin string, targets map[string]string) *promServer {
-	t.Helper()
-	dir := t.TempDir()
-	var cfg strings.Builder
-	cfg.WriteString("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n")
-	for job, target := range targets {
-		fmt.Fprintf(&cfg, "  - job_name: %s\n    static_configs:\n      - targets: [%q]\n", job, target)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	logf, err := os.Create(filepath.Join(dir, "prometheus.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin,
-		"--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+addr,
-		"--log.level=warn")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting prometheus: %v", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			if b, err := os.ReadFile(logf.Name()); err == nil {
-				t.Logf("prometheus log:\n%s", b)
-			}
-		}
-		logf.Close()
-	})
-	p := &promServer{url: "http://" + addr}
-	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true,
-		func(context.Context) (bool, error) {
-			select {
-			case err := <-exited:
-				return false, fmt.Errorf("prometheus exited: %v", err)
-			default:
-			}
-			resp, err := http.Get(p.url + "/-/ready")
-			if err != nil {
-				return false, nil
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK, nil
-		})
-	if err != nil {
-		b, _ := os.ReadFile(logf.Name())
-		t.Fatalf("prometheus not ready: %v\n%s", err, b)
-	}
-	return p
-}
-
-// query runs an instant PromQL query that must return one sample.
-func (p *promServer) query(q string) (float64, error) {
-	resp, err := http.Get(p.url + "/api/v1/query?query=" + url.QueryEscape(q))
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	var body struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			ResultType string `json:"resultType"`
-			Result     []struct {
-				Metric map[string]string `json:"metric"`
-				Value  [2]any            `json:"value"`
-			} `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return 0, fmt.Errorf("decoding answer: %w", err)
-	}
-	if body.Status != "success" {
-		return 0, fmt.Errorf("query failed: %s", body.Error)
-	}
-	if n := len(body.Data.Result); n != 1 {
-		return 0, fmt.Errorf("%d samples", n)
-	}
-	v, ok := body.Data.Result[0].Value[1].(string)
-	if !ok {
-		return 0, fmt.Errorf("sample value %v is not a string", body.Data.Result[0].Value[1])
-	}
-	return strconv.ParseFloat(v, 64)
 }
