@@ -3,12 +3,19 @@ package cli
 
 import (
 	"errors"
+	"runtime/debug"
+
+	"github.com/spf13/pflag"
 
 	"github.com/spf13/cobra"
 )
 
 // NewRoot returns the crdipc command with every subcommand.
 func NewRoot() *cobra.Command {
+	// Kubernetes packages register flags of their own binaries (--version of
+	// kube-apiserver, klog's) on the global flag set at init; cobra would
+	// show them on every crdipc command, where they do nothing.
+	pflag.CommandLine = pflag.NewFlagSet("crdipc", pflag.ExitOnError)
 	root := &cobra.Command{
 		Use:   "crdipc",
 		Short: "Services that talk through Kubernetes custom resources",
@@ -21,6 +28,7 @@ Start everything on this machine with "crdipc up", then use kubectl with the
 KUBECONFIG it prints.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version(),
 	}
 	root.AddCommand(
 		newUpCommand(),
@@ -51,4 +59,20 @@ func ExitCode(err error) int {
 		return e.code
 	}
 	return 1
+}
+
+// version is the module version the binary was built from ("(devel)" for
+// a build from a checkout) and its VCS revision when known.
+func version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := info.Main.Version
+	for _, s := range info.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " " + s.Value[:12]
+		}
+	}
+	return v
 }
