@@ -13,6 +13,10 @@ generate: ## Regenerate deepcopy functions and CRD manifests from api/.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	@# One least-privilege role per service, from the +kubebuilder:rbac markers in its package.
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-books paths=./internal/books/... output:rbac:artifacts:config=config/rbac/books
+	$(CONTROLLER_GEN) rbac:roleName=crdipc-storage-operator paths=./internal/storage/operator/... output:rbac:artifacts:config=config/rbac/storage-operator
+	$(CONTROLLER_GEN) rbac:roleName=crdipc-pool-agent paths=./internal/storage/agent/... output:rbac:artifacts:config=config/rbac/pool-agent
+	$(CONTROLLER_GEN) rbac:roleName=crdipc-csi-driver paths=./internal/csi/driver/... output:rbac:artifacts:config=config/rbac/csi-driver
+	$(CONTROLLER_GEN) rbac:roleName=crdipc-csi-sidecar paths=./internal/csi/sidecar/... output:rbac:artifacts:config=config/rbac/csi-sidecar
 
 .PHONY: verify
 verify: generate ## Fail if generated files are stale or untracked, code is unformatted, or vet complains.

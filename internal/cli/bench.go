@@ -33,7 +33,7 @@ numbers on a shared machine drift from run to run while ratios do not.
 Without --kubeconfig, bench starts its own embedded control plane in a
 temporary directory and removes it afterwards.`,
 	}
-	cmd.AddCommand(newBenchFloorCommand(), newBenchRoundTripCommand(), newBenchWebhookCommand())
+	cmd.AddCommand(newBenchFloorCommand(), newBenchRoundTripCommand(), newBenchWebhookCommand(), newBenchStorageCommand())
 	return cmd
 }
 

@@ -25,6 +25,7 @@ type upOptions struct {
 	webhookAddr    string
 	scmMetricsAddr string
 	scmNamespace   string
+	nodes          int
 }
 
 func newUpCommand() *cobra.Command {
@@ -56,6 +57,7 @@ Ctrl-C shuts everything down.`,
 	cmd.Flags().StringVar(&o.webhookAddr, "webhook-addr", "127.0.0.1:8090", "address of the GitHub webhook listener (POST /webhook)")
 	cmd.Flags().StringVar(&o.scmMetricsAddr, "scm-metrics-addr", "127.0.0.1:9102", "address of the SCM metrics agent's /metrics")
 	cmd.Flags().StringVar(&o.scmNamespace, "scm-namespace", "default", "namespace for PullRequests, Branches and their Events")
+	cmd.Flags().IntVar(&o.nodes, "nodes", 3, "simulated storage nodes, each with a pool agent and a file-backed pool root under --data-dir")
 	cmd.Flags().IntVar(&o.port, "port", 0, "API server port on 127.0.0.1 (0: the previous run's port if free, else any free port)")
 	return cmd
 }

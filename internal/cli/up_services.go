@@ -18,6 +18,8 @@ import (
 	"github.com/crdipc/crdipc/internal/books"
 	"github.com/crdipc/crdipc/internal/scm/metricsagent"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
+	"github.com/crdipc/crdipc/internal/storage/agent"
+	"github.com/crdipc/crdipc/internal/storage/operator"
 	"github.com/crdipc/crdipc/ipc"
 )
 
@@ -86,6 +88,27 @@ func startServices(ctx context.Context, cfg *rest.Config, o upOptions) (_ *upSer
 		return nil, err
 	}
 	svc.names = append(svc.names, "books")
+
+	// Storage (seed 000): the operator, and one pool agent per simulated
+	// node, each with a real file backend under the data dir.
+	if err := operator.Register(mgr, operator.Options{}); err != nil {
+		return nil, err
+	}
+	nodesRoot := filepath.Join(o.dataDir, "nodes")
+	if _, err := agent.AddSupervisor(mgr, cfg, agent.SupervisorOptions{Nodes: o.nodes, Root: nodesRoot}); err != nil {
+		return nil, err
+	}
+	svc.names = append(svc.names, "storage-operator", fmt.Sprintf("%d pool agents", o.nodes))
+	svc.lines = append(svc.lines, fmt.Sprintf("nodes    %d simulated (label a Node %s=true to add one), pools under %s", o.nodes, agent.SimulatedLabel, nodesRoot))
+
+	// CSI (seed 001): driver and sidecar in this process, over a real socket.
+	serveDriver, csiEndpoint, err := startCSI(ctx, cfg, mgr, o.dataDir, "node-1", filepath.Join(nodesRoot, "node-1"))
+	if err != nil {
+		return nil, err
+	}
+	svc.run(runCtx, serveDriver)
+	svc.names = append(svc.names, "csi-driver", "csi-sidecar")
+	svc.lines = append(svc.lines, "csi      "+csiEndpoint+"   (StorageClass "+StorageClassName+")")
 	svc.run(runCtx, mgr.Start)
 
 	secretPath := filepath.Join(o.dataDir, "webhook-secret")

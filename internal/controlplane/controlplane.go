@@ -28,13 +28,18 @@ const (
 
 // DefaultControllers are the kube-controller-manager controllers crdipc's
 // flows depend on: ownerReference cascades, namespace deletion, service
-// account tokens for workloads, and PVC↔PV binding for the CSI flow.
+// account tokens for workloads, and PVC↔PV binding for the CSI flow. The
+// two protection controllers remove the kubernetes.io/pvc-protection and
+// pv-protection finalizers that admission adds: without them a deleted PVC
+// stays Terminating and its PV is never released.
 var DefaultControllers = []string{
 	"garbage-collector-controller",
 	"namespace-controller",
 	"serviceaccount-controller",
 	"serviceaccount-token-controller",
 	"persistentvolume-binder-controller",
+	"persistentvolumeclaim-protection-controller",
+	"persistentvolume-protection-controller",
 }
 
 // Config says where and how to run the control plane.

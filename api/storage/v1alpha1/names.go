@@ -1,0 +1,34 @@
+package v1alpha1
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+)
+
+// MaxGeneratedNameLength caps the names the operator derives from other names. 63 keeps them
+// usable as label values and, with a suffix, as file names on any node file system.
+const MaxGeneratedNameLength = 63
+
+// PoolName is the name of the CStorPool of claim on node. It is a function of the two names
+// only, so two operators racing to create the pool create the same object and one of them
+// gets AlreadyExists — never two pools for one node (an OpenEBS bug with generated names).
+func PoolName(claim, node string) string { return joinName(claim, node) }
+
+// ReplicaName is the name of the CStorVolumeReplica of volume on pool, deterministic for the
+// same reason as PoolName.
+func ReplicaName(volume, pool string) string { return joinName(volume, pool) }
+
+// joinName joins parts with "-". A result longer than MaxGeneratedNameLength is cut and
+// suffixed with a hash of the whole, so distinct inputs keep distinct names.
+func joinName(parts ...string) string {
+	name := strings.Join(parts, "-")
+	if len(name) <= MaxGeneratedNameLength {
+		return name
+	}
+	sum := sha256.Sum256([]byte(strings.Join(parts, "/")))
+	hash := hex.EncodeToString(sum[:])[:10]
+	// A DNS label or subdomain may not end in '-' or '.', nor have ".-".
+	prefix := strings.TrimRight(name[:MaxGeneratedNameLength-len(hash)-1], "-.")
+	return prefix + "-" + hash
+}

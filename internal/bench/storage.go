@@ -1,0 +1,317 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crdipc/crdipc/api/conditions"
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/scheme"
+)
+
+// StorageOptions sizes the storage benchmark.
+type StorageOptions struct {
+	Floor FloorOptions
+	// Volumes is how many volumes are created one after the other for the latency.
+	Volumes int
+	// ThroughputVolumes are created by Creators concurrent creators for the throughput.
+	ThroughputVolumes, Creators int
+	// ReplicationFactor of every volume.
+	ReplicationFactor int32
+	// VolumeSize of every volume; replicas are sparse, so it costs no disk.
+	VolumeSize resource.Quantity
+	// ClaimName is the StoragePoolClaim the benchmark creates when the cluster has fewer
+	// Healthy pools than ReplicationFactor (and deletes at the end).
+	ClaimName string
+}
+
+// DefaultStorageOptions take ~30 s on a 2-core machine.
+var DefaultStorageOptions = StorageOptions{
+	Floor:   FloorOptions{Writers: []int{1, 8}, Creates: 500, Samples: 100},
+	Volumes: 100, ThroughputVolumes: 200, Creators: 8,
+	ReplicationFactor: 3, VolumeSize: resource.MustParse("1Mi"),
+	ClaimName: "crdipc-bench",
+}
+
+// Storage is the storage system of seed 000 measured end to end, operator and node
+// agents included, next to the floor of the same run.
+type Storage struct {
+	Floor             *Floor `json:"floor"`
+	ReplicationFactor int32  `json:"replicationFactor"`
+	Pools             int    `json:"healthyPools"`
+	// CreateToReady is one creator's CStorVolume create → its Ready=True arriving on the
+	// creator's watch, volumes created one after the other.
+	CreateToReady Latencies `json:"createToReady"`
+	// VolumesPerSec: Ready volumes per second with Creators concurrent creators.
+	VolumesPerSec float64 `json:"volumesPerSec"`
+	Creators      int     `json:"creators"`
+	// WritesPerVolume counts, during the throughput run, the writes to volumes and
+	// replicas (their watch events) per volume.
+	WritesPerVolume float64 `json:"writesPerVolume"`
+	// IdealWrites is what a volume needs at least: 1+RF creates and 2·RF+1 status
+	// writes (each replica Init→Healthy is one write if the agent skips Init, the
+	// volume's status once when placed and once when Ready).
+	IdealWrites int `json:"idealWrites"`
+	// IdealLatencyMs is the critical path if the API server were the only cost: four
+	// writes one after the other, each seen through a watch (volume create, replica
+	// create, replica status, volume status), at the floor's create→watch p50.
+	IdealLatencyMs float64 `json:"idealLatencyMs"`
+	// IdealVolumesPerSec is the floor's creates/s with Creators writers divided by
+	// IdealWrites.
+	IdealVolumesPerSec float64 `json:"idealVolumesPerSec"`
+	// Ratios to the ideal: latency p50 over IdealLatencyMs, IdealVolumesPerSec over
+	// VolumesPerSec, WritesPerVolume over IdealWrites (1 = ideal; the goal is ≤ 2).
+	P50Ratio        float64 `json:"p50Ratio"`
+	ThroughputRatio float64 `json:"throughputRatio"`
+	WritesRatio     float64 `json:"writesRatio"`
+}
+
+// MeasureStorage measures the floor, then CStorVolumes through the operator and node
+// agents already running against cfg (crdipc up, or what bench storage starts).
+func MeasureStorage(ctx context.Context, cfg *rest.Config, o StorageOptions) (*Storage, error) {
+	floor, err := MeasureFloor(ctx, cfg, o.Floor)
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+	pools, cleanupClaim, err := ensurePools(ctx, c, o)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanupClaim()
+	ns, cleanup, err := tempNamespace(ctx, c, "bench-storage-")
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		// Volumes first, and wait for them (their finalizer waits for the agents to delete
+		// the replicas' files), so that nothing is left on the nodes of a long-lived
+		// cluster and no Event is refused by a terminating namespace.
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_ = c.DeleteAllOf(cctx, &storagev1alpha1.CStorVolume{}, client.InNamespace(ns))
+		_ = wait.PollUntilContextCancel(cctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			var list storagev1alpha1.CStorVolumeList
+			err := c.List(ctx, &list, client.InNamespace(ns), client.Limit(1))
+			return err == nil && len(list.Items) == 0, nil
+		})
+		cleanup()
+	}()
+
+	s := &Storage{Floor: floor, ReplicationFactor: o.ReplicationFactor, Pools: pools, Creators: o.Creators}
+	if s.CreateToReady, err = volumeLatency(ctx, c, ns, o); err != nil {
+		return nil, err
+	}
+	if s.VolumesPerSec, s.WritesPerVolume, err = volumeThroughput(ctx, cfg, c, ns, o); err != nil {
+		return nil, err
+	}
+	rf := int(o.ReplicationFactor)
+	s.IdealWrites = 1 + rf + 2*rf + 1
+	s.IdealLatencyMs = 4 * floor.CreateToWatch.P50
+	s.IdealVolumesPerSec = floor.CreatesPerSec[o.Creators] / float64(s.IdealWrites)
+	if s.IdealLatencyMs > 0 {
+		s.P50Ratio = s.CreateToReady.P50 / s.IdealLatencyMs
+	}
+	if s.VolumesPerSec > 0 {
+		s.ThroughputRatio = s.IdealVolumesPerSec / s.VolumesPerSec
+	}
+	s.WritesRatio = s.WritesPerVolume / float64(s.IdealWrites)
+	return s, nil
+}
+
+// ensurePools waits for ReplicationFactor Healthy pools, creating a claim for them if
+// the cluster has too few.
+func ensurePools(ctx context.Context, c client.Client, o StorageOptions) (int, func(), error) {
+	healthy := func(ctx context.Context) (int, error) {
+		var list storagev1alpha1.CStorPoolList
+		if err := c.List(ctx, &list); err != nil {
+			return 0, err
+		}
+		n := 0
+		for _, p := range list.Items {
+			if p.Status.Phase == storagev1alpha1.PoolPhaseHealthy && p.DeletionTimestamp.IsZero() {
+				n++
+			}
+		}
+		return n, nil
+	}
+	n, err := healthy(ctx)
+	if err != nil {
+		return 0, nil, fmt.Errorf("listing pools: %w", err)
+	}
+	cleanup := func() {}
+	if n < int(o.ReplicationFactor) {
+		claim := &storagev1alpha1.StoragePoolClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: o.ClaimName},
+			Spec:       storagev1alpha1.StoragePoolClaimSpec{MinPools: 1, Capacity: resource.MustParse("100Gi"), Backend: storagev1alpha1.BackendFile},
+		}
+		if err := c.Create(ctx, claim); err != nil && !apierrors.IsAlreadyExists(err) {
+			return 0, nil, fmt.Errorf("creating claim: %w", err)
+		}
+		// Deleted at the end; the operator removes its pools once they are empty.
+		cleanup = func() { _ = c.Delete(context.Background(), claim) }
+	}
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		n, err = healthy(ctx)
+		return n >= int(o.ReplicationFactor), err
+	})
+	if err != nil {
+		cleanup()
+		return 0, nil, fmt.Errorf("waiting for %d Healthy pools (have %d; are the operator and pool agents running?): %w", o.ReplicationFactor, n, err)
+	}
+	return n, cleanup, nil
+}
+
+func newVolume(ns, name string, o StorageOptions) *storagev1alpha1.CStorVolume {
+	return &storagev1alpha1.CStorVolume{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"crdipc.io/bench": "storage"}},
+		Spec:       storagev1alpha1.CStorVolumeSpec{Capacity: o.VolumeSize, ReplicationFactor: o.ReplicationFactor},
+	}
+}
+
+func volumeReady(v *storagev1alpha1.CStorVolume) bool {
+	c := meta.FindStatusCondition(v.Status.Conditions, conditions.TypeReady)
+	return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration >= v.Generation && v.Status.ObservedGeneration >= v.Generation
+}
+
+func watchVolumes(ctx context.Context, c client.WithWatch, ns string) (watch.Interface, error) {
+	var list storagev1alpha1.CStorVolumeList
+	if err := c.List(ctx, &list, client.InNamespace(ns), client.Limit(1)); err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	return c.Watch(ctx, &storagev1alpha1.CStorVolumeList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
+}
+
+// volumeLatency creates volumes one at a time and times each until it is Ready.
+func volumeLatency(ctx context.Context, c client.WithWatch, ns string, o StorageOptions) (Latencies, error) {
+	w, err := watchVolumes(ctx, c, ns)
+	if err != nil {
+		return Latencies{}, err
+	}
+	defer w.Stop()
+	d := make([]time.Duration, 0, o.Volumes)
+	for i := range o.Volumes {
+		name := fmt.Sprintf("lat-%d", i)
+		vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		t := time.Now()
+		if err := c.Create(vctx, newVolume(ns, name, o)); err != nil {
+			cancel()
+			return Latencies{}, fmt.Errorf("create: %w", err)
+		}
+		err := func() error {
+			for {
+				select {
+				case <-vctx.Done():
+					return fmt.Errorf("volume %s not Ready: %w", name, vctx.Err())
+				case ev, open := <-w.ResultChan():
+					if !open {
+						return errors.New("watch closed")
+					}
+					if v, ok := ev.Object.(*storagev1alpha1.CStorVolume); ok && v.Name == name && volumeReady(v) {
+						return nil
+					}
+				}
+			}
+		}()
+		cancel()
+		if err != nil {
+			return Latencies{}, err
+		}
+		d = append(d, time.Since(t))
+	}
+	return summarize(d), nil
+}
+
+// volumeThroughput creates volumes from o.Creators goroutines, each with its own client,
+// and measures Ready volumes per second and writes per volume.
+func volumeThroughput(ctx context.Context, cfg *rest.Config, c client.WithWatch, ns string, o StorageOptions) (float64, float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	vw, err := watchVolumes(ctx, c, ns)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer vw.Stop()
+	var rl storagev1alpha1.CStorVolumeReplicaList
+	if err := c.List(ctx, &rl, client.InNamespace(ns), client.Limit(1)); err != nil {
+		return 0, 0, err
+	}
+	rw, err := c.Watch(ctx, &storagev1alpha1.CStorVolumeReplicaList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rl.ResourceVersion}})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer rw.Stop()
+	var replicaWrites atomic.Int64
+	go func() {
+		for range rw.ResultChan() {
+			replicaWrites.Add(1)
+		}
+	}()
+
+	var next atomic.Int64
+	var firstErr error
+	var once sync.Once
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range o.Creators {
+		cc, err := client.New(rest.CopyConfig(cfg), client.Options{Scheme: scheme.Scheme})
+		if err != nil {
+			return 0, 0, fmt.Errorf("creating client: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				j := next.Add(1)
+				if j > int64(o.ThroughputVolumes) {
+					return
+				}
+				if err := cc.Create(ctx, newVolume(ns, fmt.Sprintf("tp-%d", j), o)); err != nil {
+					once.Do(func() { firstErr = fmt.Errorf("create: %w", err) })
+					cancel()
+					return
+				}
+			}
+		}()
+	}
+	ready := map[string]bool{}
+	volumeWrites := 0
+	for len(ready) < o.ThroughputVolumes {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			if firstErr != nil {
+				return 0, 0, firstErr
+			}
+			return 0, 0, fmt.Errorf("%d of %d volumes Ready: %w", len(ready), o.ThroughputVolumes, ctx.Err())
+		case ev, open := <-vw.ResultChan():
+			if !open {
+				return 0, 0, errors.New("watch closed")
+			}
+			volumeWrites++
+			if v, ok := ev.Object.(*storagev1alpha1.CStorVolume); ok && volumeReady(v) {
+				ready[v.Name] = true
+			}
+		}
+	}
+	elapsed := time.Since(start)
+	wg.Wait()
+	writes := float64(volumeWrites) + float64(replicaWrites.Load())
+	return float64(o.ThroughputVolumes) / elapsed.Seconds(), writes / float64(o.ThroughputVolumes), nil
+}

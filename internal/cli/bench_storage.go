@@ -1,0 +1,123 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/crdipc/crdipc/internal/bench"
+	"github.com/crdipc/crdipc/internal/storage/agent"
+	"github.com/crdipc/crdipc/internal/storage/operator"
+	"github.com/crdipc/crdipc/ipc"
+)
+
+func newBenchStorageCommand() *cobra.Command {
+	var target benchTarget
+	o := bench.DefaultStorageOptions
+	nodes := 3
+	cmd := &cobra.Command{
+		Use:   "storage",
+		Short: "Measure CStorVolume create → Ready through the operator and node agents",
+		Long: `storage measures the storage system of seed 000 end to end: a CStorVolume is
+created, the operator places its replicas, the node agents create them (sparse
+files), the operator reports the volume Ready.
+
+  create→Ready   one creator, volumes one after the other: p50/p99
+  volumes/s      --creators concurrent creators, own connection each
+  writes/volume  writes to volumes and replicas per volume, counted on watches
+
+Ideals, from the floor measured first in the same run: a volume needs at least
+1+RF creates and 2·RF+1 status writes; its critical path is four writes, each
+seen through a watch (volume, replica, replica status, volume status). Ratios
+to the ideal are printed (1 = ideal).
+
+Without --kubeconfig, bench starts an embedded control plane plus, in this
+process, the operator and --nodes simulated nodes with their agents, as
+crdipc up does. With --kubeconfig, the operator and agents must already run
+(e.g. crdipc up); a claim is created if there are fewer Healthy pools than
+--replicas.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			cfg, release, err := target.cluster(cmd.Context(), out)
+			if err != nil {
+				return err
+			}
+			defer release()
+			if target.kubeconfig == "" {
+				stop, err := startStorage(cmd.Context(), cfg, nodes)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
+			s, err := bench.MeasureStorage(cmd.Context(), cfg, o)
+			if err != nil {
+				return err
+			}
+			printStorage(out, s)
+			return target.writeJSON(out, s)
+		},
+	}
+	target.flags(cmd)
+	cmd.Flags().IntVar(&o.Volumes, "volumes", o.Volumes, "volumes created one after the other for the latency")
+	cmd.Flags().IntVar(&o.ThroughputVolumes, "throughput-volumes", o.ThroughputVolumes, "volumes created concurrently for the throughput")
+	cmd.Flags().IntVar(&o.Creators, "creators", o.Creators, "concurrent creators for the throughput")
+	cmd.Flags().Int32Var(&o.ReplicationFactor, "replicas", o.ReplicationFactor, "replication factor of every volume")
+	cmd.Flags().IntVar(&nodes, "nodes", nodes, "simulated nodes to start (embedded control plane only)")
+	return cmd
+}
+
+// startStorage runs the operator and simulated nodes in this process, as `up` does.
+func startStorage(ctx context.Context, cfg *rest.Config, nodes int) (func(), error) {
+	ctrl.SetLogger(logr.Discard())
+	root, err := os.MkdirTemp("", "crdipc-bench-storage-")
+	if err != nil {
+		return nil, err
+	}
+	mgr, err := newManager(cfg, "bench-storage", serviceOptions{metricsAddr: "0", healthAddr: "0"})
+	if err != nil {
+		os.RemoveAll(root)
+		return nil, err
+	}
+	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: -1}}); err != nil {
+		os.RemoveAll(root)
+		return nil, err
+	}
+	if _, err := agent.AddSupervisor(mgr, cfg, agent.SupervisorOptions{Nodes: nodes, Root: root}); err != nil {
+		os.RemoveAll(root)
+		return nil, err
+	}
+	mctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	if !mgr.GetCache().WaitForCacheSync(ctx) {
+		cancel()
+		os.RemoveAll(root)
+		return nil, fmt.Errorf("storage services: caches did not sync: %w", <-done)
+	}
+	return func() {
+		cancel()
+		<-done
+		os.RemoveAll(root)
+	}, nil
+}
+
+func printStorage(out io.Writer, s *bench.Storage) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "storage (RF %d, %d Healthy pools)\tvalue\tideal\tratio\t\n", s.ReplicationFactor, s.Pools)
+	fmt.Fprintf(tw, "create→Ready p50 (ms)\t%.1f\t%.1f\t%.1f×\t\n", s.CreateToReady.P50, s.IdealLatencyMs, s.P50Ratio)
+	fmt.Fprintf(tw, "create→Ready p99 (ms)\t%.1f\t\t\t\n", s.CreateToReady.P99)
+	fmt.Fprintf(tw, "volumes/s, %d creators\t%.1f\t%.1f\t%.1f×\t\n", s.Creators, s.VolumesPerSec, s.IdealVolumesPerSec, s.ThroughputRatio)
+	fmt.Fprintf(tw, "writes/volume\t%.1f\t%d\t%.2f×\t\n", s.WritesPerVolume, s.IdealWrites, s.WritesRatio)
+	tw.Flush()
+	fmt.Fprintln(out)
+	printFloor(out, s.Floor)
+}

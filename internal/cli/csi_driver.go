@@ -1,0 +1,100 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/crdipc/crdipc/internal/csi/driver"
+	"github.com/crdipc/crdipc/internal/csi/sidecar"
+	"github.com/crdipc/crdipc/internal/install"
+)
+
+func newCSIDriverCommand() *cobra.Command {
+	var (
+		kubeconfig, endpoint string
+		o                    driver.Options
+	)
+	cmd := &cobra.Command{
+		Use:   "csi-driver",
+		Short: "Run the CSI driver on a Unix socket (seed 001)",
+		Long: `csi-driver serves the CSI Identity, Controller and Node services over gRPC on a
+Unix socket. CreateVolume creates a CStorVolume (storage.crdipc.io) and waits until the
+storage operator reports it Ready; DeleteVolume deletes it. The driver's only Kubernetes
+access is the storage.crdipc.io kinds: the csi-sidecar watches PVCs, PVs and
+VolumeAttachments for it and calls it over the socket.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := restConfig(kubeconfig)
+			if err != nil {
+				return err
+			}
+			o.Config = cfg
+			d, err := driver.New(o)
+			if err != nil {
+				return err
+			}
+			return d.Serve(ctrl.SetupSignalHandler(), endpoint)
+		},
+	}
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then in-cluster)")
+	cmd.Flags().StringVar(&endpoint, "endpoint", "unix:///var/lib/crdipc/csi/csi.sock", "Unix socket to serve CSI on")
+	cmd.Flags().StringVar(&o.NodeID, "node-id", "", "node this instance serves for the Node service (empty: controller only)")
+	cmd.Flags().StringVar(&o.Root, "root", "", "the node's pool agent root, where NodePublishVolume finds replica files")
+	cmd.Flags().StringVar(&o.Namespace, "namespace", install.SystemNamespace, "namespace of the CStorVolumes the driver creates")
+	return cmd
+}
+
+// StorageClassName is the StorageClass `crdipc up` installs for the driver.
+const StorageClassName = "crdipc"
+
+// csiStorageClass is the StorageClass `crdipc up` installs: 3 replicas, deleted with the
+// claim, bound at once (no scheduler runs in up, so WaitForFirstConsumer would never bind).
+func csiStorageClass() *storagev1.StorageClass {
+	return &storagev1.StorageClass{
+		ObjectMeta:        metav1.ObjectMeta{Name: StorageClassName},
+		Provisioner:       driver.Name,
+		Parameters:        map[string]string{driver.ParamReplicaCount: "3"},
+		ReclaimPolicy:     ptr.To(corev1.PersistentVolumeReclaimDelete),
+		VolumeBindingMode: ptr.To(storagev1.VolumeBindingImmediate),
+	}
+}
+
+// startCSI prepares the CSI driver and sidecar of `crdipc up`: it installs the StorageClass
+// crdipc, opens the driver's socket under dataDir/csi, and adds the sidecar (which dials
+// that socket) to mgr. The caller runs the returned function until shutdown, next to
+// mgr.Start. The driver serves Node calls for nodeID with its agent root nodeRoot.
+func startCSI(ctx context.Context, cfg *rest.Config, mgr manager.Manager, dataDir, nodeID, nodeRoot string) (serveDriver func(context.Context) error, endpoint string, err error) {
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return nil, "", fmt.Errorf("csi: %w", err)
+	}
+	if err := c.Create(ctx, csiStorageClass()); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, "", fmt.Errorf("csi: installing StorageClass %s: %w", StorageClassName, err)
+	}
+	endpoint = "unix://" + filepath.Join(dataDir, "csi", "csi.sock")
+	d, err := driver.New(driver.Options{Config: cfg, NodeID: nodeID, Root: nodeRoot})
+	if err != nil {
+		return nil, "", err
+	}
+	l, err := driver.Listen(endpoint)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := sidecar.Add(mgr, sidecar.Options{DriverEndpoint: endpoint}); err != nil {
+		l.Close()
+		return nil, "", err
+	}
+	return func(ctx context.Context) error { return d.ServeListener(ctx, l) }, endpoint, nil
+}

@@ -1,0 +1,46 @@
+package cli
+
+import (
+	"github.com/spf13/cobra"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/crdipc/crdipc/internal/csi/sidecar"
+)
+
+func newCSISidecarCommand() *cobra.Command {
+	var (
+		so serviceOptions
+		o  sidecar.Options
+	)
+	cmd := &cobra.Command{
+		Use:   "csi-sidecar",
+		Short: "Watch PVCs and VolumeAttachments for the CSI driver (seed 001)",
+		Long: `csi-sidecar watches the Kubernetes API on the CSI driver's behalf and calls the
+driver over its Unix socket: a PVC of a StorageClass whose provisioner is the driver
+becomes CreateVolume and a PV bound to the claim; a released PV with reclaim policy Delete
+becomes DeleteVolume (never while a VolumeAttachment references it); VolumeAttachments of
+the driver become ControllerPublish/ControllerUnpublish. Retryable gRPC codes are retried
+with exponential backoff (1 s doubling to 5 min); final codes become Warning Events.
+
+Run two replicas for availability: leader election lets only one act.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := restConfig(so.kubeconfig)
+			if err != nil {
+				return err
+			}
+			mgr, err := newManager(cfg, "csi-sidecar", so)
+			if err != nil {
+				return err
+			}
+			if err := sidecar.Add(mgr, o); err != nil {
+				return err
+			}
+			return mgr.Start(ctrl.SetupSignalHandler())
+		},
+	}
+	so.flags(cmd)
+	cmd.Flags().StringVar(&o.DriverEndpoint, "driver-endpoint", "unix:///var/lib/crdipc/csi/csi.sock", "the CSI driver's Unix socket")
+	cmd.Flags().DurationVar(&o.CallTimeout, "timeout", 0, "timeout of one CSI call (default 10s)")
+	return cmd
+}

@@ -1,0 +1,220 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/install"
+	"github.com/crdipc/crdipc/internal/scheme"
+)
+
+// The driver's permissions: the storage kinds it needs and nothing else. In particular no
+// PersistentVolumeClaims, PersistentVolumes, VolumeAttachments or Secrets: the sidecar holds
+// those, so a compromised driver cannot read or rebind other tenants' claims.
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumes,verbs=get;list;watch;create;delete;patch;update
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools,verbs=get;list;watch
+
+// Name is the driver's CSI name: the StorageClass provisioner and the VolumeAttachment attacher.
+const Name = "csi.crdipc.io"
+
+// Version is reported by GetPluginInfo.
+const Version = "0.1.0"
+
+// Annotations the driver keeps on a CStorVolume. They are metadata, not spec, so writing
+// them does not bump the generation the operator reconciles.
+const (
+	// AnnotationName is the CSI volume name the CStorVolume was created for; it tells two
+	// names that hash to the same object name apart.
+	AnnotationName = "csi.crdipc.io/name"
+	// AnnotationPublished records the nodes the volume is ControllerPublished to, as a JSON
+	// object node → "rw" | "ro". DeleteVolume refuses while it is not empty.
+	AnnotationPublished = "csi.crdipc.io/published"
+)
+
+// Parameters a StorageClass may set.
+const (
+	// ParamReplicaCount is the CStorVolume's replicationFactor (1–5, default 3).
+	ParamReplicaCount = "replicaCount"
+	// ParamConsistencyFactor is the CStorVolume's consistencyFactor (default a majority).
+	ParamConsistencyFactor = "consistencyFactor"
+)
+
+// Options configure a Driver.
+type Options struct {
+	// Client talks to the API server; when nil one is built from Config.
+	Client client.WithWatch
+	// Config is used when Client is nil.
+	Config *rest.Config
+	// Namespace holds the CStorVolumes the driver creates; default crdipc-system.
+	Namespace string
+	// NodeID is the node this process serves for the Node service (NodeGetInfo and
+	// NodePublish). Empty: the Node service answers FailedPrecondition.
+	NodeID string
+	// Root is the node's pool agent root (the file backend's directory), where NodePublish
+	// finds the node's replica file.
+	Root string
+	// DefaultCapacity is the size of a volume whose request names none; default 1 GiB.
+	DefaultCapacity int64
+	// CreateTimeout bounds how long CreateVolume waits for the volume when the caller's
+	// context has no deadline; default 60 s.
+	CreateTimeout time.Duration
+	// Logger; default the controller-runtime global logger.
+	Logger *logr.Logger
+}
+
+// Driver implements the CSI Identity, Controller and Node services.
+type Driver struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedControllerServer
+	csi.UnimplementedNodeServer
+
+	c   client.WithWatch
+	o   Options
+	log logr.Logger
+
+	// publishMu serialises ControllerPublish/Unpublish of one process; across processes the
+	// annotation patch's optimistic lock does.
+	publishMu sync.Mutex
+
+	// probe keeps one Probe result for a second: the sidecar and liveness probes may call
+	// Probe often, and each answer costs an API round trip.
+	probe struct {
+		sync.Mutex
+		at    time.Time
+		ready bool
+	}
+}
+
+// New returns a Driver; it does not contact the API server.
+func New(o Options) (*Driver, error) {
+	if o.Namespace == "" {
+		o.Namespace = install.SystemNamespace
+	}
+	if o.DefaultCapacity == 0 {
+		o.DefaultCapacity = 1 << 30
+	}
+	if o.CreateTimeout == 0 {
+		o.CreateTimeout = 60 * time.Second
+	}
+	c := o.Client
+	if c == nil {
+		if o.Config == nil {
+			return nil, errors.New("csi driver: a client or a rest config is required")
+		}
+		var err error
+		if c, err = client.NewWithWatch(o.Config, client.Options{Scheme: scheme.Scheme}); err != nil {
+			return nil, fmt.Errorf("csi driver: %w", err)
+		}
+	}
+	l := log.Log.WithName("csi-driver")
+	if o.Logger != nil {
+		l = *o.Logger
+	}
+	return &Driver{c: c, o: o, log: l}, nil
+}
+
+// Serve serves the three CSI services on endpoint (unix:///path or a plain path) until ctx
+// ends, then stops gracefully. A stale socket file from an earlier run is removed first.
+func (d *Driver) Serve(ctx context.Context, endpoint string) error {
+	l, err := Listen(endpoint)
+	if err != nil {
+		return err
+	}
+	return d.ServeListener(ctx, l)
+}
+
+// ServeListener is Serve on a listener the caller opened.
+func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
+	srv := grpc.NewServer(grpc.UnaryInterceptor(d.logCalls))
+	csi.RegisterIdentityServer(srv, d)
+	csi.RegisterControllerServer(srv, d)
+	csi.RegisterNodeServer(srv, d)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("csi driver: serving: %w", err)
+	case <-ctx.Done():
+	}
+	// In-flight calls get a moment to finish; a CreateVolume awaiting a volume would hold
+	// shutdown for its whole deadline, and the sidecar retries it anyway.
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(2 * time.Second):
+		srv.Stop()
+	}
+	return nil
+}
+
+// Listen opens the Unix socket of endpoint, removing a stale socket file first.
+func Listen(endpoint string) (net.Listener, error) {
+	path, err := SocketPath(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("csi driver: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("csi driver: removing stale socket: %w", err)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("csi driver: %w", err)
+	}
+	return l, nil
+}
+
+// SocketPath returns the file of a unix:// endpoint (or of a plain path).
+func SocketPath(endpoint string) (string, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return "", fmt.Errorf("endpoint %q: %w", endpoint, err)
+	}
+	switch u.Scheme {
+	case "unix":
+		if u.Path == "" {
+			return u.Host, nil
+		}
+		return u.Host + u.Path, nil
+	case "":
+		return endpoint, nil
+	default:
+		return "", fmt.Errorf("endpoint %q: only unix:// sockets are supported", endpoint)
+	}
+}
+
+func (d *Driver) logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	if err != nil {
+		d.log.V(1).Info("call failed", "method", info.FullMethod, "duration", time.Since(start), "error", err.Error())
+	} else {
+		d.log.V(2).Info("call", "method", info.FullMethod, "duration", time.Since(start))
+	}
+	return resp, err
+}
+
+func (d *Driver) volumeKey(id string) client.ObjectKey {
+	return client.ObjectKey{Namespace: d.o.Namespace, Name: id}
+}
+
+// newVolume is an empty CStorVolume the client can decode into.
+func newVolume() *storagev1alpha1.CStorVolume { return &storagev1alpha1.CStorVolume{} }

@@ -1,0 +1,18 @@
+// Package sidecar is the Kubernetes side of crdipc's CSI driver (seed 001): the component
+// that watches the Kubernetes API on the driver's behalf, so the control plane never talks to
+// the (untrusted) driver's socket and the driver never needs PVC, PV or VolumeAttachment
+// permissions.
+//
+//   - The provisioner (built on sigs.k8s.io/sig-storage-lib-external-provisioner, the library
+//     upstream's external-provisioner uses) turns PVCs of a StorageClass whose provisioner is
+//     the driver into CreateVolume calls and PVs with a claimRef, and released PVs with reclaim
+//     policy Delete into DeleteVolume calls — never while a VolumeAttachment references the
+//     PV.
+//   - The attacher turns VolumeAttachments whose attacher is the driver into
+//     ControllerPublishVolume / ControllerUnpublishVolume calls and reports the outcome in the
+//     VolumeAttachment's status.
+//
+// Both retry only retryable gRPC codes (Unavailable, DeadlineExceeded, Aborted, Canceled,
+// ResourceExhausted), with exponential backoff; a final code becomes a Warning Event carrying
+// the driver's message and is not retried until the object changes.
+package sidecar

@@ -1,0 +1,204 @@
+package sidecar
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
+)
+
+// ParamFSType is the StorageClass parameter naming the file system of mount volumes, as
+// upstream's external-provisioner spells it.
+const ParamFSType = "csi.storage.k8s.io/fstype"
+
+// provisioner implements the library's Provisioner with CSI calls.
+type provisioner struct {
+	driver string
+	csi    csi.ControllerClient
+	c      client.Client
+	o      Options
+	rec    record.EventRecorder
+	log    logr.Logger
+}
+
+// newProvisioner returns the library's controller for driver name. Its state machine is
+// upstream's: PVC → Provision → PV with claimRef (bound by the PV binder in the control
+// plane), provisioned-by annotation and finalizer; released PV → Delete → PV removed.
+func newProvisioner(ctx context.Context, kube kubernetes.Interface, c client.Client, name string, cc csi.ControllerClient, o Options, rec record.EventRecorder, l logr.Logger) *controller.ProvisionController {
+	p := &provisioner{driver: name, csi: cc, c: c, o: o, rec: rec, log: l}
+	ctx = klog.NewContext(ctx, l)
+	return controller.NewProvisionController(ctx, kube, name, p,
+		// The manager elects the leader; a second election inside would only add latency.
+		controller.LeaderElection(false),
+		controller.AddFinalizer(true),
+		controller.ResyncPeriod(o.Resync),
+		// Retryable failures back off exponentially, BackoffBase doubling to BackoffMax, and
+		// never give up: a PVC waiting for a node to join must be provisioned when it joins.
+		controller.RateLimiter(workqueue.NewTypedItemExponentialFailureRateLimiter[string](o.BackoffBase, o.BackoffMax)),
+		controller.FailedProvisionThreshold(0),
+		controller.FailedDeleteThreshold(0),
+		controller.ProvisionTimeout(o.CallTimeout),
+		controller.DeletionTimeout(o.CallTimeout),
+	)
+}
+
+// Provision implements controller.Provisioner.
+func (p *provisioner) Provision(ctx context.Context, opts controller.ProvisionOptions) (*corev1.PersistentVolume, controller.ProvisioningState, error) {
+	pvc, class := opts.PVC, opts.StorageClass
+	req, err := p.createRequest(opts)
+	if err != nil {
+		return nil, controller.ProvisioningFinished, p.final(pvc, err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, p.o.CallTimeout)
+	defer cancel()
+	resp, err := p.csi.CreateVolume(cctx, req)
+	if err != nil {
+		if Retryable(err) {
+			// The library records a ProvisioningFailed Event with the driver's message and
+			// requeues the claim with backoff; the driver keeps the half-made volume, and the
+			// next call with the same name picks it up.
+			return nil, controller.ProvisioningInBackground, fmt.Errorf("CreateVolume %s: %w", req.Name, err)
+		}
+		return nil, controller.ProvisioningFinished, p.final(pvc, fmt.Errorf("CreateVolume %s: %w", req.Name, err))
+	}
+	vol := resp.GetVolume()
+	reclaim := corev1.PersistentVolumeReclaimDelete
+	if class.ReclaimPolicy != nil {
+		reclaim = *class.ReclaimPolicy
+	}
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: opts.PVName},
+		Spec: corev1.PersistentVolumeSpec{
+			AccessModes:                   pvc.Spec.AccessModes,
+			PersistentVolumeReclaimPolicy: reclaim,
+			MountOptions:                  class.MountOptions,
+			VolumeMode:                    pvc.Spec.VolumeMode,
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(vol.GetCapacityBytes(), resource.BinarySI)},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver:           p.driver,
+				VolumeHandle:     vol.GetVolumeId(),
+				FSType:           fsType(pvc, class),
+				VolumeAttributes: vol.GetVolumeContext(),
+			}},
+		},
+	}
+	return pv, controller.ProvisioningFinished, nil
+}
+
+// createRequest translates a claim and its class into a CreateVolume request named
+// pvc-<PVC UID> (the library's PV name), so a retry after a crash asks for the same volume.
+func (p *provisioner) createRequest(opts controller.ProvisionOptions) (*csi.CreateVolumeRequest, error) {
+	pvc, class := opts.PVC, opts.StorageClass
+	size, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	if !ok || size.Sign() <= 0 {
+		return nil, fmt.Errorf("claim %s/%s requests no storage", pvc.Namespace, pvc.Name)
+	}
+	limit := pvc.Spec.Resources.Limits[corev1.ResourceStorage]
+	params := map[string]string{}
+	for k, v := range class.Parameters {
+		if k == ParamFSType {
+			continue
+		}
+		params[k] = v
+	}
+	var caps []*csi.VolumeCapability
+	for _, m := range pvc.Spec.AccessModes {
+		c, err := capability(m, pvc.Spec.VolumeMode, fsType(pvc, class), class.MountOptions)
+		if err != nil {
+			return nil, err
+		}
+		caps = append(caps, c)
+	}
+	if len(caps) == 0 {
+		return nil, fmt.Errorf("claim %s/%s has no access modes", pvc.Namespace, pvc.Name)
+	}
+	return &csi.CreateVolumeRequest{
+		Name:               opts.PVName,
+		CapacityRange:      &csi.CapacityRange{RequiredBytes: size.Value(), LimitBytes: limit.Value()},
+		Parameters:         params,
+		VolumeCapabilities: caps,
+	}, nil
+}
+
+func fsType(pvc *corev1.PersistentVolumeClaim, class *storagev1.StorageClass) string {
+	if pvc.Spec.VolumeMode != nil && *pvc.Spec.VolumeMode == corev1.PersistentVolumeBlock {
+		return ""
+	}
+	if t := class.Parameters[ParamFSType]; t != "" {
+		return t
+	}
+	return "ext4"
+}
+
+// capability maps a Kubernetes access mode and volume mode to a CSI capability.
+func capability(m corev1.PersistentVolumeAccessMode, vm *corev1.PersistentVolumeMode, fs string, mountOptions []string) (*csi.VolumeCapability, error) {
+	c := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{}}
+	switch m {
+	case corev1.ReadWriteOnce:
+		c.AccessMode.Mode = csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+	case corev1.ReadWriteOncePod:
+		c.AccessMode.Mode = csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+	case corev1.ReadOnlyMany:
+		c.AccessMode.Mode = csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY
+	case corev1.ReadWriteMany:
+		c.AccessMode.Mode = csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
+	default:
+		return nil, fmt.Errorf("unknown access mode %q", m)
+	}
+	if vm != nil && *vm == corev1.PersistentVolumeBlock {
+		c.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
+	} else {
+		c.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fs, MountFlags: mountOptions}}
+	}
+	return c, nil
+}
+
+// final records a final failure as a Warning Event on the claim, with the driver's message,
+// and tells the library to stop: final codes are not retried. The claim is looked at again
+// when it changes or at the next resync.
+func (p *provisioner) final(pvc *corev1.PersistentVolumeClaim, err error) error {
+	p.rec.Event(pvc, corev1.EventTypeWarning, "ProvisioningFailed", err.Error())
+	p.log.Info("provisioning failed, not retrying", "claim", client.ObjectKeyFromObject(pvc), "error", err.Error())
+	return &controller.IgnoredError{Reason: err.Error()}
+}
+
+// Delete implements controller.Provisioner. It refuses while a VolumeAttachment references
+// the PV (the library retries with backoff and records VolumeFailedDelete), then deletes the
+// volume; the library removes the PV after.
+func (p *provisioner) Delete(ctx context.Context, pv *corev1.PersistentVolume) error {
+	src := pv.Spec.CSI
+	if src == nil || src.Driver != p.driver {
+		return &controller.IgnoredError{Reason: "not a volume of " + p.driver}
+	}
+	var vas storagev1.VolumeAttachmentList
+	if err := p.c.List(ctx, &vas); err != nil {
+		return fmt.Errorf("listing volume attachments: %w", err)
+	}
+	var nodes []string
+	for _, va := range vas.Items {
+		if n := va.Spec.Source.PersistentVolumeName; n != nil && *n == pv.Name {
+			nodes = append(nodes, va.Spec.NodeName)
+		}
+	}
+	if len(nodes) > 0 {
+		return fmt.Errorf("volume %s is still attached to %s; waiting for it to be detached", pv.Name, strings.Join(nodes, ", "))
+	}
+	cctx, cancel := context.WithTimeout(ctx, p.o.CallTimeout)
+	defer cancel()
+	if _, err := p.csi.DeleteVolume(cctx, &csi.DeleteVolumeRequest{VolumeId: src.VolumeHandle}); err != nil {
+		return fmt.Errorf("DeleteVolume %s: %w", src.VolumeHandle, err)
+	}
+	return nil
+}

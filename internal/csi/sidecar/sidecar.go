@@ -1,0 +1,178 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/crdipc/crdipc/internal/csi/driver"
+)
+
+// The sidecar's permissions: exactly what provisioning and attaching need, and no access to
+// the storage.crdipc.io kinds (the driver's business).
+// +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;create;delete;update;patch
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups="";events.k8s.io,resources=events,verbs=create;patch;update
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=volumeattachments,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=volumeattachments/status,verbs=update;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=crdipc-system,resources=leases,verbs=get;list;watch;create;update;patch;delete
+
+// Options configure the sidecar.
+type Options struct {
+	// DriverEndpoint is the driver's socket, unix:///path.
+	DriverEndpoint string
+	// CallTimeout bounds one CreateVolume/DeleteVolume/ControllerPublish call; default 10 s
+	// (as upstream's sidecars). A volume not ready within it comes back Aborted and is
+	// retried.
+	CallTimeout time.Duration
+	// BackoffBase and BackoffMax shape the retry backoff: BackoffBase doubling per failure up
+	// to BackoffMax; defaults 1 s and 5 min.
+	BackoffBase, BackoffMax time.Duration
+	// Resync re-examines every PVC and PV this often; default 15 min.
+	Resync time.Duration
+	// Logger; default the controller-runtime global logger.
+	Logger *logr.Logger
+}
+
+func (o *Options) defaults() {
+	if o.CallTimeout == 0 {
+		o.CallTimeout = 10 * time.Second
+	}
+	if o.BackoffBase == 0 {
+		o.BackoffBase = time.Second
+	}
+	if o.BackoffMax == 0 {
+		o.BackoffMax = 5 * time.Minute
+	}
+	if o.Resync == 0 {
+		o.Resync = 15 * time.Minute
+	}
+}
+
+// Retryable reports whether a gRPC error may succeed when the same call is repeated: the
+// driver is busy or unreachable, or the operation is still in progress.
+func Retryable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.Canceled, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
+// Dial connects to the driver's Unix socket. The connection is lazy: a driver that is not
+// up yet (or restarting) shows as Unavailable on the first calls, which are retried.
+func Dial(endpoint string) (*grpc.ClientConn, error) {
+	path, err := driver.SocketPath(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("csi sidecar: dialing %s: %w", endpoint, err)
+	}
+	return conn, nil
+}
+
+// DriverName asks the driver for its name, waiting (with backoff, until ctx ends) for it to
+// answer: the sidecar serves exactly the StorageClasses and VolumeAttachments naming it.
+func DriverName(ctx context.Context, conn *grpc.ClientConn) (string, error) {
+	id := csi.NewIdentityClient(conn)
+	delay := 50 * time.Millisecond
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		info, err := id.GetPluginInfo(cctx, &csi.GetPluginInfoRequest{})
+		cancel()
+		if err == nil {
+			if info.GetName() == "" {
+				return "", errors.New("csi sidecar: the driver reports an empty name")
+			}
+			return info.GetName(), nil
+		}
+		if !Retryable(err) {
+			return "", fmt.Errorf("csi sidecar: GetPluginInfo: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("csi sidecar: waiting for the driver: %w (last error: %v)", ctx.Err(), err)
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+// Add adds the provisioner and the attacher for the driver at o.DriverEndpoint to mgr. Both
+// run only while mgr leads, so two sidecars never act on one object. The driver's name is
+// read from the driver when mgr starts.
+func Add(mgr manager.Manager, o Options) error {
+	o.defaults()
+	if o.DriverEndpoint == "" {
+		return errors.New("csi sidecar: a driver endpoint is required")
+	}
+	conn, err := Dial(o.DriverEndpoint)
+	if err != nil {
+		return err
+	}
+	l := log.Log.WithName("csi-sidecar")
+	if o.Logger != nil {
+		l = *o.Logger
+	}
+	kube, err := kubernetes.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return fmt.Errorf("csi sidecar: %w", err)
+	}
+	a := &attacher{c: mgr.GetClient(), csi: csi.NewControllerClient(conn), o: o, log: l.WithName("attacher")}
+	if err := a.setup(mgr); err != nil {
+		return err
+	}
+	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		defer conn.Close()
+		name, err := DriverName(ctx, conn)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		a.setDriver(name)
+		rec := newRecorder(ctx, kube, name)
+		a.setRecorder(rec)
+		p := newProvisioner(ctx, kube, mgr.GetClient(), name, csi.NewControllerClient(conn), o, rec, l.WithName("provisioner"))
+		p.Run(ctx)
+		return nil
+	}))
+}
+
+// newRecorder records Events as the sidecar of driver name.
+func newRecorder(ctx context.Context, kube kubernetes.Interface, name string) record.EventRecorder {
+	b := record.NewBroadcaster(record.WithContext(ctx))
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
+	go func() { <-ctx.Done(); b.Shutdown() }()
+	return b.NewRecorder(clientgoscheme.Scheme, corev1.EventSource{Component: "csi-sidecar/" + name})
+}
+
+// isGRPC reports whether err carries a gRPC status (a driver answer or a transport failure)
+// rather than a Kubernetes-side error, which is always worth retrying.
+func isGRPC(err error) bool {
+	_, ok := status.FromError(err)
+	if ok {
+		return true
+	}
+	var s interface{ GRPCStatus() *status.Status }
+	return errors.As(err, &s)
+}

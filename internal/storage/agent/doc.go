@@ -1,0 +1,19 @@
+// Package agent is the node-local pool agent of seed 000 (cstor-pool-mgmt): it executes
+// the pool and replica operations that the operator requests through CStorPool and
+// CStorVolumeReplica objects, and reports the outcome in their status. It never talks to
+// the operator directly.
+//
+// One agent serves one node. It lists and watches only the objects whose spec.nodeName is
+// its node (a CRD selectable field, so the API server filters), and it holds the node's
+// Lease (pool-agent-<node> in crdipc-system, through leader election) before it acts: a
+// second agent started for the same node stands by until the first is gone.
+//
+// Operations go through a backend (internal/storage/backend) and are idempotent: a pool
+// or replica past Init is imported/stat'ed, never created again, and what is found on
+// disk after a restart is adopted. Deletion runs through finalizers: destroy the data,
+// treat not-found as success, then release. A pool that still holds replicas is not
+// deleted. Every object is re-checked each resync period, so a pool directory or replica
+// file that disappears behind the agent's back turns Offline.
+//
+// Supervisor runs agents for simulated nodes in-process, for `crdipc up`.
+package agent

@@ -1,0 +1,145 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/crdipc/crdipc/api/conditions"
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/storage/backend"
+	"github.com/crdipc/crdipc/ipc"
+)
+
+// replicaHandler creates, watches over and destroys the node's replicas.
+type replicaHandler struct {
+	node     string
+	c        client.Client
+	backends func(storagev1alpha1.Backend) (backend.Backend, error)
+	resync   time.Duration
+}
+
+// replicaCreated reports whether a replica in this phase exists on disk (or did); like a
+// pool, it is then only ever stat'ed, never created again.
+func replicaCreated(p storagev1alpha1.ReplicaPhase) bool {
+	return p == storagev1alpha1.ReplicaPhaseHealthy || p == storagev1alpha1.ReplicaPhaseOffline
+}
+
+func backendReplica(r *storagev1alpha1.CStorVolumeReplica) backend.Replica {
+	return backend.Replica{Namespace: r.Namespace, Name: r.Name, Capacity: r.Spec.Capacity.Value()}
+}
+
+// Handle implements ipc.Handler.
+func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica) (ipc.Result, error) {
+	created := replicaCreated(r.Status.Phase)
+	offline := func(msg string) (ipc.Result, error) {
+		r.Status.Phase = storagev1alpha1.ReplicaPhaseOffline
+		return ipc.Result{Reason: conditions.ReasonDegraded, Message: msg, RequeueAfter: h.resync}, nil
+	}
+	var pool storagev1alpha1.CStorPool
+	if err := h.c.Get(ctx, types.NamespacedName{Name: r.Spec.Pool}, &pool); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return ipc.Result{}, err
+		}
+		if created {
+			return offline(fmt.Sprintf("pool %s no longer exists on node %s", r.Spec.Pool, h.node))
+		}
+		r.Status.Phase = storagev1alpha1.ReplicaPhaseInit
+		return ipc.Waiting(conditions.ReasonWaiting, fmt.Sprintf("waiting for pool %s on node %s", r.Spec.Pool, h.node), h.resync), nil
+	}
+	b, err := h.backends(pool.Spec.Backend)
+	if err != nil {
+		return ipc.Result{}, ipc.Terminal("%v", err)
+	}
+	var st backend.ReplicaState
+	if created {
+		st, err = b.StatReplica(ctx, backendPool(&pool), backendReplica(r))
+		if err != nil {
+			if ctx.Err() != nil {
+				return ipc.Result{}, ctx.Err()
+			}
+			if errors.Is(err, backend.ErrNotFound) {
+				return offline(fmt.Sprintf("replica is gone from pool %s (%v); not re-creating it, that would replace its data", pool.Name, err))
+			}
+			return offline(fmt.Sprintf("replica is unusable: %v", err))
+		}
+	} else {
+		if pool.Status.Phase != storagev1alpha1.PoolPhaseHealthy && pool.Status.Phase != storagev1alpha1.PoolPhaseDegraded || !pool.DeletionTimestamp.IsZero() {
+			r.Status.Phase = storagev1alpha1.ReplicaPhaseInit
+			phase := pool.Status.Phase
+			if phase == "" {
+				phase = storagev1alpha1.PoolPhaseInit
+			}
+			return ipc.Waiting(conditions.ReasonWaiting, fmt.Sprintf("waiting for pool %s to be Healthy (it is %s)", pool.Name, phase), h.resync), nil
+		}
+		st, err = b.CreateReplica(ctx, backendPool(&pool), backendReplica(r))
+		if err != nil {
+			if ctx.Err() != nil {
+				return ipc.Result{}, ctx.Err()
+			}
+			r.Status.Phase = storagev1alpha1.ReplicaPhaseError
+			return ipc.Result{}, fmt.Errorf("creating replica: %w", err)
+		}
+	}
+	r.Status.Phase = storagev1alpha1.ReplicaPhaseHealthy
+	r.Status.Capacity = &storagev1alpha1.ReplicaCapacity{
+		Total: *resource.NewQuantity(st.Size, resource.BinarySI),
+		Used:  *resource.NewQuantity(st.Allocated, resource.BinarySI),
+	}
+	res := ipc.Done(fmt.Sprintf("replica %s on node %s", st.Location, h.node))
+	res.RequeueAfter = h.resync
+	return res, nil
+}
+
+// Finalize implements ipc.Finalizer: the replica's data is destroyed.
+func (h *replicaHandler) Finalize(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica) error {
+	var pool storagev1alpha1.CStorPool
+	if err := h.c.Get(ctx, types.NamespacedName{Name: r.Spec.Pool}, &pool); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil // no pool, no data: a pool is destroyed only once it holds no replicas
+		}
+		return err
+	}
+	b, err := h.backends(pool.Spec.Backend)
+	if err == nil {
+		err = b.DeleteReplica(ctx, backendPool(&pool), backendReplica(r))
+	}
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() == nil {
+		before := r.Status.DeepCopy()
+		r.Status.Phase = storagev1alpha1.ReplicaPhaseDeletionFailed
+		meta.SetStatusCondition(&r.Status.Conditions, metav1.Condition{
+			Type: conditions.TypeReady, Status: metav1.ConditionFalse, Reason: conditions.ReasonDeleting,
+			Message: fmt.Sprintf("deleting replica data failed: %v", err), ObservedGeneration: r.Generation,
+		})
+		if !equality.Semantic.DeepEqual(before, &r.Status) {
+			_ = h.c.Status().Update(ctx, r)
+		}
+	}
+	return fmt.Errorf("deleting replica: %w", err)
+}
+
+// poolToReplicas maps a pool to its replicas, from the cache.
+func (h *replicaHandler) poolToReplicas(ctx context.Context, o client.Object) []reconcile.Request {
+	var list storagev1alpha1.CStorVolumeReplicaList
+	if err := h.c.List(ctx, &list, client.MatchingFields{storagev1alpha1.FieldPool: o.GetName()}); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, r := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&r)})
+	}
+	return reqs
+}

@@ -1,0 +1,286 @@
+package backend
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+)
+
+// File keeps pools as directories under Root/pools and replicas as sparse files,
+// Root/pools/<pool>/<namespace>/<replica>.img.
+type File struct {
+	Root string
+}
+
+// NewFile returns a file backend rooted at root (created on first use).
+func NewFile(root string) *File { return &File{Root: root} }
+
+// markerName is the file that makes a directory a pool. Its absence in an existing pool
+// directory means the pool was damaged, not that it may be created again.
+const markerName = ".crdipc-pool.json"
+
+const replicaSuffix = ".img"
+
+type poolMarker struct {
+	Name     string                   `json:"name"`
+	Type     storagev1alpha1.PoolType `json:"type,omitempty"`
+	Capacity int64                    `json:"capacity"`
+	Created  time.Time                `json:"created"`
+}
+
+// PoolDir is the directory of pool name.
+func (f *File) PoolDir(name string) string { return filepath.Join(f.Root, "pools", name) }
+
+// ReplicaPath is the file of replica r in pool.
+func (f *File) ReplicaPath(pool string, r Replica) string {
+	return filepath.Join(f.PoolDir(pool), r.Namespace, r.Name+replicaSuffix)
+}
+
+// CreatePool implements Backend.
+func (f *File) CreatePool(ctx context.Context, p Pool) (PoolState, error) {
+	if err := ctx.Err(); err != nil {
+		return PoolState{}, err
+	}
+	dir := f.PoolDir(p.Name)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return PoolState{}, fmt.Errorf("creating pool directory: %w", err)
+	}
+	m, err := readMarker(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// New, or a create that was interrupted before the marker: finish it.
+		data, _ := json.Marshal(poolMarker{Name: p.Name, Type: p.Type, Capacity: p.Capacity, Created: time.Now().UTC()})
+		if err := writeFileAtomic(filepath.Join(dir, markerName), data); err != nil {
+			return PoolState{}, fmt.Errorf("writing pool marker: %w", err)
+		}
+	case err != nil:
+		return PoolState{}, err
+	case m.Name != p.Name:
+		return PoolState{}, fmt.Errorf("directory %s belongs to pool %q", dir, m.Name)
+	}
+	return f.poolState(dir, p)
+}
+
+// ImportPool implements Backend.
+func (f *File) ImportPool(ctx context.Context, p Pool) (PoolState, error) {
+	if err := ctx.Err(); err != nil {
+		return PoolState{}, err
+	}
+	if err := f.checkPool(p); err != nil {
+		return PoolState{}, err
+	}
+	return f.poolState(f.PoolDir(p.Name), p)
+}
+
+// checkPool checks that p's directory exists and is p's: ErrNotFound if it is gone.
+func (f *File) checkPool(p Pool) error {
+	dir := f.PoolDir(p.Name)
+	if _, err := os.Stat(dir); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("pool directory %s: %w", dir, ErrNotFound)
+		}
+		return fmt.Errorf("pool directory: %w", err)
+	}
+	m, err := readMarker(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("pool directory %s has lost its %s: damaged", dir, markerName)
+	}
+	if err != nil {
+		return err
+	}
+	if m.Name != p.Name {
+		return fmt.Errorf("directory %s belongs to pool %q", dir, m.Name)
+	}
+	return nil
+}
+
+// DeletePool implements Backend.
+func (f *File) DeletePool(ctx context.Context, p Pool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(f.PoolDir(p.Name)); err != nil {
+		return fmt.Errorf("removing pool directory: %w", err)
+	}
+	return nil
+}
+
+// CreateReplica implements Backend. The file appears under its final name only once it
+// has its full size (temporary name, then rename), so an interrupted create never
+// leaves a replica that looks complete; leftovers are removed on the next attempt.
+func (f *File) CreateReplica(ctx context.Context, p Pool, r Replica) (ReplicaState, error) {
+	if err := ctx.Err(); err != nil {
+		return ReplicaState{}, err
+	}
+	if err := f.checkPool(p); err != nil {
+		return ReplicaState{}, fmt.Errorf("pool %s: %w", p.Name, err)
+	}
+	path := f.ReplicaPath(p.Name, r)
+	st, err := statReplica(path)
+	if err == nil {
+		if st.Size != r.Capacity {
+			return ReplicaState{}, fmt.Errorf("replica file %s exists with size %d, want %d", path, st.Size, r.Capacity)
+		}
+		return st, nil
+	}
+	if !errors.Is(err, ErrNotFound) {
+		return ReplicaState{}, err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return ReplicaState{}, fmt.Errorf("creating replica directory: %w", err)
+	}
+	removeTemporaries(path)
+	tmp := path + ".tmp-" + randomSuffix()
+	file, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o640)
+	if err != nil {
+		return ReplicaState{}, fmt.Errorf("creating replica file: %w", err)
+	}
+	err = file.Truncate(r.Capacity) // sparse: no blocks are allocated until written
+	if cerr := file.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return ReplicaState{}, fmt.Errorf("creating replica file: %w", err)
+	}
+	return statReplica(path)
+}
+
+// StatReplica implements Backend.
+func (f *File) StatReplica(ctx context.Context, p Pool, r Replica) (ReplicaState, error) {
+	if err := ctx.Err(); err != nil {
+		return ReplicaState{}, err
+	}
+	return statReplica(f.ReplicaPath(p.Name, r))
+}
+
+// DeleteReplica implements Backend.
+func (f *File) DeleteReplica(ctx context.Context, p Pool, r Replica) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	path := f.ReplicaPath(p.Name, r)
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing replica file: %w", err)
+	}
+	removeTemporaries(path)
+	_ = os.Remove(filepath.Dir(path)) // the namespace directory, if now empty
+	return nil
+}
+
+func statReplica(path string) (ReplicaState, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return ReplicaState{}, fmt.Errorf("replica file %s: %w", path, ErrNotFound)
+		}
+		return ReplicaState{}, fmt.Errorf("replica file: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return ReplicaState{}, fmt.Errorf("replica file %s is not a regular file", path)
+	}
+	return ReplicaState{Location: path, Size: fi.Size(), Allocated: allocated(fi)}, nil
+}
+
+func allocated(fi fs.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int64(st.Blocks) * 512 // st_blocks is in 512-byte units on Linux and macOS
+	}
+	return fi.Size()
+}
+
+// poolState measures a pool: statfs for the file system, the replica files for Used.
+func (f *File) poolState(dir string, p Pool) (PoolState, error) {
+	var used int64
+	namespaces, err := os.ReadDir(dir)
+	if err != nil {
+		return PoolState{}, fmt.Errorf("reading pool directory: %w", err)
+	}
+	for _, ns := range namespaces {
+		if !ns.IsDir() {
+			continue
+		}
+		files, err := os.ReadDir(filepath.Join(dir, ns.Name()))
+		if err != nil {
+			return PoolState{}, fmt.Errorf("reading pool directory: %w", err)
+		}
+		for _, file := range files {
+			if !strings.HasSuffix(file.Name(), replicaSuffix) {
+				continue
+			}
+			if fi, err := file.Info(); err == nil {
+				used += fi.Size()
+			}
+		}
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return PoolState{}, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	const mib = 1 << 20
+	fsTotal := int64(st.Blocks) * int64(st.Bsize)
+	// Rounded down to MiB so that other writers on a shared disk do not change the
+	// pool's status on every resync.
+	fsAvail := int64(st.Bavail) * int64(st.Bsize) / mib * mib
+	total := min(p.Capacity, fsTotal)
+	return PoolState{Location: dir, Total: total, Used: used, Free: max(0, min(total-used, fsAvail))}, nil
+}
+
+func readMarker(dir string) (poolMarker, error) {
+	var m poolMarker
+	data, err := os.ReadFile(filepath.Join(dir, markerName))
+	if err != nil {
+		return m, err
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return m, fmt.Errorf("pool marker in %s is damaged: %w", dir, err)
+	}
+	return m, nil
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp-" + randomSuffix()
+	if err := os.WriteFile(tmp, data, 0o640); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// removeTemporaries removes what interrupted creates of path left behind.
+func removeTemporaries(path string) {
+	leftovers, _ := filepath.Glob(globEscape(path) + ".tmp-*")
+	for _, l := range leftovers {
+		os.Remove(l)
+	}
+}
+
+func globEscape(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`)
+	return r.Replace(s)
+}
+
+func randomSuffix() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

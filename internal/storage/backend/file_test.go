@@ -1,0 +1,147 @@
+package backend_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/storage/backend"
+)
+
+const gib = 1 << 30
+
+func TestFilePoolLifecycle(t *testing.T) {
+	ctx := context.Background()
+	f := backend.NewFile(t.TempDir())
+	p := backend.Pool{Name: "claim-node-1", Type: storagev1alpha1.PoolTypeStriped, Capacity: 10 * gib}
+
+	if _, err := f.ImportPool(ctx, p); !errors.Is(err, backend.ErrNotFound) {
+		t.Fatalf("ImportPool before create: %v, want ErrNotFound", err)
+	}
+	st, err := f.CreatePool(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Location != f.PoolDir(p.Name) || st.Total != 10*gib || st.Used != 0 || st.Free <= 0 || st.Free > st.Total {
+		t.Fatalf("state after create: %+v", st)
+	}
+	// Idempotent: creating again adopts.
+	if _, err := f.CreatePool(ctx, p); err != nil {
+		t.Fatalf("second CreatePool: %v", err)
+	}
+	if _, err := f.ImportPool(ctx, p); err != nil {
+		t.Fatalf("ImportPool: %v", err)
+	}
+
+	r := backend.Replica{Namespace: "default", Name: "vol-claim-node-1", Capacity: gib}
+	rs, err := f.CreateReplica(ctx, p, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(f.ReplicaPath(p.Name, r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() != gib || rs.Size != gib || rs.Allocated >= gib {
+		t.Fatalf("replica: size %d, state %+v; want a sparse file of 1Gi", fi.Size(), rs)
+	}
+	if _, err := f.CreateReplica(ctx, p, r); err != nil {
+		t.Fatalf("second CreateReplica: %v", err)
+	}
+	if st, _ := f.ImportPool(ctx, p); st.Used != gib || st.Free != 9*gib {
+		t.Fatalf("pool after replica: %+v", st)
+	}
+	if _, err := f.CreateReplica(ctx, p, backend.Replica{Namespace: "default", Name: r.Name, Capacity: 2 * gib}); err == nil {
+		t.Fatal("CreateReplica with a different size adopted the existing file")
+	}
+
+	if err := f.DeleteReplica(ctx, p, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.DeleteReplica(ctx, p, r); err != nil {
+		t.Fatalf("second DeleteReplica: %v", err)
+	}
+	if _, err := f.StatReplica(ctx, p, r); !errors.Is(err, backend.ErrNotFound) {
+		t.Fatalf("StatReplica after delete: %v", err)
+	}
+	if err := f.DeletePool(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.DeletePool(ctx, p); err != nil {
+		t.Fatalf("second DeletePool: %v", err)
+	}
+	if _, err := os.Stat(f.PoolDir(p.Name)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("pool directory still there: %v", err)
+	}
+}
+
+func TestFileReportsWhatDisappeared(t *testing.T) {
+	ctx := context.Background()
+	f := backend.NewFile(t.TempDir())
+	p := backend.Pool{Name: "p", Capacity: gib}
+	r := backend.Replica{Namespace: "ns", Name: "r", Capacity: 1 << 20}
+	if _, err := f.CreatePool(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.CreateReplica(ctx, p, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(f.ReplicaPath(p.Name, r)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.StatReplica(ctx, p, r); !errors.Is(err, backend.ErrNotFound) {
+		t.Fatalf("StatReplica of a removed file: %v", err)
+	}
+	if err := os.Remove(filepath.Join(f.PoolDir(p.Name), ".crdipc-pool.json")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ImportPool(ctx, p); err == nil {
+		t.Fatal("ImportPool of a pool without its marker succeeded")
+	}
+	if err := os.RemoveAll(f.PoolDir(p.Name)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ImportPool(ctx, p); !errors.Is(err, backend.ErrNotFound) {
+		t.Fatalf("ImportPool of a removed pool: %v", err)
+	}
+	if _, err := f.CreateReplica(ctx, p, r); err == nil {
+		t.Fatal("CreateReplica in a removed pool succeeded (it must not re-create the pool)")
+	}
+}
+
+func TestFileCreateReplicaCleansInterruptedCreate(t *testing.T) {
+	ctx := context.Background()
+	f := backend.NewFile(t.TempDir())
+	p := backend.Pool{Name: "p", Capacity: gib}
+	r := backend.Replica{Namespace: "ns", Name: "r", Capacity: 1 << 20}
+	if _, err := f.CreatePool(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	path := f.ReplicaPath(p.Name, r)
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	// What a create killed between open and rename leaves behind.
+	if err := os.WriteFile(path+".tmp-dead", nil, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.CreateReplica(ctx, p, r); err != nil {
+		t.Fatal(err)
+	}
+	left, _ := filepath.Glob(path + ".tmp-*")
+	if len(left) != 0 {
+		t.Fatalf("temporaries left: %v", left)
+	}
+}
+
+func TestFileHonoursCancelledContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	f := backend.NewFile(t.TempDir())
+	if _, err := f.CreatePool(ctx, backend.Pool{Name: "p", Capacity: gib}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("CreatePool with a cancelled context: %v", err)
+	}
+}

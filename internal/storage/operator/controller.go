@@ -1,0 +1,149 @@
+package operator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/ipc"
+)
+
+// Finalizers of the operator: a StoragePoolClaim stays until its pools are deleted, a
+// CStorVolume until its replicas are.
+const (
+	ClaimFinalizer  = "storage.crdipc.io/claim"
+	VolumeFinalizer = "storage.crdipc.io/volume"
+)
+
+// The operator's permissions: the claims and volumes it serves (and deletes, for
+// ttlSecondsAfterFinished), the pools and replicas it creates and deletes (update/patch
+// only to release the agent finalizer of a deleted node nobody serves), Nodes to read,
+// Events, and the Leases of leader election, the receiver heartbeats and the pool agents
+// (read, to tell whether a node is abandoned).
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=storagepoolclaims;cstorvolumes,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=storagepoolclaims/status;cstorvolumes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools;cstorvolumereplicas,verbs=get;list;watch;create;delete;update;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete,namespace=crdipc-system
+
+// Options configure the operator.
+type Options struct {
+	// Receiver is the template for the operator's two ipc receivers (identity, lease,
+	// concurrency, backoff); Name, Finalizer and Watches are set by the operator.
+	Receiver ipc.Options
+}
+
+// Register adds the operator's receivers for StoragePoolClaims and CStorVolumes to mgr.
+func Register(mgr manager.Manager, o Options) error {
+	ctx := context.Background()
+	idx := mgr.GetFieldIndexer()
+	if err := idx.IndexField(ctx, &storagev1alpha1.CStorPool{}, storagev1alpha1.FieldClaim, func(o client.Object) []string {
+		return []string{o.(*storagev1alpha1.CStorPool).Spec.Claim}
+	}); err != nil {
+		return fmt.Errorf("indexing pools by claim: %w", err)
+	}
+	if err := idx.IndexField(ctx, &storagev1alpha1.CStorVolumeReplica{}, storagev1alpha1.FieldVolume, func(o client.Object) []string {
+		return []string{o.(*storagev1alpha1.CStorVolumeReplica).Spec.Volume}
+	}); err != nil {
+		return fmt.Errorf("indexing replicas by volume: %w", err)
+	}
+
+	if o.Receiver.BackoffBase == 0 {
+		// Conflicts on status writes (the cache a write behind) are retried through the
+		// rate limiter; ipc's 100 ms first retry would dominate a volume's latency.
+		o.Receiver.BackoffBase = 5 * time.Millisecond
+	}
+	claims := &claimHandler{c: mgr.GetClient(), live: mgr.GetAPIReader()}
+	co := o.Receiver
+	co.Name, co.Finalizer = "storagepoolclaim", ClaimFinalizer
+	co.Watches = []ipc.Watch{
+		// A node joining, leaving or changing labels or readiness changes the pools a
+		// claim should have.
+		{Object: &corev1.Node{}, Map: claims.allClaims, Predicates: []predicate.Predicate{nodeChanged}},
+		// Pool phases make up the claim's status.
+		{Object: &storagev1alpha1.CStorPool{}, Map: poolToClaim, Predicates: []predicate.Predicate{poolChanged}},
+		// A claim being deleted waits for its pools' replicas to go.
+		{Object: &storagev1alpha1.CStorVolumeReplica{}, Map: claims.replicaToDeletingClaim, Predicates: []predicate.Predicate{deleteOnly}},
+	}
+	if err := ipc.Register(mgr, &storagev1alpha1.StoragePoolClaim{}, ipc.Handler[*storagev1alpha1.StoragePoolClaim](claims), co); err != nil {
+		return err
+	}
+
+	volumes := &volumeHandler{c: mgr.GetClient(), live: mgr.GetAPIReader()}
+	if err := mgr.Add(volumes); err != nil {
+		return err
+	}
+	vo := o.Receiver
+	vo.Name, vo.Finalizer = "cstorvolume", VolumeFinalizer
+	vo.Watches = []ipc.Watch{
+		// Replica phases make up the volume's status.
+		{Object: &storagev1alpha1.CStorVolumeReplica{}, Map: replicaToVolume, Predicates: []predicate.Predicate{replicaChanged}},
+		// A pool appearing (or turning Healthy) places the replicas volumes wait for; a
+		// pool going Offline degrades the volumes with replicas on it.
+		{Object: &storagev1alpha1.CStorPool{}, Map: volumes.poolToVolumes, Predicates: []predicate.Predicate{poolChanged}},
+	}
+	return ipc.Register(mgr, &storagev1alpha1.CStorVolume{}, ipc.Handler[*storagev1alpha1.CStorVolume](volumes), vo)
+}
+
+func poolToClaim(_ context.Context, o client.Object) []reconcile.Request {
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.(*storagev1alpha1.CStorPool).Spec.Claim}}}
+}
+
+func replicaToVolume(_ context.Context, o client.Object) []reconcile.Request {
+	r := o.(*storagev1alpha1.CStorVolumeReplica)
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: r.Namespace, Name: r.Spec.Volume}}}
+}
+
+// poolChanged passes pools appearing, going, and changing phase or capacity.
+var poolChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*storagev1alpha1.CStorPool), e.ObjectNew.(*storagev1alpha1.CStorPool)
+		return o.Status.Phase != n.Status.Phase || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() ||
+			!o.Spec.Capacity.Equal(n.Spec.Capacity)
+	},
+}
+
+// replicaChanged passes replicas appearing, going, and changing phase.
+var replicaChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*storagev1alpha1.CStorVolumeReplica), e.ObjectNew.(*storagev1alpha1.CStorVolumeReplica)
+		return o.Status.Phase != n.Status.Phase || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+	},
+}
+
+// nodeChanged passes what decides whether a node gets pools: existence, labels,
+// readiness, schedulability.
+var nodeChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+		return !equality.Semantic.DeepEqual(o.Labels, n.Labels) || nodeIsReady(o) != nodeIsReady(n) ||
+			o.Spec.Unschedulable != n.Spec.Unschedulable || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+	},
+}
+
+var deleteOnly = predicate.Funcs{
+	CreateFunc:  func(event.CreateEvent) bool { return false },
+	UpdateFunc:  func(event.UpdateEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+}
+
+func nodeIsReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

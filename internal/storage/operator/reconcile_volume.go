@@ -1,0 +1,382 @@
+package operator
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/crdipc/crdipc/api/conditions"
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/ipc"
+)
+
+// volumeHandler places a CStorVolume's replicas and reports their state.
+//
+// Placing must see every replica that exists: a cache a few milliseconds behind would
+// make it place one too many. Replicas this operator created itself are remembered until
+// its cache shows them (expectations, as the ReplicaSet controller does). Replicas an
+// earlier operator may have created are in the cache once it has synced, except for a
+// write racing the leader hand-over; for volumes that existed before this operator
+// started, it therefore lists replicas from the API server (a consistent read costs tens of
+// milliseconds, which every new volume would otherwise pay).
+type volumeHandler struct {
+	c    client.Client
+	live client.Reader
+
+	mu        sync.Mutex
+	startedAt time.Time
+	expected  map[types.UID]map[string]expectedReplica
+	// uncertain volumes had a replica create fail in a way that may have happened anyway
+	// (a timeout): their next placement reads from the API server.
+	uncertain map[types.UID]bool
+}
+
+type expectedReplica struct {
+	replica storagev1alpha1.CStorVolumeReplica
+	at      time.Time
+}
+
+// expectationTTL bounds how long a created replica that never shows up in the cache (it
+// was deleted at once) is counted.
+const expectationTTL = 30 * time.Second
+
+// Start implements manager.Runnable: it marks when this operator began to act (as the
+// leader, when leader election is on).
+func (h *volumeHandler) Start(ctx context.Context) error {
+	h.mu.Lock()
+	h.startedAt = time.Now()
+	h.mu.Unlock()
+	<-ctx.Done()
+	return nil
+}
+
+// needLiveRead reports whether the cache plus expectations may not show all of vol's
+// replicas: vol may have been served by an earlier operator, or a create's outcome is
+// unknown. It clears the latter.
+func (h *volumeHandler) needLiveRead(vol *storagev1alpha1.CStorVolume) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.uncertain[vol.UID] {
+		delete(h.uncertain, vol.UID)
+		return true
+	}
+	// creationTimestamp has whole seconds: a second of margin.
+	return h.startedAt.IsZero() || !vol.CreationTimestamp.Time.After(h.startedAt.Add(time.Second))
+}
+
+func (h *volumeHandler) markUncertain(uid types.UID) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.uncertain == nil {
+		h.uncertain = map[types.UID]bool{}
+	}
+	h.uncertain[uid] = true
+}
+
+// withExpected adds to the cached replicas those this operator created that the cache
+// does not show yet, and forgets those it shows.
+func (h *volumeHandler) withExpected(uid types.UID, cached []storagev1alpha1.CStorVolumeReplica) []storagev1alpha1.CStorVolumeReplica {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	exp := h.expected[uid]
+	for _, r := range cached {
+		delete(exp, r.Name)
+	}
+	for name, e := range exp {
+		if time.Since(e.at) > expectationTTL {
+			delete(exp, name)
+			continue
+		}
+		cached = append(cached, e.replica)
+	}
+	if len(exp) == 0 {
+		delete(h.expected, uid)
+	}
+	return cached
+}
+
+func (h *volumeHandler) expect(uid types.UID, r *storagev1alpha1.CStorVolumeReplica) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.expected == nil {
+		h.expected = map[types.UID]map[string]expectedReplica{}
+	}
+	if h.expected[uid] == nil {
+		h.expected[uid] = map[string]expectedReplica{}
+	}
+	h.expected[uid][r.Name] = expectedReplica{replica: *r, at: time.Now()}
+}
+
+func (h *volumeHandler) forget(uid types.UID) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.expected, uid)
+	delete(h.uncertain, uid)
+}
+
+// Handle implements ipc.Handler.
+func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVolume) (ipc.Result, error) {
+	rf := int(vol.Spec.ReplicationFactor)
+	if rf == 0 {
+		rf = int(storagev1alpha1.DefaultReplicationFactor)
+	}
+	replicas, err := h.replicas(ctx, h.c, vol)
+	if err != nil {
+		return ipc.Result{}, err
+	}
+	replicas = h.withExpected(vol.UID, replicas)
+	if len(replicas) < rf && h.needLiveRead(vol) {
+		if replicas, err = h.replicas(ctx, h.live, vol); err != nil {
+			return ipc.Result{}, err
+		}
+	}
+	var pools storagev1alpha1.CStorPoolList
+	if err := h.c.List(ctx, &pools); err != nil {
+		return ipc.Result{}, fmt.Errorf("listing pools: %w", err)
+	}
+	var blocked []string
+	if len(replicas) < rf {
+		used, err := h.poolUsage(ctx)
+		if err != nil {
+			return ipc.Result{}, err
+		}
+		// The replicas are independent: create them at once, one write latency for all.
+		picks := choosePools(pools.Items, replicas, used, vol.Spec.Capacity.Value(), rf-len(replicas))
+		created := make([]*storagev1alpha1.CStorVolumeReplica, len(picks))
+		errs := make([]error, len(picks))
+		var wg sync.WaitGroup
+		for i, pool := range picks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := newReplica(vol, pool)
+				errs[i] = h.c.Create(ctx, r)
+				created[i] = r
+			}()
+		}
+		wg.Wait()
+		for i, r := range created {
+			switch {
+			case apierrors.IsAlreadyExists(errs[i]):
+				// Created a moment ago by another operator (before leader election settled),
+				// or left by an earlier volume of the same name, on its way out.
+				var existing storagev1alpha1.CStorVolumeReplica
+				if err := h.live.Get(ctx, client.ObjectKeyFromObject(r), &existing); err != nil && !apierrors.IsNotFound(err) {
+					return ipc.Result{}, err
+				}
+				if ref := metav1.GetControllerOf(&existing); ref != nil && ref.UID == vol.UID {
+					replicas = append(replicas, existing)
+				} else {
+					blocked = append(blocked, r.Name)
+				}
+			case errs[i] != nil:
+				h.markUncertain(vol.UID)
+				return ipc.Result{}, fmt.Errorf("creating replica %s: %w", r.Name, errs[i])
+			default:
+				h.expect(vol.UID, r)
+				replicas = append(replicas, *r)
+			}
+		}
+	}
+	byName := make(map[string]*storagev1alpha1.CStorPool, len(pools.Items))
+	for i := range pools.Items {
+		byName[pools.Items[i].Name] = &pools.Items[i]
+	}
+	res := summarize(vol, rf, replicas, byName)
+	if len(blocked) > 0 && !res.Ready {
+		res.Message += fmt.Sprintf("; replica name(s) %s still taken by a deleted volume", strings.Join(blocked, ", "))
+		res.RequeueAfter = time.Second
+	}
+	return res, nil
+}
+
+// replicas lists the volume's replicas, ignoring any left by an earlier volume of the
+// same name that the garbage collector has yet to delete.
+func (h *volumeHandler) replicas(ctx context.Context, r client.Reader, vol *storagev1alpha1.CStorVolume) ([]storagev1alpha1.CStorVolumeReplica, error) {
+	var list storagev1alpha1.CStorVolumeReplicaList
+	if err := r.List(ctx, &list, client.InNamespace(vol.Namespace), client.MatchingFields{storagev1alpha1.FieldVolume: vol.Name}); err != nil {
+		return nil, fmt.Errorf("listing replicas: %w", err)
+	}
+	return slices.DeleteFunc(list.Items, func(r storagev1alpha1.CStorVolumeReplica) bool {
+		ref := metav1.GetControllerOf(&r)
+		return ref == nil || ref.UID != vol.UID
+	}), nil
+}
+
+// poolUsage is the capacity that replicas take in each pool, from the operator's own
+// records rather than the agents' reports, which lag behind placements.
+func (h *volumeHandler) poolUsage(ctx context.Context) (map[string]int64, error) {
+	var all storagev1alpha1.CStorVolumeReplicaList
+	if err := h.c.List(ctx, &all); err != nil {
+		return nil, fmt.Errorf("listing replicas: %w", err)
+	}
+	used := map[string]int64{}
+	for _, r := range all.Items {
+		used[r.Spec.Pool] += r.Spec.Capacity.Value()
+	}
+	return used, nil
+}
+
+func newReplica(vol *storagev1alpha1.CStorVolume, pool *storagev1alpha1.CStorPool) *storagev1alpha1.CStorVolumeReplica {
+	return &storagev1alpha1.CStorVolumeReplica{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      storagev1alpha1.ReplicaName(vol.Name, pool.Name),
+			Namespace: vol.Namespace,
+			// Deleting the volume deletes its replicas (garbage collector), and the agents'
+			// finalizers delete their data.
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: storagev1alpha1.GroupVersion.String(), Kind: "CStorVolume",
+				Name: vol.Name, UID: vol.UID, Controller: ptr.To(true),
+			}},
+		},
+		Spec: storagev1alpha1.CStorVolumeReplicaSpec{
+			Volume:   vol.Name,
+			Pool:     pool.Name,
+			NodeName: pool.Spec.NodeName,
+			Capacity: vol.Spec.Capacity,
+		},
+	}
+}
+
+// replicaPhase is a replica's phase as the volume counts it: a replica reported Healthy on
+// a pool that is not (its node was deleted, its directory vanished) is not serving, and
+// neither is one being deleted.
+func replicaPhase(r *storagev1alpha1.CStorVolumeReplica, pools map[string]*storagev1alpha1.CStorPool) storagev1alpha1.ReplicaPhase {
+	phase := r.Status.Phase
+	if phase == "" {
+		phase = storagev1alpha1.ReplicaPhaseInit
+	}
+	if phase == storagev1alpha1.ReplicaPhaseHealthy {
+		p, ok := pools[r.Spec.Pool]
+		if !ok || (p.Status.Phase != storagev1alpha1.PoolPhaseHealthy && p.Status.Phase != storagev1alpha1.PoolPhaseDegraded) ||
+			!r.DeletionTimestamp.IsZero() {
+			return storagev1alpha1.ReplicaPhaseOffline
+		}
+	}
+	return phase
+}
+
+// summarize writes the volume's status from its replicas and returns the verdict.
+func summarize(vol *storagev1alpha1.CStorVolume, rf int, replicas []storagev1alpha1.CStorVolumeReplica, pools map[string]*storagev1alpha1.CStorPool) ipc.Result {
+	cf := int(vol.Spec.EffectiveConsistencyFactor())
+	entries := make([]storagev1alpha1.VolumeReplicaStatus, 0, len(replicas))
+	ready, waiting := 0, 0
+	var problems []string
+	for i := range replicas {
+		r := &replicas[i]
+		phase := replicaPhase(r, pools)
+		entries = append(entries, storagev1alpha1.VolumeReplicaStatus{Name: r.Name, Pool: r.Spec.Pool, Node: r.Spec.NodeName, Phase: phase})
+		switch phase {
+		case storagev1alpha1.ReplicaPhaseHealthy:
+			ready++
+		case storagev1alpha1.ReplicaPhaseInit:
+			waiting++
+		default:
+			problems = append(problems, fmt.Sprintf("%s is %s", r.Name, phase))
+		}
+	}
+	slices.SortFunc(entries, func(a, b storagev1alpha1.VolumeReplicaStatus) int { return strings.Compare(a.Name, b.Name) })
+	slices.Sort(problems)
+	vol.Status.Replicas = entries
+	vol.Status.ReadyReplicas = int32(ready)
+	vol.Status.DesiredReplicas = int32(rf)
+	switch {
+	case ready >= rf:
+		vol.Status.Phase = storagev1alpha1.VolumePhaseHealthy
+	case ready >= cf:
+		vol.Status.Phase = storagev1alpha1.VolumePhaseDegraded
+	case len(problems) == 0:
+		// Below the consistency factor only because replicas are still being created.
+		vol.Status.Phase = storagev1alpha1.VolumePhaseInit
+	default:
+		vol.Status.Phase = storagev1alpha1.VolumePhaseOffline
+	}
+
+	switch placed := len(replicas); {
+	case ready >= rf:
+		return ipc.Done(fmt.Sprintf("%d of %d replicas healthy", ready, rf))
+	case placed < rf:
+		missing := rf - placed
+		return ipc.Waiting(conditions.ReasonWaiting, fmt.Sprintf("%d of %d replicas placed; waiting for %d more %s", placed, rf, missing, plural(missing, "pool")), 0)
+	case len(problems) > 0:
+		if len(problems) > 3 {
+			problems = append(problems[:3], "…")
+		}
+		return ipc.Result{Reason: conditions.ReasonDegraded, Message: fmt.Sprintf("%d of %d replicas healthy; %s", ready, rf, strings.Join(problems, ", "))}
+	default:
+		return ipc.Result{Reason: conditions.ReasonReconciling, Message: fmt.Sprintf("%d of %d replicas healthy; %d waiting for their node agents", ready, rf, waiting)}
+	}
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return word
+	}
+	return word + "s"
+}
+
+// poolToVolumes maps a pool change to the volumes it may concern: those still missing
+// replicas, and those with a replica on the pool.
+func (h *volumeHandler) poolToVolumes(ctx context.Context, o client.Object) []reconcile.Request {
+	var list storagev1alpha1.CStorVolumeList
+	if err := h.c.List(ctx, &list); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		v := &list.Items[i]
+		if !v.DeletionTimestamp.IsZero() {
+			continue
+		}
+		concerned := len(v.Status.Replicas) < int(v.Status.DesiredReplicas) || v.Status.DesiredReplicas == 0
+		for _, r := range v.Status.Replicas {
+			concerned = concerned || r.Pool == o.GetName()
+		}
+		if concerned {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(v)})
+		}
+	}
+	return reqs
+}
+
+// Finalize implements ipc.Finalizer: it deletes the volume's replicas and keeps the volume
+// until their agents have destroyed the data, so `kubectl delete cstorvolume` returns once
+// the replicas are gone from the nodes (the garbage collector, through the owner
+// references, would get there too, but without telling anyone when).
+func (h *volumeHandler) Finalize(ctx context.Context, vol *storagev1alpha1.CStorVolume) error {
+	replicas, err := h.replicas(ctx, h.live, vol)
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(replicas))
+	for i := range replicas {
+		r := &replicas[i]
+		if r.DeletionTimestamp.IsZero() {
+			uid := r.UID
+			if err := h.c.Delete(ctx, r, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("deleting replica %s: %w", r.Name, err)
+			}
+		} else if released, err := releaseAbandoned(ctx, h.c, h.live, r, r.Spec.NodeName); err != nil {
+			return err
+		} else if released {
+			continue
+		}
+		names = append(names, r.Name)
+	}
+	if len(names) == 0 {
+		h.forget(vol.UID)
+		return nil
+	}
+	slices.Sort(names)
+	return ipc.Deleting(fmt.Sprintf("waiting for the node agents to delete %d %s: %s", len(names), plural(len(names), "replica"), strings.Join(names, ", ")), 0)
+}

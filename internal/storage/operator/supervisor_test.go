@@ -1,0 +1,131 @@
+package operator_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crdipc/crdipc/api/conditions"
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/storage/agent"
+	"github.com/crdipc/crdipc/internal/storage/operator"
+	"github.com/crdipc/crdipc/ipc"
+)
+
+// What `crdipc up --nodes 2` runs, driven the way the acceptance drives it with kubectl:
+// a claim and a 3-replica volume → 2 of 3; a simulated Node created by hand → 3 of 3;
+// the Node deleted → its agent stops and its pool is Offline.
+func TestSimulatedNodes(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	mgr := c.newManager(c.env.Config)
+	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: -1}}); err != nil {
+		t.Fatal(err)
+	}
+	sup, err := agent.AddSupervisor(mgr, c.env.Config, agent.SupervisorOptions{
+		Nodes: 2, Root: c.root,
+		Agent: agent.Options{Resync: 300 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	p := &proc{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		if err := mgr.Start(mctx); err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	}()
+	c.mu.Lock()
+	c.op = p
+	c.mu.Unlock()
+	t.Cleanup(func() {
+		for _, n := range []string{"node-1", "node-2", "node-3"} {
+			_ = c.c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
+		}
+	})
+
+	claim := &storagev1alpha1.StoragePoolClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: c.id + "-sim"},
+		Spec: storagev1alpha1.StoragePoolClaimSpec{
+			MinPools: 1, Capacity: resource.MustParse("1Gi"), Backend: storagev1alpha1.BackendFile,
+			NodeSelector: map[string]string{agent.SimulatedLabel: "true"},
+		},
+	}
+	if err := c.c.Create(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	c.waitPools(claim.Name, 2)
+	c.createVolume("vol", 3, 8*mib)
+	v := c.waitVolume("vol", 20*time.Second, func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
+		return v.Status.ReadyReplicas == 2
+	})
+	if msg := meta.FindStatusCondition(v.Status.Conditions, conditions.TypeReady).Message; msg != "2 of 3 replicas placed; waiting for 1 more pool" {
+		t.Fatalf("message %q", msg)
+	}
+
+	// kubectl apply of a simulated Node: no status, the supervisor reports it Ready.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-3", Labels: map[string]string{agent.SimulatedLabel: "true"}}}
+	if err := c.c.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	c.waitVolume("vol", 20*time.Second, volumeReady)
+	replicas := c.checkReplicaFiles("vol", 3, 8*mib)
+	var onThird *storagev1alpha1.CStorVolumeReplica
+	for i := range replicas {
+		if replicas[i].Spec.NodeName == "node-3" {
+			onThird = &replicas[i]
+		}
+	}
+	if onThird == nil {
+		t.Fatal("no replica on node-3")
+	}
+	if _, err := os.Stat(filepath.Join(c.root, "node-3", "pools", onThird.Spec.Pool, c.ns, onThird.Name+".img")); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := c.c.Delete(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	c.eventually("node-3's pool Offline, agent stopped", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+		var p storagev1alpha1.CStorPool
+		if err := c.c.Get(ctx, client.ObjectKey{Name: onThird.Spec.Pool}, &p); err != nil {
+			return false, "", err
+		}
+		return p.Status.Phase == storagev1alpha1.PoolPhaseOffline && !sup.Running("node-3"), fmt.Sprintf("%s running=%v", p.Status.Phase, sup.Running("node-3")), nil
+	})
+	c.waitVolume("vol", 20*time.Second, func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
+		return v.Status.Phase == storagev1alpha1.VolumePhaseDegraded && v.Status.ReadyReplicas == 2
+	})
+
+	// Nothing serves node-3 any more: deleting the volume and then the claim must not wait
+	// for its agent forever; the operator releases what only that agent could.
+	if err := c.c.Delete(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.c.Delete(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	c.eventually("volume, claim, pools and files gone", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+		verr := c.c.Get(ctx, client.ObjectKeyFromObject(v), &storagev1alpha1.CStorVolume{})
+		cerr := c.c.Get(ctx, client.ObjectKeyFromObject(claim), &storagev1alpha1.StoragePoolClaim{})
+		pools, err := c.pools(ctx, claim.Name)
+		if err != nil {
+			return false, "", err
+		}
+		files := c.replicaFiles()
+		// node-3's file stays: its node is gone, nobody can delete it.
+		return isNotFound(verr) && isNotFound(cerr) && len(pools) == 0 && len(files) == 1,
+			fmt.Sprintf("volume: %v, claim: %v, pools: %s, files: %v", verr, cerr, describePools(pools), files), nil
+	})
+}
