@@ -52,6 +52,6 @@ func (r *receiver[T]) setDeleting(ctx context.Context, obj T, msg string) error 
 	if err := r.c.Status().Update(ctx, obj); err != nil {
 		return err
 	}
-	r.recorder.Eventf(obj, nil, corev1.EventTypeNormal, conditions.ReasonDeleting, "Finalize", "%s", msg)
+	r.events.record(ctx, obj, corev1.EventTypeNormal, conditions.ReasonDeleting, "Finalize", msg)
 	return nil
 }

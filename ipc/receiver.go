@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
-	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -123,12 +122,17 @@ func Register[T conditions.Object](mgr manager.Manager, proto T, h Handler[T], o
 		o.Identity = host + "_" + string(uuid.NewUUID())
 	}
 	r := &receiver[T]{
-		kind:     gvk.Kind,
-		typ:      reflect.TypeOf(proto).Elem(),
-		c:        mgr.GetClient(),
-		handler:  h,
-		opts:     o,
-		recorder: mgr.GetEventRecorder(o.Name + "-receiver"),
+		kind:    gvk.Kind,
+		typ:     reflect.TypeOf(proto).Elem(),
+		c:       mgr.GetClient(),
+		handler: h,
+		opts:    o,
+		events: &eventWriter{
+			c:          mgr.GetClient(),
+			scheme:     mgr.GetScheme(),
+			controller: "crdipc.io/" + o.Name,
+			instance:   o.Identity,
+		},
 	}
 	if f, ok := h.(Finalizer[T]); ok {
 		r.finalizer = f
@@ -175,7 +179,7 @@ type receiver[T conditions.Object] struct {
 	handler   Handler[T]
 	finalizer Finalizer[T]
 	opts      Options
-	recorder  events.EventRecorder
+	events    *eventWriter
 	inFlight  sync.Map // types.UID → struct{}
 }
 
@@ -212,7 +216,7 @@ func (r *receiver[T]) Reconcile(ctx context.Context, req reconcile.Request) (rec
 			return conflictRequeue(err)
 		}
 	}
-	r.observe(before, obj, ready, herr)
+	r.observe(ctx, before, obj, ready, herr)
 
 	if t, ok := asTerminal(herr); ok {
 		log.FromContext(ctx).Info("request failed", "reason", t.reason, "message", t.message)
@@ -264,7 +268,7 @@ func (r *receiver[T]) setConditions(obj T, res Result, herr error) metav1.Condit
 // observe emits the Event and metrics for a Ready transition: a new status
 // or reason, or the first verdict on a new generation. Message-only changes
 // (progress counts, retried error texts) are not transitions.
-func (r *receiver[T]) observe(before, after T, ready metav1.Condition, herr error) {
+func (r *receiver[T]) observe(ctx context.Context, before, after T, ready metav1.Condition, herr error) {
 	finished := ready.Status == metav1.ConditionTrue || conditions.IsTerminal(ready.Reason)
 	r.track(after.GetUID(), !finished)
 	old := meta.FindStatusCondition(before.GetConditions(), conditions.TypeReady)
@@ -279,7 +283,7 @@ func (r *receiver[T]) observe(before, after T, ready metav1.Condition, herr erro
 	if note == "" {
 		note = "Ready=" + string(ready.Status)
 	}
-	r.recorder.Eventf(after, nil, typ, ready.Reason, "Reconcile", "%s", note)
+	r.events.record(ctx, after, typ, ready.Reason, "Reconcile", note)
 	switch {
 	case ready.Status == metav1.ConditionTrue:
 		requestsTotal.WithLabelValues(r.kind, "succeeded").Inc()
@@ -313,7 +317,7 @@ func (r *receiver[T]) finalize(ctx context.Context, obj T) (reconcile.Result, er
 			}
 			return reconcile.Result{RequeueAfter: d.requeueAfter}, nil
 		}
-		r.recorder.Eventf(obj, nil, corev1.EventTypeWarning, "CleanupFailed", "Finalize", "cleanup failed, retrying: %v", err)
+		r.events.record(ctx, obj, corev1.EventTypeWarning, "CleanupFailed", "Finalize", "cleanup failed, retrying: "+err.Error())
 		requestErrorsTotal.WithLabelValues(r.kind).Inc()
 		return reconcile.Result{}, err
 	}
@@ -392,11 +396,12 @@ func minRequeue(a reconcile.Result, b time.Duration) reconcile.Result {
 	return a
 }
 
-// conflictRequeue turns an optimistic-concurrency conflict into a quiet
-// requeue: the cache will deliver the newer object shortly.
+// conflictRequeue turns an optimistic-concurrency conflict into a quick,
+// quiet retry: the cache delivers the newer object within milliseconds, and
+// the error backoff (100 ms and up) would dominate a request's latency.
 func conflictRequeue(err error) (reconcile.Result, error) {
 	if apierrors.IsConflict(err) {
-		return reconcile.Result{Requeue: true}, nil
+		return reconcile.Result{RequeueAfter: 10 * time.Millisecond}, nil
 	}
 	return reconcile.Result{}, err
 }

@@ -7,10 +7,8 @@ import (
 	"os"
 	"text/tabwriter"
 
-	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
-	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/crdipc/crdipc/internal/bench"
 	"github.com/crdipc/crdipc/internal/storage/agent"
@@ -77,7 +75,6 @@ crdipc up does. With --kubeconfig, the operator and agents must already run
 
 // startStorage runs the operator and simulated nodes in this process, as `up` does.
 func startStorage(ctx context.Context, cfg *rest.Config, nodes int) (func(), error) {
-	ctrl.SetLogger(logr.Discard())
 	root, err := os.MkdirTemp("", "crdipc-bench-storage-")
 	if err != nil {
 		return nil, err

@@ -1,0 +1,70 @@
+package ipc
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+)
+
+// eventWriter records core/v1 Events about requests, written directly by
+// the reconcile that caused them rather than through client-go's
+// asynchronous recorder: measured on `crdipc bench roundtrip`, the recorder's
+// per-event goroutines and shared connection cut Call throughput to a third.
+// Each Event's name is derived from what it reports (object UID, generation,
+// reason, message), so a reconcile repeated after a crash records nothing
+// twice.
+type eventWriter struct {
+	c          client.Client
+	scheme     *runtime.Scheme
+	controller string
+	instance   string
+}
+
+func (w *eventWriter) record(ctx context.Context, obj client.Object, typ, reason, action, message string) {
+	gvk, err := apiutil.GVKForObject(obj, w.scheme)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "recording event")
+		return
+	}
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%d\x00%s\x00%s\x00%s", obj.GetUID(), obj.GetGeneration(), typ, reason, message)))
+	ns := obj.GetNamespace()
+	if ns == "" {
+		ns = metav1.NamespaceDefault // where Kubernetes puts Events about cluster-scoped objects
+	}
+	now := metav1.NewTime(time.Now())
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: obj.GetName() + "." + hex.EncodeToString(sum[:8])},
+		InvolvedObject: corev1.ObjectReference{
+			APIVersion: gvk.GroupVersion().String(), Kind: gvk.Kind,
+			Namespace: obj.GetNamespace(), Name: obj.GetName(), UID: obj.GetUID(), ResourceVersion: obj.GetResourceVersion(),
+		},
+		Reason:              reason,
+		Message:             message,
+		Type:                typ,
+		Action:              action,
+		Source:              corev1.EventSource{Component: w.controller},
+		ReportingController: w.controller,
+		ReportingInstance:   w.instance,
+		FirstTimestamp:      now,
+		LastTimestamp:       now,
+		Count:               1,
+	}
+	if len(ev.Name) > 253 {
+		ev.Name = string(obj.GetUID()) + "." + hex.EncodeToString(sum[:8])
+	}
+	if err := w.c.Create(ctx, ev); err != nil && !apierrors.IsAlreadyExists(err) {
+		// An Event is a report, not part of the reply: losing one must not
+		// fail or retry the request.
+		log.FromContext(ctx).Error(err, "recording event", "reason", reason)
+	}
+}
