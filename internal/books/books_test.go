@@ -1,12 +1,9 @@
 package books_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -14,11 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -39,42 +33,11 @@ func TestMain(m *testing.M) {
 	testenv.Main(m)
 }
 
-// applyRBAC creates the objects in config/rbac/books, as `kubectl apply -k`
-// would, so the test runs the controller with exactly what we ship.
-func applyRBAC(t *testing.T, c client.Client) {
-	t.Helper()
-	dir := filepath.Join("..", "..", "config", "rbac", "books")
-	for _, f := range []string{"service_account.yaml", "role.yaml", "role_binding.yaml"} {
-		data, err := os.ReadFile(filepath.Join(dir, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-		for {
-			u := &unstructured.Unstructured{}
-			if err := dec.Decode(&u.Object); err != nil {
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				t.Fatalf("%s: %v", f, err)
-			}
-			if len(u.Object) == 0 {
-				continue
-			}
-			if err := c.Create(context.Background(), u); err != nil {
-				t.Fatalf("%s: creating %s %s: %v", f, u.GetKind(), u.GetName(), err)
-			}
-		}
-	}
-}
-
 // TestBooksWithShippedRBAC runs the Book controller as its ServiceAccount,
 // with only the permissions in config/rbac/books, and sends it requests.
 func TestBooksWithShippedRBAC(t *testing.T) {
 	env := testenv.Get(t)
-	applyRBAC(t, env.Client)
-	cfg := rest.CopyConfig(env.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + install.SystemNamespace + ":crdipc-books"}
+	cfg := env.AsServiceAccount(t, "books")
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme.Scheme,
 		Metrics:                       metricsserver.Options{BindAddress: "0"},

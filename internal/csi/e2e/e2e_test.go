@@ -1,11 +1,8 @@
 package e2e_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -21,10 +18,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -94,8 +89,9 @@ func newWorld(t *testing.T) *world {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(sock) })
 	w := &world{t: t, env: env, c: env.Client, root: t.TempDir(), socket: "unix://" + filepath.Join(sock, "csi.sock"), ns: env.Namespace(t)}
-	applyRBAC(t, w.c, "csi-driver")
-	applyRBAC(t, w.c, "csi-sidecar")
+	// The driver and sidecar run as their ServiceAccounts (see impersonate).
+	env.AsServiceAccount(t, "csi-driver")
+	env.AsServiceAccount(t, "csi-sidecar")
 
 	// Storage: the operator and 2 simulated nodes with a file pool each.
 	mgr := newManager(t, env.Config)
@@ -189,32 +185,6 @@ func start(t *testing.T, name string, run func(context.Context) error) {
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-}
-
-// applyRBAC creates the objects in config/rbac/<dir>, as `kubectl apply -k` would.
-func applyRBAC(t *testing.T, c client.Client, dir string) {
-	t.Helper()
-	for _, f := range []string{"service_account.yaml", "role.yaml", "role_binding.yaml"} {
-		data, err := os.ReadFile(filepath.Join("..", "..", "..", "config", "rbac", dir, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-		for {
-			u := &unstructured.Unstructured{}
-			if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
-				break
-			} else if err != nil {
-				t.Fatalf("%s/%s: %v", dir, f, err)
-			}
-			if len(u.Object) == 0 {
-				continue
-			}
-			if err := c.Create(context.Background(), u); err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatalf("%s/%s: creating %s %s: %v", dir, f, u.GetKind(), u.GetName(), err)
-			}
-		}
-	}
 }
 
 // eventually polls cond until it holds or the deadline passes; desc says what was last seen.

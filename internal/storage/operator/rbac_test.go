@@ -1,20 +1,11 @@
 package operator_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -29,44 +20,12 @@ import (
 	"github.com/crdipc/crdipc/ipc"
 )
 
-// applyRBAC creates the objects of config/rbac/<name>, as `kubectl apply -k` would, and
-// returns a config that acts as its ServiceAccount.
-func applyRBAC(t *testing.T, c client.Client, cfg *rest.Config, name string) *rest.Config {
-	t.Helper()
-	dir := filepath.Join("..", "..", "..", "config", "rbac", name)
-	for _, f := range []string{"service_account.yaml", "role.yaml", "role_binding.yaml"} {
-		data, err := os.ReadFile(filepath.Join(dir, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-		for {
-			u := &unstructured.Unstructured{}
-			if err := dec.Decode(&u.Object); err != nil {
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				t.Fatalf("%s: %v", f, err)
-			}
-			if len(u.Object) == 0 {
-				continue
-			}
-			if err := c.Create(context.Background(), u); err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatalf("%s: creating %s %s: %v", f, u.GetKind(), u.GetName(), err)
-			}
-		}
-	}
-	cfg = rest.CopyConfig(cfg)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + install.SystemNamespace + ":crdipc-" + name}
-	return cfg
-}
-
 // The operator and the agents run as their ServiceAccounts, with only the permissions in
 // config/rbac, through a volume's whole life, with leader election and heartbeats on.
 func TestWithShippedRBAC(t *testing.T) {
 	c := newCluster(t)
-	opCfg := applyRBAC(t, c.c, c.env.Config, "storage-operator")
-	agentCfg := applyRBAC(t, c.c, c.env.Config, "pool-agent")
+	opCfg := c.env.AsServiceAccount(t, "storage-operator")
+	agentCfg := c.env.AsServiceAccount(t, "pool-agent")
 
 	mgr, err := ctrl.NewManager(opCfg, ctrl.Options{
 		Scheme:                        scheme.Scheme,
