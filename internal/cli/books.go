@@ -2,7 +2,7 @@ package cli
 
 import (
 	"github.com/spf13/cobra"
-	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/crdipc/crdipc/internal/books"
 	"github.com/crdipc/crdipc/ipc"
@@ -20,19 +20,8 @@ Event. Finished Books with spec.ttlSecondsAfterFinished are deleted after it.
 
 Run two replicas for availability: leader election lets only one act.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := restConfig(o.kubeconfig)
-			if err != nil {
-				return err
-			}
-			mgr, err := newManager(cfg, "books", o)
-			if err != nil {
-				return err
-			}
-			if err := books.Register(mgr, ipc.Options{}); err != nil {
-				return err
-			}
-			return mgr.Start(ctrl.SetupSignalHandler())
+		RunE: func(*cobra.Command, []string) error {
+			return runService("books", o, func(mgr manager.Manager) error { return books.Register(mgr, ipc.Options{}) })
 		},
 	}
 	o.flags(cmd)

@@ -2,7 +2,7 @@ package cli
 
 import (
 	"github.com/spf13/cobra"
-	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
 )
@@ -24,19 +24,8 @@ with exponential backoff (1 s doubling to 5 min); final codes become Warning Eve
 
 Run two replicas for availability: leader election lets only one act.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := restConfig(so.kubeconfig)
-			if err != nil {
-				return err
-			}
-			mgr, err := newManager(cfg, "csi-sidecar", so)
-			if err != nil {
-				return err
-			}
-			if err := sidecar.Add(mgr, o); err != nil {
-				return err
-			}
-			return mgr.Start(ctrl.SetupSignalHandler())
+		RunE: func(*cobra.Command, []string) error {
+			return runService("csi-sidecar", so, func(mgr manager.Manager) error { return sidecar.Add(mgr, o) })
 		},
 	}
 	so.flags(cmd)

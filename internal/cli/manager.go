@@ -58,3 +58,21 @@ func newManager(cfg *rest.Config, name string, o serviceOptions) (manager.Manage
 	}
 	return mgr, nil
 }
+
+// runService is the body of every controller subcommand: load the
+// kubeconfig, build the service's manager, let register add its
+// controllers, and run until SIGINT/SIGTERM.
+func runService(name string, o serviceOptions, register func(manager.Manager) error) error {
+	cfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	mgr, err := newManager(cfg, name, o)
+	if err != nil {
+		return err
+	}
+	if err := register(mgr); err != nil {
+		return err
+	}
+	return mgr.Start(ctrl.SetupSignalHandler())
+}

@@ -2,7 +2,7 @@ package cli
 
 import (
 	"github.com/spf13/cobra"
-	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/crdipc/crdipc/internal/storage/operator"
 )
@@ -28,19 +28,8 @@ in the pools' and replicas' status; operator and agents never call each other.
 
 Run two replicas for availability: leader election lets only one act.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := restConfig(o.kubeconfig)
-			if err != nil {
-				return err
-			}
-			mgr, err := newManager(cfg, "storage-operator", o)
-			if err != nil {
-				return err
-			}
-			if err := operator.Register(mgr, operator.Options{}); err != nil {
-				return err
-			}
-			return mgr.Start(ctrl.SetupSignalHandler())
+		RunE: func(*cobra.Command, []string) error {
+			return runService("storage-operator", o, func(mgr manager.Manager) error { return operator.Register(mgr, operator.Options{}) })
 		},
 	}
 	o.flags(cmd)
