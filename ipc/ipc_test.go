@@ -203,12 +203,16 @@ func TestRequestCompletesWhenReceiverStartsLater(t *testing.T) {
 // (checking first), the way a real receiver creates an external resource.
 type sideEffect struct {
 	c        client.Client
+	ns       string // Books of earlier tests may still exist: leave them be
 	creates  atomic.Int32
 	entered  chan struct{}
 	blockOne atomic.Bool
 }
 
 func (s *sideEffect) Handle(ctx context.Context, b *book) (ipc.Result, error) {
+	if b.Namespace != s.ns {
+		return ipc.Done("not this test's"), nil
+	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: b.Namespace, Name: "effect-" + b.Name}}
 	err := s.c.Get(ctx, client.ObjectKeyFromObject(cm), cm)
 	if apierrors.IsNotFound(err) {
@@ -232,7 +236,7 @@ func (s *sideEffect) Handle(ctx context.Context, b *book) (ipc.Result, error) {
 func TestReceiverKilledMidRequestCompletesOnceAfterRestart(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
-	h := &sideEffect{c: env.Client, entered: make(chan struct{})}
+	h := &sideEffect{c: env.Client, ns: ns, entered: make(chan struct{})}
 	h.blockOne.Store(true)
 	first := startReceiver(t, h, ipc.Options{}, managerOptions{})
 	b := newBook(ns, "crash")
