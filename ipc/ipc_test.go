@@ -3,7 +3,6 @@ package ipc_test
 import (
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,11 +18,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-
-	"github.com/go-logr/logr"
 
 	"github.com/crdipc/crdipc/api/conditions"
 	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
@@ -34,11 +29,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv("IPC_TEST_LOG") == "" {
-		log.SetLogger(logr.Discard())
-	} else {
-		log.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
-	}
 	testenv.Main(m)
 }
 

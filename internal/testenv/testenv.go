@@ -19,11 +19,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/crdipc/crdipc/internal/controlplane"
 	"github.com/crdipc/crdipc/internal/install"
@@ -62,6 +65,13 @@ func WithControllers(names ...string) Option {
 }
 
 func run(m *testing.M, opts ...Option) int {
+	// Components under test log through controller-runtime; their logs are
+	// noise unless a test is being debugged: CRDIPC_TEST_LOG=1 shows them.
+	if os.Getenv("CRDIPC_TEST_LOG") != "" {
+		ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
+	} else {
+		ctrllog.SetLogger(logr.Discard())
+	}
 	dir, err := os.MkdirTemp("", "crdipc-testenv-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "testenv:", err)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/go-logr/logr"
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -25,8 +24,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -42,11 +39,6 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv("CSI_TEST_LOG") == "" {
-		log.SetLogger(logr.Discard())
-	} else {
-		log.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
-	}
 	testenv.Main(m)
 }
 
