@@ -101,7 +101,7 @@ func TestRelistDoesNotDoubleCount(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	s := newSender(t, env.Config, ns)
-	proxy, cfg := newAPIProxy(t, env.Config)
+	proxy, cfg := testenv.NewAPIProxy(t, env.Config)
 	breaker := &watchBreaker{}
 	cfg.Wrap(breaker.wrap)
 	a := startAgent(t, cfg, ns)
@@ -127,10 +127,10 @@ func TestRelistDoesNotDoubleCount(t *testing.T) {
 	waitTotal(t, a, 9)
 
 	// API server unreachable for a while: client-go resumes the watch where it was.
-	proxy.setUp(false)
+	proxy.Down()
 	s.send("push", push(t, "main", 21, false, false))
 	s.send("push", push(t, "main", 22, false, false))
-	proxy.setUp(true)
+	proxy.Up()
 	waitTotal(t, a, 11)
 	s.send("push", push(t, "main", 23, false, false))
 	waitTotal(t, a, 12)

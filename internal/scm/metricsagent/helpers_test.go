@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -237,81 +236,6 @@ func push(t testing.TB, branch string, minute int, created, deleted bool) []byte
 	p["repository"].(map[string]any)["pushed_at"] = base.Add(time.Duration(minute) * time.Minute).Unix()
 	out, _ := json.Marshal(p)
 	return out
-}
-
-// apiProxy forwards TCP to the API server; down closes the port and every connection, as
-// when the API server process is gone (connection refused).
-type apiProxy struct {
-	t      testing.TB
-	addr   string
-	target string
-	mu     sync.Mutex
-	ln     net.Listener
-	conns  map[net.Conn]bool
-}
-
-func newAPIProxy(t testing.TB, cfg *rest.Config) (*apiProxy, *rest.Config) {
-	u, err := url.Parse(cfg.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &apiProxy{t: t, target: u.Host, conns: map[net.Conn]bool{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.addr = ln.Addr().String()
-	p.serve(ln)
-	t.Cleanup(func() { p.setUp(false) })
-	pc := rest.CopyConfig(cfg)
-	pc.Host = "https://" + p.addr
-	return p, pc
-}
-
-func (p *apiProxy) serve(ln net.Listener) {
-	p.ln = ln
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns[c], p.conns[up] = true, true
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
-			go func() { _, _ = io.Copy(c, up); c.Close() }()
-		}
-	}()
-}
-
-func (p *apiProxy) setUp(up bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !up {
-		if p.ln != nil {
-			p.ln.Close()
-			p.ln = nil
-		}
-		for c := range p.conns {
-			c.Close()
-		}
-		clear(p.conns)
-		return
-	}
-	if p.ln == nil {
-		ln, err := net.Listen("tcp", p.addr)
-		if err != nil {
-			p.t.Errorf("proxy: listen again on %s: %v", p.addr, err)
-			return
-		}
-		p.serve(ln)
-	}
 }
 
 // watchBreaker ends the Event watches in flight and answers the next watch request with

@@ -3,96 +3,19 @@ package webhook_test
 import (
 	"errors"
 	"io"
-	"net"
 	"net/http"
-	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
+	"github.com/crdipc/crdipc/internal/testenv"
 	"k8s.io/client-go/rest"
 )
-
-// apiProxy forwards TCP to the API server. Down closes the listening socket and every open
-// connection, so clients see exactly what they see when the API server process is gone:
-// connection refused. Up listens on the same port again.
-type apiProxy struct {
-	t      testing.TB
-	addr   string
-	target string
-	mu     sync.Mutex
-	ln     net.Listener
-	conns  map[net.Conn]bool
-}
-
-func newAPIProxy(t testing.TB, cfg *rest.Config) (*apiProxy, *rest.Config) {
-	u, err := url.Parse(cfg.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &apiProxy{t: t, target: u.Host, conns: map[net.Conn]bool{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.addr = ln.Addr().String()
-	p.serve(ln)
-	t.Cleanup(p.Down)
-	pc := rest.CopyConfig(cfg)
-	pc.Host = "https://" + p.addr
-	return p, pc
-}
-
-func (p *apiProxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns[c], p.conns[up] = true, true
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
-			go func() { _, _ = io.Copy(c, up); c.Close() }()
-		}
-	}()
-}
-
-func (p *apiProxy) Down() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
-
-func (p *apiProxy) Up() {
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		p.t.Fatalf("proxy listen again on %s: %v", p.addr, err)
-	}
-	p.serve(ln)
-}
 
 // API server unreachable → 503 with a reason and Retry-After, nothing written; reachable
 // again → GitHub's redelivery of the same delivery succeeds, once.
 func TestAPIServerUnavailable(t *testing.T) {
-	proxy, cfg := newAPIProxy(t, testenvConfig(t))
+	proxy, cfg := testenv.NewAPIProxy(t, testenvConfig(t))
 	h := newHarness(t, cfg) // h.counts() and friends use the test's own, direct client
 
 	proxy.Down()
