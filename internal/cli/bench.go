@@ -110,18 +110,9 @@ resource (a Book), with unthrottled clients:
                       over custom resources can be faster than this.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			out := cmd.OutOrStdout()
-			cfg, release, err := target.cluster(cmd.Context(), out)
-			if err != nil {
-				return err
-			}
-			defer release()
-			f, err := bench.MeasureFloor(cmd.Context(), cfg, o)
-			if err != nil {
-				return err
-			}
-			printFloor(out, f)
-			return target.writeJSON(out, f)
+			return runBench(cmd, &target, func(ctx context.Context, cfg *rest.Config) (*bench.Floor, error) {
+				return bench.MeasureFloor(ctx, cfg, o)
+			}, printFloor)
 		},
 	}
 	target.flags(cmd)
@@ -168,32 +159,9 @@ in this process and measures ipc.Call round trips through it:
                does not count.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			out := cmd.OutOrStdout()
-			cfg, release, err := target.cluster(cmd.Context(), out)
-			if err != nil {
-				return err
-			}
-			defer release()
-			rt, err := bench.MeasureRoundTrip(cmd.Context(), cfg, o)
-			if err != nil {
-				return err
-			}
-			printFloor(out, rt.Floor)
-			fmt.Fprintln(out)
-			tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintln(tw, "ipc.Call\tvalue\tratio to floor\tgoal\t")
-			fmt.Fprintf(tw, "latency p50 (ms)\t%.2f\t%.2f×\t≤ 1.2×\t\n", rt.Latency.P50, rt.P50Ratio)
-			fmt.Fprintf(tw, "latency p99 (ms)\t%.2f\t%.2f×\t≤ 1.5×\t\n", rt.Latency.P99, rt.P99Ratio)
-			senders := make([]int, 0, len(rt.CallsPerSec))
-			for s := range rt.CallsPerSec {
-				senders = append(senders, s)
-			}
-			slices.Sort(senders)
-			for _, s := range senders {
-				fmt.Fprintf(tw, "calls/s, %d senders\t%.0f\t%.2f\t≥ 0.90\t\n", s, rt.CallsPerSec[s], rt.ThroughputRatio[s])
-			}
-			tw.Flush()
-			return target.writeJSON(out, rt)
+			return runBench(cmd, &target, func(ctx context.Context, cfg *rest.Config) (*bench.RoundTrip, error) {
+				return bench.MeasureRoundTrip(ctx, cfg, o)
+			}, printRoundTrip)
 		},
 	}
 	target.flags(cmd)
@@ -201,4 +169,39 @@ in this process and measures ipc.Call round trips through it:
 	cmd.Flags().IntVar(&o.Calls, "calls", o.Calls, "Calls per throughput level")
 	cmd.Flags().IntSliceVar(&o.Senders, "senders", o.Senders, "concurrency levels for the throughput measurement")
 	return cmd
+}
+
+func printRoundTrip(out io.Writer, rt *bench.RoundTrip) {
+	printFloor(out, rt.Floor)
+	fmt.Fprintln(out)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "ipc.Call\tvalue\tratio to floor\tgoal\t")
+	fmt.Fprintf(tw, "latency p50 (ms)\t%.2f\t%.2f×\t≤ 1.2×\t\n", rt.Latency.P50, rt.P50Ratio)
+	fmt.Fprintf(tw, "latency p99 (ms)\t%.2f\t%.2f×\t≤ 1.5×\t\n", rt.Latency.P99, rt.P99Ratio)
+	senders := make([]int, 0, len(rt.CallsPerSec))
+	for s := range rt.CallsPerSec {
+		senders = append(senders, s)
+	}
+	slices.Sort(senders)
+	for _, s := range senders {
+		fmt.Fprintf(tw, "calls/s, %d senders\t%.0f\t%.2f\t≥ 0.90\t\n", s, rt.CallsPerSec[s], rt.ThroughputRatio[s])
+	}
+	tw.Flush()
+}
+
+// runBench is the body of every bench subcommand: get the cluster to
+// measure, measure it, print the table and write the JSON.
+func runBench[T any](cmd *cobra.Command, target *benchTarget, measure func(context.Context, *rest.Config) (T, error), print func(io.Writer, T)) error {
+	out := cmd.OutOrStdout()
+	cfg, release, err := target.cluster(cmd.Context(), out)
+	if err != nil {
+		return err
+	}
+	defer release()
+	r, err := measure(cmd.Context(), cfg)
+	if err != nil {
+		return err
+	}
+	print(out, r)
+	return target.writeJSON(out, r)
 }

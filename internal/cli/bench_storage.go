@@ -43,25 +43,16 @@ crdipc up does. With --kubeconfig, the operator and agents must already run
 --replicas.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			out := cmd.OutOrStdout()
-			cfg, release, err := target.cluster(cmd.Context(), out)
-			if err != nil {
-				return err
-			}
-			defer release()
-			if target.kubeconfig == "" {
-				stop, err := startStorage(cmd.Context(), cfg, nodes)
-				if err != nil {
-					return err
+			return runBench(cmd, &target, func(ctx context.Context, cfg *rest.Config) (*bench.Storage, error) {
+				if target.kubeconfig == "" {
+					stop, err := startStorage(ctx, cfg, nodes)
+					if err != nil {
+						return nil, err
+					}
+					defer stop()
 				}
-				defer stop()
-			}
-			s, err := bench.MeasureStorage(cmd.Context(), cfg, o)
-			if err != nil {
-				return err
-			}
-			printStorage(out, s)
-			return target.writeJSON(out, s)
+				return bench.MeasureStorage(ctx, cfg, o)
+			}, printStorage)
 		},
 	}
 	target.flags(cmd)

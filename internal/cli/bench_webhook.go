@@ -1,12 +1,14 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"text/tabwriter"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/crdipc/crdipc/internal/bench"
@@ -30,20 +32,11 @@ PullRequest create and one Event create:
                  the API server at the same rate (goal: p99 < 50 ms at 100/s)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			out := cmd.OutOrStdout()
 			// The listener's controller-runtime client logs nothing worth a benchmark's output.
 			ctrllog.SetLogger(logr.Discard())
-			cfg, release, err := target.cluster(cmd.Context(), out)
-			if err != nil {
-				return err
-			}
-			defer release()
-			w, err := bench.MeasureWebhook(cmd.Context(), cfg, o)
-			if err != nil {
-				return err
-			}
-			printWebhook(out, w)
-			return target.writeJSON(out, w)
+			return runBench(cmd, &target, func(ctx context.Context, cfg *rest.Config) (*bench.Webhook, error) {
+				return bench.MeasureWebhook(ctx, cfg, o)
+			}, printWebhook)
 		},
 	}
 	target.flags(cmd)
