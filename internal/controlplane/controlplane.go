@@ -207,9 +207,6 @@ func runComponent(name string, run func() error) *component {
 // DataDir is the absolute path of the control plane's data directory.
 func (cp *ControlPlane) DataDir() string { return cp.dataDir }
 
-// CAFile is the path of the CA certificate clients should trust.
-func (cp *ControlPlane) CAFile() string { return cp.pki.caCert }
-
 // Stop shuts every component down, waits for them and releases the data
 // directory. It is safe to call more than once.
 func (cp *ControlPlane) Stop() error {

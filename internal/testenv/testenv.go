@@ -43,7 +43,6 @@ type Env struct {
 	Kube kubernetes.Interface
 
 	dir string
-	cfg controlplane.Config
 	cp  *controlplane.ControlPlane
 }
 
@@ -51,20 +50,11 @@ var current atomic.Pointer[Env]
 
 // Main starts the control plane, runs the package's tests, stops it and
 // exits. Call it from TestMain.
-func Main(m *testing.M, opts ...Option) {
-	os.Exit(run(m, opts...))
+func Main(m *testing.M) {
+	os.Exit(run(m))
 }
 
-// Option adjusts the control plane a package's tests run against.
-type Option func(*controlplane.Config)
-
-// WithControllers runs these kube-controller-manager controllers instead of
-// the default set.
-func WithControllers(names ...string) Option {
-	return func(c *controlplane.Config) { c.Controllers = names }
-}
-
-func run(m *testing.M, opts ...Option) int {
+func run(m *testing.M) int {
 	// Components under test log through controller-runtime; their logs are
 	// noise unless a test is being debugged: CRDIPC_TEST_LOG=1 shows them.
 	if os.Getenv("CRDIPC_TEST_LOG") != "" {
@@ -78,11 +68,7 @@ func run(m *testing.M, opts ...Option) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	cfg := controlplane.Config{DataDir: dir}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	env := &Env{dir: dir, cfg: cfg}
+	env := &Env{dir: dir}
 	start := time.Now()
 	if err := env.start(context.Background()); err != nil {
 		fmt.Fprintln(os.Stderr, "testenv: starting control plane:", err)
@@ -99,7 +85,7 @@ func run(m *testing.M, opts ...Option) int {
 }
 
 func (e *Env) start(ctx context.Context) error {
-	cp, err := controlplane.Start(ctx, e.cfg)
+	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: e.dir})
 	if err != nil {
 		return err
 	}
