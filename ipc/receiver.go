@@ -134,6 +134,9 @@ func Register[T conditions.Object](mgr manager.Manager, proto T, h Handler[T], o
 			instance:   o.Identity,
 		},
 	}
+	// The gauge exists from the start, at 0, rather than from the first
+	// pending request: "no series" would read as "no receiver".
+	requestsInFlight.WithLabelValues(gvk.Kind)
 	if f, ok := h.(Finalizer[T]); ok {
 		r.finalizer = f
 	}
@@ -295,15 +298,17 @@ func (r *receiver[T]) observe(ctx context.Context, before, after T, ready metav1
 	}
 }
 
+// track keeps the in-flight gauge: +1 when a request is first seen
+// unfinished, -1 when it finishes or goes, without counting the whole set on
+// every reconcile.
 func (r *receiver[T]) track(uid types.UID, pending bool) {
 	if pending {
-		r.inFlight.Store(uid, struct{}{})
-	} else {
-		r.inFlight.Delete(uid)
+		if _, known := r.inFlight.LoadOrStore(uid, struct{}{}); !known {
+			requestsInFlight.WithLabelValues(r.kind).Inc()
+		}
+	} else if _, known := r.inFlight.LoadAndDelete(uid); known {
+		requestsInFlight.WithLabelValues(r.kind).Dec()
 	}
-	n := 0
-	r.inFlight.Range(func(any, any) bool { n++; return true })
-	requestsInFlight.WithLabelValues(r.kind).Set(float64(n))
 }
 
 func (r *receiver[T]) finalize(ctx context.Context, obj T) (reconcile.Result, error) {
@@ -360,9 +365,14 @@ func finishedAt(obj conditions.Object) (time.Time, bool) {
 
 // expire deletes a request whose TTL after finishing has passed.
 func (r *receiver[T]) expire(ctx context.Context, obj T) (reconcile.Result, bool, error) {
-	ttl := r.ttl(obj)
+	// finishedAt is cheap; the TTL lookup converts the object, so only
+	// finished requests pay for it.
 	at, finished := finishedAt(obj)
-	if ttl == 0 || !finished {
+	if !finished {
+		return reconcile.Result{}, false, nil
+	}
+	ttl := r.ttl(obj)
+	if ttl == 0 {
 		return reconcile.Result{}, false, nil
 	}
 	if left := time.Until(at.Add(ttl)); left > 0 {
@@ -381,9 +391,12 @@ func (r *receiver[T]) expire(ctx context.Context, obj T) (reconcile.Result, bool
 }
 
 func (r *receiver[T]) ttlRequeue(obj T) reconcile.Result {
-	ttl := r.ttl(obj)
 	at, finished := finishedAt(obj)
-	if ttl == 0 || !finished {
+	if !finished {
+		return reconcile.Result{}
+	}
+	ttl := r.ttl(obj)
+	if ttl == 0 {
 		return reconcile.Result{}
 	}
 	return reconcile.Result{RequeueAfter: max(time.Until(at.Add(ttl)), time.Millisecond)}

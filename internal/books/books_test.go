@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/crdipc/crdipc/api/conditions"
@@ -92,6 +93,39 @@ func TestBooksWithShippedRBAC(t *testing.T) {
 			return err == nil && len(evs.Items) == 1, err
 		}); err != nil {
 			t.Fatalf("Event for Book %s: %v", b.Name, err)
+		}
+	}
+
+	// The receiver's metrics, read from the registry the manager serves.
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := ""
+			for _, l := range m.GetLabel() {
+				labels += l.GetName() + "=" + l.GetValue() + ","
+			}
+			switch {
+			case m.GetCounter() != nil:
+				got[f.GetName()+"{"+labels+"}"] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				got[f.GetName()+"{"+labels+"}"] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				got[f.GetName()+"_count{"+labels+"}"] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	for name, want := range map[string]float64{
+		`crdipc_requests_total{kind=Book,result=succeeded,}`: 1,
+		`crdipc_requests_total{kind=Book,result=failed,}`:    1,
+		`crdipc_request_duration_seconds_count{kind=Book,}`:  1,
+		`crdipc_requests_in_flight{kind=Book,}`:              0,
+	} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
 		}
 	}
 }
