@@ -51,7 +51,7 @@ VolumeAttachments for it and calls it over the socket.`,
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then in-cluster)")
 	cmd.Flags().StringVar(&endpoint, "endpoint", "unix:///var/lib/crdipc/csi/csi.sock", "Unix socket to serve CSI on")
 	cmd.Flags().StringVar(&o.NodeID, "node-id", "", "node this instance serves for the Node service (empty: controller only)")
-	cmd.Flags().StringVar(&o.Root, "root", "", "the node's pool agent root, where NodePublishVolume finds replica files")
+	cmd.Flags().StringVar(&o.Root, "root", "", "the node's pool agent root, where NodeStageVolume and NodePublishVolume find replica files")
 	cmd.Flags().StringVar(&o.Namespace, "namespace", install.SystemNamespace, "namespace of the CStorVolumes the driver creates")
 	return cmd
 }

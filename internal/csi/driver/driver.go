@@ -62,11 +62,11 @@ type Options struct {
 	Config *rest.Config
 	// Namespace holds the CStorVolumes the driver creates; default crdipc-system.
 	Namespace string
-	// NodeID is the node this process serves for the Node service (NodeGetInfo and
+	// NodeID is the node this process serves for the Node service (NodeGetInfo, NodeStage,
 	// NodePublish). Empty: the Node service answers FailedPrecondition.
 	NodeID string
-	// Root is the node's pool agent root (the file backend's directory), where NodePublish
-	// finds the node's replica file.
+	// Root is the node's pool agent root (the file backend's directory), where NodeStage and
+	// NodePublish find the node's replica file.
 	Root string
 	// DefaultCapacity is the size of a volume whose request names none; default 1 GiB.
 	DefaultCapacity int64
@@ -90,6 +90,14 @@ type Driver struct {
 	// publishMu serialises ControllerPublish/Unpublish of one process; across processes the
 	// annotation patch's optimistic lock does.
 	publishMu sync.Mutex
+
+	// nodeOps holds the volumes with a Node call in flight (see lockVolume).
+	nodeOps struct {
+		sync.Mutex
+		busy map[string]bool
+	}
+	hostOnce sync.Once
+	host     *host // see node()
 
 	// probe keeps one Probe result for a second: the sidecar and liveness probes may call
 	// Probe often, and each answer costs an API round trip.

@@ -3,10 +3,9 @@ package driver
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -17,14 +16,19 @@ import (
 	"github.com/crdipc/crdipc/internal/storage/backend"
 )
 
-// LinkName is the entry NodePublishVolume creates in a mount-type target directory when the
-// host does not let the driver mount: a symbolic link to the node's replica file.
+// LinkName is the symbolic link to the node's replica file that the driver makes where the
+// host does not let it mount: in the staging directory (NodeStageVolume) and in a mount-type
+// target directory (NodePublishVolume). On a host that lets it bind-mount but not loop-mount,
+// the target's LinkName is a bind mount of the replica file instead.
 const LinkName = "crdipc-volume.img"
 
-// NodeGetCapabilities implements csi.NodeServer. No STAGE_UNSTAGE: a file-backed replica
-// needs no per-node staging, so NodeStage/NodeUnstage are not offered.
+// NodeGetCapabilities implements csi.NodeServer: STAGE_UNSTAGE_VOLUME, since a mount volume
+// is formatted and loop-mounted once per node (NodeStageVolume) and bind-mounted into each
+// target (NodePublishVolume).
 func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
-	return &csi.NodeGetCapabilitiesResponse{}, nil
+	return &csi.NodeGetCapabilitiesResponse{Capabilities: []*csi.NodeServiceCapability{{
+		Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME}},
+	}}}, nil
 }
 
 // NodeGetInfo implements csi.NodeServer.
@@ -36,11 +40,13 @@ func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.Nod
 }
 
 // NodePublishVolume implements csi.NodeServer: it makes this node's replica of the volume
-// available at the target path. Block access bind-mounts the replica file onto the target
-// path; mount access bind-mounts it onto LinkName inside the target directory. Where
-// mount(2) is refused (EPERM/EACCES: no CAP_SYS_ADMIN) the same path becomes a symbolic link
-// to the replica file instead. Formatting the replica and loop-mounting a file system is
-// not done on any host.
+// available at the target path. Mount access bind-mounts the staging path (the loop-mounted
+// file system) onto the target directory, remounted read-only when asked. Block access
+// bind-mounts the replica file onto the target path. Where the volume was staged without a
+// mount, and for block access where mount(2) is refused (EPERM/EACCES: no CAP_SYS_ADMIN), the
+// replica file is published as on a host without mount privileges: bind-mounted onto LinkName
+// inside the target directory (mount) or onto the target path (block), or, where that too is
+// refused, a symbolic link to it in the same place.
 func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	switch {
 	case req.GetVolumeId() == "":
@@ -53,26 +59,78 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if msg := unsupported(req.GetVolumeCapability()); msg != "" {
 		return nil, status.Error(codes.InvalidArgument, msg)
 	}
+	block := req.GetVolumeCapability().GetBlock() != nil
+	if !block && req.GetStagingTargetPath() == "" {
+		return nil, status.Error(codes.InvalidArgument, "staging target path is required for a mount volume: the driver stages it (STAGE_UNSTAGE_VOLUME)")
+	}
 	if d.o.NodeID == "" {
 		return nil, status.Error(codes.FailedPrecondition, "this driver instance serves no node")
 	}
+	done, err := d.lockVolume(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	src, err := d.replicaFile(ctx, req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
 	target := req.GetTargetPath()
-	if req.GetVolumeCapability().GetBlock() != nil {
-		return &csi.NodePublishVolumeResponse{}, publishFile(src, target, req.GetReadonly())
+	if block {
+		return &csi.NodePublishVolumeResponse{}, d.node().publishFile(src, target, req.GetReadonly())
+	}
+	return &csi.NodePublishVolumeResponse{}, d.publishMount(req.GetVolumeId(), src, req.GetStagingTargetPath(), target, req.GetReadonly())
+}
+
+// publishMount bind-mounts the staged file system onto the target directory, or publishes the
+// replica file into it where the volume was staged without a mount.
+func (d *Driver) publishMount(id, src, staging, target string, readonly bool) error {
+	h := d.node()
+	st, mounted, err := mountAt(staging)
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	if mounted && !sameFile(loopBackingFile(st.source), src) {
+		return status.Errorf(codes.FailedPrecondition, "staging path %s holds %s, not volume %s", staging, st.source, id)
+	}
+	if !mounted {
+		cur, err := os.Readlink(filepath.Join(staging, LinkName))
+		if err != nil || !sameFile(cur, src) {
+			return status.Errorf(codes.FailedPrecondition, "volume %s is not staged at %s", id, staging)
+		}
 	}
 	if err := os.MkdirAll(target, 0o750); err != nil {
-		return nil, status.Errorf(codes.Internal, "creating target %s: %v", target, err)
+		return status.Errorf(codes.Internal, "creating target %s: %v", target, err)
 	}
-	return &csi.NodePublishVolumeResponse{}, publishFile(src, filepath.Join(target, LinkName), req.GetReadonly())
+	if !mounted {
+		return h.publishFile(src, filepath.Join(target, LinkName), readonly)
+	}
+	if cur, ok, err := mountAt(target); err != nil {
+		return status.Error(codes.Internal, err.Error())
+	} else if ok {
+		if cur.dev != st.dev || cur.root != st.root {
+			return status.Errorf(codes.AlreadyExists, "target %s is already a mount point of %s", target, cur.source)
+		}
+		if cur.readonly != readonly {
+			return status.Errorf(codes.AlreadyExists, "volume %s is already published at %s with readonly=%t", id, target, cur.readonly)
+		}
+		return nil
+	}
+	if err := h.mount(staging, target, "", unix.MS_BIND, ""); err != nil {
+		return status.Errorf(codes.Internal, "bind-mounting %s on %s: %v", staging, target, err)
+	}
+	if readonly {
+		if err := h.mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+			_ = h.unmount(target, 0)
+			return status.Errorf(codes.Internal, "remounting %s read-only: %v", target, err)
+		}
+	}
+	return nil
 }
 
 // publishFile bind-mounts src onto dst, or links dst to src where mounting is not allowed.
 // Publishing twice is a no-op.
-func publishFile(src, dst string, readonly bool) error {
+func (h *host) publishFile(src, dst string, readonly bool) error {
 	if cur, err := os.Readlink(dst); err == nil {
 		if cur == src {
 			return nil
@@ -90,9 +148,11 @@ func publishFile(src, dst string, readonly bool) error {
 		_ = f.Close()
 	}
 	flags := uintptr(unix.MS_BIND)
-	err = unix.Mount(src, dst, "", flags, "")
+	err = h.mount(src, dst, "", flags, "")
 	if err == nil && readonly {
-		err = unix.Mount("", dst, "", flags|unix.MS_REMOUNT|unix.MS_RDONLY, "")
+		if err = h.mount("", dst, "", flags|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+			_ = h.unmount(dst, 0)
+		}
 	}
 	if err == nil {
 		return nil
@@ -108,42 +168,6 @@ func publishFile(src, dst string, readonly bool) error {
 	return nil
 }
 
-// isMountPoint reports whether path is a mount point. It reads the mount table: a bind
-// mount of a file on the same file system has the same device number as its parent, so
-// comparing stat results would miss it.
-func isMountPoint(path string) bool {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		// Field 5 is the mount point, with space, tab, newline and backslash octal-escaped.
-		if len(f) > 4 && unescapeMountPath(f[4]) == path {
-			return true
-		}
-	}
-	return false
-}
-
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
 // NodeUnpublishVolume implements csi.NodeServer: it undoes NodePublishVolume; a target that
 // is already gone is success.
 func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
@@ -153,26 +177,58 @@ func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVo
 	case req.GetTargetPath() == "":
 		return nil, status.Error(codes.InvalidArgument, "target path is required")
 	}
+	done, err := d.lockVolume(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	h := d.node()
 	target := req.GetTargetPath()
-	for _, p := range []string{filepath.Join(target, LinkName), target} {
-		if isMountPoint(p) {
-			if err := unix.Unmount(p, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+	// The target first: once it is unmounted, a LinkName inside it is ours, not the volume's.
+	for _, p := range []string{target, filepath.Join(target, LinkName)} {
+		for i := 0; isMountPoint(p); i++ {
+			if i == maxUnmounts {
+				return nil, status.Errorf(codes.Internal, "%s is still a mount point after %d unmounts", p, i)
+			}
+			if err := h.unmount(p, 0); errors.Is(err, unix.EINVAL) {
+				break // not a mount point after all
+			} else if err != nil {
 				return nil, status.Errorf(codes.Internal, "unmounting %s: %v", p, err)
 			}
 		}
 	}
-	if err := os.Remove(filepath.Join(target, LinkName)); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) {
+	if err := os.Remove(filepath.Join(target, LinkName)); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) {
 		return nil, status.Errorf(codes.Internal, "removing %s: %v", target, err)
 	}
 	// The spec has the plugin remove the target path it published to: the block target
 	// file or link, or the (now empty) mount directory.
-	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, status.Errorf(codes.Internal, "removing %s: %v", target, err)
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
-// replicaFile is this node's replica file of the volume.
+// lockVolume marks a Node call on volume id as in flight and returns the function that ends
+// it. A second call for the same volume meanwhile is Aborted, as the CSI spec suggests; the
+// CO retries it.
+func (d *Driver) lockVolume(id string) (func(), error) {
+	d.nodeOps.Lock()
+	defer d.nodeOps.Unlock()
+	if d.nodeOps.busy[id] {
+		return nil, status.Errorf(codes.Aborted, "another node operation on volume %s is in progress", id)
+	}
+	if d.nodeOps.busy == nil {
+		d.nodeOps.busy = map[string]bool{}
+	}
+	d.nodeOps.busy[id] = true
+	return func() {
+		d.nodeOps.Lock()
+		defer d.nodeOps.Unlock()
+		delete(d.nodeOps.busy, id)
+	}, nil
+}
+
+// replicaFile is this node's replica file of the volume, as an absolute path.
 func (d *Driver) replicaFile(ctx context.Context, id string) (string, error) {
 	if isInvalidName(id) {
 		return "", status.Errorf(codes.NotFound, "volume %s not found", id)
@@ -186,6 +242,9 @@ func (d *Driver) replicaFile(ctx context.Context, id string) (string, error) {
 	for _, r := range vol.Status.Replicas {
 		if r.Node == d.o.NodeID {
 			f := backend.NewFile(d.o.Root).ReplicaPath(r.Pool, backend.Replica{Namespace: vol.Namespace, Name: r.Name})
+			if abs, err := filepath.Abs(f); err == nil {
+				f = abs
+			}
 			if _, err := os.Stat(f); err != nil {
 				return "", status.Errorf(codes.Unavailable, "replica %s of volume %s: %v", r.Name, id, err)
 			}

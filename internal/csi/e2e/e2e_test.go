@@ -2,8 +2,10 @@ package e2e_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,6 +14,9 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -70,6 +75,7 @@ func TestCSI(t *testing.T) {
 	t.Run("ProvisionWaitsForNode", w.testProvisionWaitsForNode)
 	t.Run("DriverRestartMidCreate", w.testDriverRestart)
 	t.Run("ProvisionAttachDelete", w.testLifecycle)
+	t.Run("StageFormatOnce", w.testStageFormatOnce)
 	t.Run("Sanity", w.testSanity)
 }
 
@@ -546,6 +552,263 @@ func (w *world) testLifecycle(t *testing.T) {
 		return apierrors.IsNotFound(pverr) && apierrors.IsNotFound(verr) && len(files) == 0,
 			fmt.Sprintf("pv: %v, volume: %v, files: %v", pverr, verr, files), nil
 	})
+}
+
+// testStageFormatOnce: a mount volume (ext4) staged and published on node-1 takes a file;
+// unpublished and unstaged, then staged and published again, it gives the same bytes back
+// from the same file system (made once, never again). After each unstage the staging path is
+// no mount point, the mount table holds nothing under the test's directories, and no loop
+// device is left on the replica file. On a host that refuses to loop-mount, NodeStage makes
+// the file system and links the replica instead; the test checks the file system and skips.
+func (w *world) testStageFormatOnce(t *testing.T) {
+	ctx := context.Background()
+	conn, err := sidecar.Dial(w.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() }) // after the cleanups below, which use it
+	cc, nc := csi.NewControllerClient(conn), csi.NewNodeClient(conn)
+	var pools storagev1alpha1.CStorPoolList
+	if err := w.c.List(ctx, &pools); err != nil {
+		t.Fatal(err)
+	}
+	capability := func(fsType string) *csi.VolumeCapability {
+		return &csi.VolumeCapability{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		}
+	}
+	// A replica on every node, so node-1, which the driver serves, has one.
+	created, err := cc.CreateVolume(ctx, &csi.CreateVolumeRequest{
+		Name:               "stage-format-once",
+		CapacityRange:      &csi.CapacityRange{RequiredBytes: 16 * mib},
+		Parameters:         map[string]string{driver.ParamReplicaCount: strconv.Itoa(len(pools.Items))},
+		VolumeCapabilities: []*csi.VolumeCapability{capability("ext4")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.Volume.VolumeId
+	t.Cleanup(func() {
+		if _, err := cc.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+			t.Errorf("DeleteVolume: %v", err)
+		}
+	})
+	var replica string
+	for _, f := range w.replicaFiles(id) {
+		if strings.HasPrefix(f, filepath.Join(w.root, "node-1")+"/") {
+			replica = f
+		}
+	}
+	if replica == "" {
+		t.Fatalf("volume %s has no replica file on node-1: %v", id, w.replicaFiles(id))
+	}
+	if replica, err = filepath.EvalSymlinks(replica); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "target")
+	if err := os.Mkdir(staging, 0o750); err != nil { // the CO's job
+		t.Fatal(err)
+	}
+	// Registered after TempDir, so it runs before TempDir's removal: whatever fails, no
+	// mount and no loop device is left behind.
+	t.Cleanup(func() {
+		for _, p := range []string{target, staging} {
+			for i := 0; i < 8 && mountedAt(t, p); i++ {
+				if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
+					t.Errorf("cleanup: unmounting %s: %v", p, err)
+					break
+				}
+			}
+		}
+	})
+
+	stage := func(c *csi.VolumeCapability) error {
+		_, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: c})
+		return err
+	}
+	publish := func() error {
+		_, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capability("ext4")})
+		return err
+	}
+	unpublishUnstage := func() {
+		t.Helper()
+		for range 2 { // the second time finds nothing to do: success all the same
+			if _, err := nc.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+				t.Fatalf("NodeUnpublishVolume: %v", err)
+			}
+			if _, err := nc.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+				t.Fatalf("NodeUnstageVolume: %v", err)
+			}
+		}
+		if _, err := os.Stat(target); !os.IsNotExist(err) {
+			t.Fatalf("target %s left after NodeUnpublishVolume: %v", target, err)
+		}
+		if mountedAt(t, staging) {
+			t.Fatalf("staging path %s is still a mount point after NodeUnstageVolume", staging)
+		}
+		if entries, err := os.ReadDir(staging); err != nil || len(entries) != 0 {
+			t.Fatalf("staging directory after NodeUnstageVolume: %v, %v (want it kept, empty)", entries, err)
+		}
+		if lines := mountInfoLines(t, dir, w.root); len(lines) != 0 {
+			t.Fatalf("mount table after NodeUnstageVolume still holds ours:\n%s", strings.Join(lines, "\n"))
+		}
+		// The loop device has autoclear, which newer kernels run asynchronously.
+		w.eventually(t, "the loop device released", 10*time.Second, func(context.Context) (bool, string, error) {
+			devs := loopDevicesOf(t, replica)
+			return len(devs) == 0, fmt.Sprintf("%v still back %s", devs, replica), nil
+		})
+	}
+
+	if err := stage(capability("btrfs")); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("NodeStageVolume with fs btrfs: got %v, want InvalidArgument", err)
+	}
+	if err := stage(capability("ext4")); err != nil {
+		t.Fatalf("NodeStageVolume: %v", err)
+	}
+	if fi, err := os.Lstat(filepath.Join(staging, driver.LinkName)); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		if got := blkid(t, replica, "TYPE"); got != "ext4" {
+			t.Fatalf("staged without a mount, the replica holds %q, want ext4 all the same", got)
+		}
+		t.Skip("this host refuses to loop-mount (mount(2) EPERM/EACCES or no loop device; the driver log says which): " +
+			"NodeStageVolume made the ext4 file system but linked the replica file instead of mounting it")
+	}
+	if devs := loopDevicesOf(t, replica); len(devs) != 1 || !mountedFrom(t, staging, devs[0]) {
+		t.Fatalf("staging path %s is not the loop mount of %s: loop devices %v", staging, replica, devs)
+	}
+	uuid := blkid(t, replica, "UUID")
+	if got := blkid(t, replica, "TYPE"); got != "ext4" || uuid == "" {
+		t.Fatalf("replica holds %q (uuid %q), want ext4", got, uuid)
+	}
+	if err := stage(capability("ext4")); err != nil {
+		t.Fatalf("NodeStageVolume again: %v", err)
+	}
+	if err := stage(capability("ext3")); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("NodeStageVolume as ext3 where staged as ext4: got %v, want AlreadyExists", err)
+	}
+	for range 2 {
+		if err := publish(); err != nil {
+			t.Fatalf("NodePublishVolume: %v", err)
+		}
+	}
+	if !mountedAt(t, target) {
+		t.Fatalf("target %s is not a mount point after NodePublishVolume", target)
+	}
+	data := []byte(fmt.Sprintf("written through %s at %s\n", target, time.Now().Format(time.RFC3339Nano)))
+	if err := writeFileSync(filepath.Join(target, "hello"), data); err != nil {
+		t.Fatal(err)
+	}
+	unpublishUnstage()
+
+	if err := stage(capability("ext4")); err != nil {
+		t.Fatalf("NodeStageVolume after unstaging: %v", err)
+	}
+	if err := publish(); err != nil {
+		t.Fatalf("NodePublishVolume after unstaging: %v", err)
+	}
+	got, err := os.ReadFile(filepath.Join(target, "hello"))
+	if err != nil || string(got) != string(data) {
+		t.Fatalf("after staging again: read %q, %v; want %q (reformatted?)", got, err, data)
+	}
+	if u := blkid(t, replica, "UUID"); u != uuid {
+		t.Fatalf("file system uuid %s, was %s: the replica was reformatted", u, uuid)
+	}
+	unpublishUnstage()
+}
+
+// mountInfoLines are the lines of this process's mount table that mention any of paths.
+func mountInfoLines(t *testing.T, paths ...string) []string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(data), "\n") {
+		for _, p := range paths {
+			if p != "" && strings.Contains(l, p) {
+				lines = append(lines, l)
+				break
+			}
+		}
+	}
+	return lines
+}
+
+// mountedAt reports whether path is a mount point (field 5 of a mount table line).
+func mountedAt(t *testing.T, path string) bool {
+	return mountedFrom(t, path, "")
+}
+
+// mountedFrom reports whether path is a mount point of source (any source when "").
+func mountedFrom(t *testing.T, path, source string) bool {
+	t.Helper()
+	for _, l := range mountInfoLines(t, path) {
+		f := strings.Fields(l)
+		if len(f) < 5 || f[4] != path {
+			continue
+		}
+		if source == "" {
+			return true
+		}
+		for i := 5; i+2 < len(f); i++ {
+			if f[i] == "-" && f[i+2] == source {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// loopDevicesOf are the loop devices bound to file, as `losetup -j file` lists them.
+func loopDevicesOf(t *testing.T, file string) []string {
+	t.Helper()
+	backing, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devs []string
+	for _, b := range backing {
+		data, err := os.ReadFile(b)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		if strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)") == file {
+			devs = append(devs, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(b))))
+		}
+	}
+	return devs
+}
+
+// blkid returns the value of tag (TYPE, UUID) of the file system in file, "" for none.
+func blkid(t *testing.T, file, tag string) string {
+	t.Helper()
+	out, err := exec.Command("blkid", "-p", "-s", tag, "-o", "value", file).Output()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) && exit.ExitCode() == 2 { // nothing found
+		return ""
+	}
+	if err != nil {
+		t.Fatalf("blkid %s: %v", file, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func writeFileSync(path string, data []byte) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // testSanity runs the upstream CSI conformance suite against the driver's socket.
