@@ -125,6 +125,7 @@ func Register[T conditions.Object](mgr manager.Manager, proto T, h Handler[T], o
 		kind:    gvk.Kind,
 		typ:     reflect.TypeOf(proto).Elem(),
 		c:       mgr.GetClient(),
+		live:    mgr.GetAPIReader(),
 		handler: h,
 		opts:    o,
 		events: &eventWriter{
@@ -179,6 +180,7 @@ type receiver[T conditions.Object] struct {
 	kind      string
 	typ       reflect.Type
 	c         client.Client
+	live      client.Reader // the API server, for when the cache is behind
 	handler   Handler[T]
 	finalizer Finalizer[T]
 	opts      Options
@@ -189,8 +191,22 @@ type receiver[T conditions.Object] struct {
 func (r *receiver[T]) newObject() T { return reflect.New(r.typ).Interface().(T) }
 
 func (r *receiver[T]) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	res, err := r.reconcile(ctx, req, r.c)
+	if apierrors.IsConflict(err) {
+		// The cached object was older than the stored one, most often because the
+		// cache had not yet seen this receiver's own write of a moment ago. Going again
+		// at once from the API server costs one read; waiting for the cache costs a
+		// requeue, which measured as the largest single delay in a volume's round trip.
+		res, err = r.reconcile(ctx, req, r.live)
+	}
+	return conflictRequeue(res, err)
+}
+
+// reconcile reads the request through reader and handles it. A conflict on the
+// finalizer or status write is returned as is, for Reconcile to decide.
+func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, reader client.Reader) (reconcile.Result, error) {
 	obj := r.newObject()
-	if err := r.c.Get(ctx, req.NamespacedName, obj); err != nil {
+	if err := reader.Get(ctx, req.NamespacedName, obj); err != nil {
 		if apierrors.IsNotFound(err) {
 			return reconcile.Result{}, nil
 		}
@@ -204,7 +220,7 @@ func (r *receiver[T]) Reconcile(ctx context.Context, req reconcile.Request) (rec
 		base := obj.DeepCopyObject().(T)
 		controllerutil.AddFinalizer(obj, r.opts.Finalizer)
 		if err := r.c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-			return conflictRequeue(err)
+			return reconcile.Result{}, err
 		}
 	}
 	if res, done, err := r.expire(ctx, obj); done {
@@ -216,7 +232,7 @@ func (r *receiver[T]) Reconcile(ctx context.Context, req reconcile.Request) (rec
 	ready := r.setConditions(obj, res, herr)
 	if !equality.Semantic.DeepEqual(before, obj) {
 		if err := r.c.Status().Update(ctx, obj); err != nil {
-			return conflictRequeue(err)
+			return reconcile.Result{}, err
 		}
 	}
 	r.observe(ctx, before, obj, ready, herr)
@@ -318,7 +334,7 @@ func (r *receiver[T]) finalize(ctx context.Context, obj T) (reconcile.Result, er
 	if err := r.finalizer.Finalize(ctx, obj); err != nil {
 		if d, ok := asDeleting(err); ok {
 			if err := r.setDeleting(ctx, obj, d.message); err != nil && !apierrors.IsNotFound(err) {
-				return conflictRequeue(err)
+				return conflictRequeue(reconcile.Result{}, err)
 			}
 			return reconcile.Result{RequeueAfter: d.requeueAfter}, nil
 		}
@@ -329,7 +345,7 @@ func (r *receiver[T]) finalize(ctx context.Context, obj T) (reconcile.Result, er
 	base := obj.DeepCopyObject().(T)
 	controllerutil.RemoveFinalizer(obj, r.opts.Finalizer)
 	if err := r.c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
-		return conflictRequeue(err)
+		return conflictRequeue(reconcile.Result{}, err)
 	}
 	return reconcile.Result{}, nil
 }
@@ -383,7 +399,7 @@ func (r *receiver[T]) expire(ctx context.Context, obj T) (reconcile.Result, bool
 	uid, rv := obj.GetUID(), obj.GetResourceVersion()
 	err := r.c.Delete(ctx, obj, client.Preconditions{UID: &uid, ResourceVersion: &rv}, client.PropagationPolicy(metav1.DeletePropagationBackground))
 	if err != nil && !apierrors.IsNotFound(err) {
-		res, err := conflictRequeue(err)
+		res, err := conflictRequeue(reconcile.Result{}, err)
 		return res, true, err
 	}
 	r.track(uid, false)
@@ -412,11 +428,11 @@ func minRequeue(a reconcile.Result, b time.Duration) reconcile.Result {
 // conflictRequeue turns an optimistic-concurrency conflict into a quick,
 // quiet retry: the cache delivers the newer object within milliseconds, and
 // the error backoff (100 ms and up) would dominate a request's latency.
-func conflictRequeue(err error) (reconcile.Result, error) {
+func conflictRequeue(res reconcile.Result, err error) (reconcile.Result, error) {
 	if apierrors.IsConflict(err) {
 		return reconcile.Result{RequeueAfter: 10 * time.Millisecond}, nil
 	}
-	return reconcile.Result{}, err
+	return res, err
 }
 
 func logFromContext(ctx context.Context) logr.Logger { return log.FromContext(ctx) }

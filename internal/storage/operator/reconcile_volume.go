@@ -17,6 +17,7 @@ import (
 
 	"github.com/crdipc/crdipc/api/conditions"
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/storage/agent"
 	"github.com/crdipc/crdipc/ipc"
 )
 
@@ -233,7 +234,10 @@ func newReplica(vol *storagev1alpha1.CStorVolume, pool *storagev1alpha1.CStorPoo
 			Name:      storagev1alpha1.ReplicaName(vol.Name, pool.Name),
 			Namespace: vol.Namespace,
 			// Deleting the volume deletes its replicas (garbage collector), and the agents'
-			// finalizers delete their data.
+			// finalizers delete their data. The agent's finalizer is set here, at creation,
+			// as Kubernetes' own protection admission does: a replica is never without it,
+			// and the agent saves a write before it can create the data.
+			Finalizers: []string{agent.Finalizer},
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: storagev1alpha1.GroupVersion.String(), Kind: "CStorVolume",
 				Name: vol.Name, UID: vol.UID, Controller: ptr.To(true),

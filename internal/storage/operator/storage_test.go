@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -174,6 +175,10 @@ func TestReplicaWaitsInInitForItsAgent(t *testing.T) {
 		}
 		if r.Status.Phase != "" && r.Status.Phase != storagev1alpha1.ReplicaPhaseInit {
 			t.Fatalf("replica %s of the stopped agent is %s", r.Name, r.Status.Phase)
+		}
+		// Protected from the moment it exists, before its agent has seen it.
+		if !slices.Contains(r.Finalizers, agent.Finalizer) {
+			t.Errorf("replica %s has finalizers %v, want the agent's from creation", r.Name, r.Finalizers)
 		}
 		if _, err := os.Stat(filepath.Join(c.root, c.replicaFile(&r))); err == nil {
 			t.Fatalf("replica %s has a file although its agent is stopped", r.Name)
