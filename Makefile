@@ -46,8 +46,12 @@ build: ## Build bin/crdipc.
 up: ## Run the control plane and every service (see `crdipc up --help`).
 	go run ./cmd/crdipc up $(ARGS)
 
+.PHONY: test-deps
+test-deps: ## Install the Debian packages the tests use (prometheus, e2fsprogs) if missing.
+	hack/test-deps.sh
+
 .PHONY: test
-test: ## Run every test; integration tests start a real embedded API server per package.
+test: test-deps ## Run every test; integration tests start a real embedded API server per package.
 	go test -count=1 -timeout 60m ./...
 
 .PHONY: bench
