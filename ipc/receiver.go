@@ -199,6 +199,11 @@ func (r *receiver[T]) Reconcile(ctx context.Context, req reconcile.Request) (rec
 		// requeue, which measured as the largest single delay in a volume's round trip.
 		res, err = r.reconcile(ctx, req, r.live)
 	}
+	if err != nil && ctx.Err() != nil {
+		// Stopping: the request stays as stored and the next start takes it up; the
+		// cancelled calls are not errors worth reporting.
+		return reconcile.Result{}, nil
+	}
 	return conflictRequeue(res, err)
 }
 
@@ -337,6 +342,9 @@ func (r *receiver[T]) finalize(ctx context.Context, obj T) (reconcile.Result, er
 				return conflictRequeue(reconcile.Result{}, err)
 			}
 			return reconcile.Result{RequeueAfter: d.requeueAfter}, nil
+		}
+		if ctx.Err() != nil {
+			return reconcile.Result{}, err // stopping: Reconcile drops it
 		}
 		r.events.record(ctx, obj, corev1.EventTypeWarning, "CleanupFailed", "Finalize", "cleanup failed, retrying: "+err.Error())
 		requestErrorsTotal.WithLabelValues(r.kind).Inc()

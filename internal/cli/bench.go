@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	uberzap "go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -40,7 +41,12 @@ temporary directory and removes it afterwards.`,
 type benchTarget struct {
 	kubeconfig string
 	jsonPath   string
+	logLevel   uberzap.AtomicLevel
 }
+
+// quiet silences the in-process services' logs: once the measurement is over, stopping
+// them cancels work in flight, which they would otherwise report as errors.
+func (b *benchTarget) quiet() { b.logLevel.SetLevel(zapcore.FatalLevel) }
 
 func (b *benchTarget) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&b.kubeconfig, "kubeconfig", "", "measure this cluster instead of an embedded control plane")
@@ -51,7 +57,8 @@ func (b *benchTarget) flags(cmd *cobra.Command) {
 // that releases it.
 func (b *benchTarget) cluster(ctx context.Context, out io.Writer) (*rest.Config, func(), error) {
 	// In-process receivers log only their errors, to stderr, away from the table.
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapcore.ErrorLevel)))
+	b.logLevel = uberzap.NewAtomicLevelAt(zapcore.ErrorLevel)
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(b.logLevel)))
 	if b.kubeconfig != "" {
 		cfg, err := restConfig(b.kubeconfig)
 		return cfg, func() {}, err

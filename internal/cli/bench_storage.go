@@ -49,7 +49,7 @@ crdipc up does. With --kubeconfig, the operator and agents must already run
 					if err != nil {
 						return nil, err
 					}
-					defer stop()
+					defer func() { target.quiet(); stop() }()
 				}
 				return bench.MeasureStorage(ctx, cfg, o)
 			}, printStorage)
