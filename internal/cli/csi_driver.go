@@ -2,10 +2,15 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,6 +20,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
@@ -23,8 +29,8 @@ import (
 
 func newCSIDriverCommand() *cobra.Command {
 	var (
-		kubeconfig, endpoint string
-		o                    driver.Options
+		kubeconfig, endpoint, httpAddr string
+		o                              driver.Options
 	)
 	cmd := &cobra.Command{
 		Use:   "csi-driver",
@@ -33,7 +39,11 @@ func newCSIDriverCommand() *cobra.Command {
 Unix socket. CreateVolume creates a CStorVolume (storage.crdipc.io) and waits until the
 storage operator reports it Ready; DeleteVolume deletes it. The driver's only Kubernetes
 access is the storage.crdipc.io kinds: the csi-sidecar watches PVCs, PVs and
-VolumeAttachments for it and calls it over the socket.`,
+VolumeAttachments for it and calls it over the socket.
+
+--http-bind-address serves /healthz, /readyz (ready when the driver can list
+CStorVolumes, as its CSI Probe says) and /metrics with
+crdipc_csi_operations_seconds{method,grpc_status_code}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := restConfig(kubeconfig)
@@ -45,7 +55,14 @@ VolumeAttachments for it and calls it over the socket.`,
 			if err != nil {
 				return err
 			}
-			return d.Serve(ctrl.SetupSignalHandler(), endpoint)
+			ctx := ctrl.SetupSignalHandler()
+			if httpAddr == "0" {
+				return d.Serve(ctx, endpoint)
+			}
+			g, ctx := errgroup.WithContext(ctx)
+			g.Go(func() error { return d.Serve(ctx, endpoint) })
+			g.Go(func() error { return serveHTTP(ctx, httpAddr, d.Handler(ctrlmetrics.Registry)) })
+			return g.Wait()
 		},
 	}
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then in-cluster)")
@@ -53,6 +70,7 @@ VolumeAttachments for it and calls it over the socket.`,
 	cmd.Flags().StringVar(&o.NodeID, "node-id", "", "node this instance serves for the Node service (empty: controller only)")
 	cmd.Flags().StringVar(&o.Root, "root", "", "the node's pool agent root, where NodeStageVolume and NodePublishVolume find replica files")
 	cmd.Flags().StringVar(&o.Namespace, "namespace", install.SystemNamespace, "namespace of the CStorVolumes the driver creates")
+	cmd.Flags().StringVar(&httpAddr, "http-bind-address", ":9808", "address for /healthz, /readyz (the CSI Probe) and Prometheus /metrics ('0' disables)")
 	return cmd
 }
 
@@ -97,4 +115,23 @@ func startCSI(ctx context.Context, cfg *rest.Config, mgr manager.Manager, dataDi
 		return nil, "", err
 	}
 	return func(ctx context.Context) error { return d.ServeListener(ctx, l) }, endpoint, nil
+}
+
+// serveHTTP serves h on addr until ctx ends.
+func serveHTTP(ctx context.Context, addr string, h http.Handler) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serving %s: %w", addr, err)
+	}
+	return nil
 }

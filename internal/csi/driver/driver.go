@@ -13,10 +13,12 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/install"
@@ -75,6 +77,9 @@ type Options struct {
 	CreateTimeout time.Duration
 	// Logger; default the controller-runtime global logger.
 	Logger *logr.Logger
+	// Registerer takes the driver's metrics; default controller-runtime's registry, which
+	// `crdipc up` serves on its /metrics.
+	Registerer prometheus.Registerer
 }
 
 // Driver implements the CSI Identity, Controller and Node services.
@@ -83,9 +88,10 @@ type Driver struct {
 	csi.UnimplementedControllerServer
 	csi.UnimplementedNodeServer
 
-	c   client.WithWatch
-	o   Options
-	log logr.Logger
+	c       client.WithWatch
+	o       Options
+	log     logr.Logger
+	metrics *metrics
 
 	// publishMu serialises ControllerPublish/Unpublish of one process; across processes the
 	// annotation patch's optimistic lock does.
@@ -133,7 +139,14 @@ func New(o Options) (*Driver, error) {
 	if o.Logger != nil {
 		l = *o.Logger
 	}
-	return &Driver{c: c, o: o, log: l}, nil
+	if o.Registerer == nil {
+		o.Registerer = ctrlmetrics.Registry
+	}
+	m, err := newMetrics(o.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Driver{c: c, o: o, log: l, metrics: m}, nil
 }
 
 // Serve serves the three CSI services on endpoint (unix:///path or a plain path) until ctx
@@ -148,7 +161,7 @@ func (d *Driver) Serve(ctx context.Context, endpoint string) error {
 
 // ServeListener is Serve on a listener the caller opened.
 func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
-	srv := grpc.NewServer(grpc.UnaryInterceptor(d.logCalls))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
 	csi.RegisterIdentityServer(srv, d)
 	csi.RegisterControllerServer(srv, d)
 	csi.RegisterNodeServer(srv, d)
@@ -207,17 +220,6 @@ func SocketPath(endpoint string) (string, error) {
 	default:
 		return "", fmt.Errorf("endpoint %q: only unix:// sockets are supported", endpoint)
 	}
-}
-
-func (d *Driver) logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	start := time.Now()
-	resp, err := handler(ctx, req)
-	if err != nil {
-		d.log.V(1).Info("call failed", "method", info.FullMethod, "duration", time.Since(start), "error", err.Error())
-	} else {
-		d.log.V(2).Info("call", "method", info.FullMethod, "duration", time.Since(start))
-	}
-	return resp, err
 }
 
 func (d *Driver) volumeKey(id string) client.ObjectKey {
