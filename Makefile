@@ -57,3 +57,8 @@ test: test-deps ## Run every test; integration tests start a real embedded API s
 .PHONY: bench
 bench: ## Measure the API server floor of this machine.
 	go run ./cmd/crdipc bench floor
+
+CHAOS_TRIALS ?= 200
+.PHONY: chaos
+chaos: ## Kill the storage operator or an agent at random writes, CHAOS_TRIALS times (STORAGE_KILL_SEED=n reproduces a run).
+	STORAGE_KILL_TRIALS=$(CHAOS_TRIALS) go test -count=1 -timeout 60m -run TestKillAnyComponentAtAnyWrite -v ./internal/storage/operator
