@@ -34,8 +34,13 @@ func TestMetricsAndProbes(t *testing.T) {
 	}
 	sock := filepath.Join(t.TempDir(), "csi.sock")
 	ctx, cancel := context.WithCancel(context.Background())
+	// Listen before serving, so the socket exists when the first call dials.
+	l, err := Listen("unix://" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
 	served := make(chan error, 1)
-	go func() { served <- d.Serve(ctx, "unix://"+sock) }()
+	go func() { served <- d.ServeListener(ctx, l) }()
 	t.Cleanup(func() { cancel(); <-served })
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
