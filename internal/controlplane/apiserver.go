@@ -37,6 +37,9 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki)
 		"--service-account-signing-key-file=" + p.serviceAccountKey,
 		"--service-cluster-ip-range=" + serviceCIDR,
 		"--authorization-mode=Node,RBAC",
+		// As kubeadm, kind and k3s do: node plugins (the CSI node DaemonSet) need
+		// privileged containers; the default, false, refuses them at admission.
+		"--allow-privileged=true",
 		// One API server and no Service endpoints to keep: the lease-based
 		// reconciler would only add writes.
 		"--endpoint-reconciler-type=none",
