@@ -13,6 +13,7 @@ generate: ## Regenerate deepcopy functions and CRD manifests from api/.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	@# One least-privilege role per service, from the +kubebuilder:rbac markers in its package.
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-books paths=./internal/books/... output:rbac:artifacts:config=config/rbac/books
+	$(CONTROLLER_GEN) rbac:roleName=crdipc-bitcoin-operator paths=./internal/bitcoin/... output:rbac:artifacts:config=config/rbac/bitcoin-operator
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-storage-operator paths=./internal/storage/operator/... output:rbac:artifacts:config=config/rbac/storage-operator
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-pool-agent paths=./internal/storage/agent/... output:rbac:artifacts:config=config/rbac/pool-agent
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-csi-driver paths=./internal/csi/driver/... output:rbac:artifacts:config=config/rbac/csi-driver
@@ -47,7 +48,7 @@ up: ## Run the control plane and every service (see `crdipc up --help`).
 	go run ./cmd/crdipc up $(ARGS)
 
 .PHONY: test-deps
-test-deps: ## Install the Debian packages the tests use (prometheus, e2fsprogs) if missing.
+test-deps: ## Install what the tests use if missing: Debian's prometheus and e2fsprogs, btcd (go install).
 	hack/test-deps.sh
 
 .PHONY: test

@@ -5,7 +5,16 @@
 #    Prometheus server (without it that test skips, unless CRDIPC_REQUIRE_PROMETHEUS=1);
 #  - e2fsprogs (mkfs.ext4), util-linux (blkid, losetup) and mount: the CSI Node service
 #    formats replica files and loop-mounts them.
+# and, from the Go module proxy:
+#  - btcd, a Bitcoin full node in Go: the simulated nodes run BitcoinNetwork pods with it
+#    (without it the Bitcoin tests skip, unless CRDIPC_REQUIRE_BTCD=1).
 set -euo pipefail
+
+btcd_module=github.com/btcsuite/btcd@v0.26.2 # keep in step with internal/bitcoin/btcd.Module
+if ! command -v btcd >/dev/null 2>&1 && [ ! -x "$(go env GOPATH)/bin/btcd" ]; then
+  echo "== installing btcd ($btcd_module)"
+  go install "$btcd_module"
+fi
 
 pkgs=()
 command -v prometheus >/dev/null 2>&1 || pkgs+=(prometheus)

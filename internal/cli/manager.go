@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -21,6 +22,8 @@ type serviceOptions struct {
 	leaderElect bool
 	metricsAddr string
 	healthAddr  string
+	// cache narrows what the manager caches (not a flag: set by the service's command).
+	cache cache.Options
 }
 
 func (o *serviceOptions) flags(cmd *cobra.Command) {
@@ -35,6 +38,7 @@ func (o *serviceOptions) flags(cmd *cobra.Command) {
 func newManager(cfg *rest.Config, name string, o serviceOptions) (manager.Manager, error) {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme.Scheme,
+		Cache:                         o.cache,
 		Metrics:                       metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:        o.healthAddr,
 		LeaderElection:                o.leaderElect,

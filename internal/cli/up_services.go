@@ -9,13 +9,17 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"time"
 
 	"go.uber.org/zap/zapcore"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/crdipc/crdipc/internal/bitcoin"
+	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
 	"github.com/crdipc/crdipc/internal/books"
+	"github.com/crdipc/crdipc/internal/podsim"
 	"github.com/crdipc/crdipc/internal/scm/metricsagent"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
 	"github.com/crdipc/crdipc/internal/storage/agent"
@@ -100,6 +104,24 @@ func startServices(ctx context.Context, cfg *rest.Config, o upOptions) (_ *upSer
 	}
 	svc.names = append(svc.names, "storage-operator", fmt.Sprintf("%d pool agents", o.nodes))
 	svc.lines = append(svc.lines, fmt.Sprintf("nodes    %d simulated (label a Node %s=true to add one), pools under %s", o.nodes, agent.SimulatedLabel, nodesRoot))
+
+	// Bitcoin (seed 002): the operator, and the simulated nodes' kubelet that runs the
+	// pods of its StatefulSets, bitcoin/bitcoin as btcd processes.
+	if err := bitcoin.Add(mgr, bitcoin.Options{}); err != nil {
+		return nil, err
+	}
+	btcdImage := btcd.Image{}
+	podsRoot := filepath.Join(o.dataDir, "pods")
+	// Ctrl-C must end up within seconds: processes get 2 s after SIGTERM.
+	if err := podsim.Add(mgr, podsim.Options{Root: podsRoot, Images: map[string]podsim.Image{"bitcoin/bitcoin": btcdImage}, StopTimeout: 2 * time.Second}); err != nil {
+		return nil, err
+	}
+	svc.names = append(svc.names, "bitcoin-operator", "pod runtime")
+	podsNote := "bitcoin/bitcoin runs as btcd"
+	if _, err := btcdImage.Find(); err != nil {
+		podsNote = "bitcoin/bitcoin cannot run: btcd is not installed (go install " + btcd.Module + ")"
+	}
+	svc.lines = append(svc.lines, fmt.Sprintf("pods     run on the simulated nodes under %s; %s", podsRoot, podsNote))
 
 	// CSI (seed 001): driver and sidecar in this process, over a real socket.
 	serveDriver, csiEndpoint, err := startCSI(ctx, cfg, mgr, o.dataDir, "node-1", filepath.Join(nodesRoot, "node-1"))

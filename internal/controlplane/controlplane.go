@@ -31,7 +31,9 @@ const (
 // account tokens for workloads, and PVC↔PV binding for the CSI flow. The
 // two protection controllers remove the kubernetes.io/pvc-protection and
 // pv-protection finalizers that admission adds: without them a deleted PVC
-// stays Terminating and its PV is never released.
+// stays Terminating and its PV is never released. The statefulset controller
+// makes the Pods of the Bitcoin operator's StatefulSets (run by the simulated
+// nodes' kubelet in `crdipc up`).
 var DefaultControllers = []string{
 	"garbage-collector-controller",
 	"namespace-controller",
@@ -40,6 +42,7 @@ var DefaultControllers = []string{
 	"persistentvolume-binder-controller",
 	"persistentvolumeclaim-protection-controller",
 	"persistentvolume-protection-controller",
+	"statefulset-controller",
 }
 
 // Config says where and how to run the control plane.

@@ -18,7 +18,7 @@ import (
 )
 
 // TestManifests checks that the manifests shipped for a real cluster (config/storage,
-// config/csi, config/scm) are valid: a server-side dry run has the API server of `crdipc up`
+// config/csi, config/bitcoin, config/scm) are valid: a server-side dry run has the API server of `crdipc up`
 // decode, default, validate (strict: unknown or duplicate fields fail) and admit every object,
 // against the real schemas, without storing anything.
 func TestManifests(t *testing.T) {
@@ -27,7 +27,7 @@ func TestManifests(t *testing.T) {
 	}
 	up := startUp(t, t.TempDir())
 
-	for _, dir := range []string{"storage", "csi"} {
+	for _, dir := range []string{"storage", "csi", "bitcoin"} {
 		t.Run("config/"+dir, func(t *testing.T) {
 			path := filepath.Join("../../config", dir)
 			objects := decodeDocuments(t, path, []byte(up.kubectl(t, "kustomize", path)))

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
 )
 
 var binary string
@@ -186,10 +188,32 @@ func TestUp(t *testing.T) {
 		if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(out, "checksum") {
 			t.Fatalf("call of a Book the controller refuses: err=%v (want exit 1 with its message)\n%s", err, out)
 		}
-		// No receiver serves BitcoinNetworks yet: the wait times out.
-		out, err = up.run(t, binary, "call", "-f", "../../config/samples/bitcoin_v1alpha1_bitcoinnetwork.yaml", "--apply", "--timeout", "1s")
-		if !errors.As(err, &exit) || exit.ExitCode() != 2 {
-			t.Fatalf("call that cannot finish: err=%v (want exit 2)\n%s", err, out)
+		// A network whose image the simulated nodes cannot run never becomes Ready: the
+		// wait times out.
+		never := filepath.Join(t.TempDir(), "never.yaml")
+		if err := os.WriteFile(never, []byte("apiVersion: bitcoin.crdipc.io/v1alpha1\nkind: BitcoinNetwork\nmetadata:\n  name: never\nspec:\n  nodes: 1\n  image: example.com/not/bitcoind:1\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err = up.run(t, binary, "call", "-f", never, "--timeout", "2s")
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(out, "ImageNotSimulated") {
+			t.Fatalf("call that cannot finish: err=%v (want exit 2, saying why it waits)\n%s", err, out)
+		}
+	})
+
+	t.Run("the sample BitcoinNetwork runs real btcd nodes, linked", func(t *testing.T) {
+		if _, err := (btcd.Image{}).Find(); err != nil {
+			if os.Getenv("CRDIPC_REQUIRE_BTCD") != "" {
+				t.Fatal(err)
+			}
+			t.Skip(err)
+		}
+		out, err := up.run(t, binary, "call", "-f", "../../config/samples/bitcoin_v1alpha1_bitcoinnetwork.yaml", "--apply", "--timeout", "90s")
+		if err != nil || !strings.Contains(out, "2 of 2 nodes ready, 1 of 1 peer links") {
+			t.Fatalf("crdipc call of the sample network: %v\n%s", err, out)
+		}
+		pods := up.kubectl(t, "get", "pods", "-l", "bitcoin.crdipc.io/network=regtest", "-o", "jsonpath={.items[*].status.phase}")
+		if pods != "Running Running" {
+			t.Errorf("network pods are %q, want two Running", pods)
 		}
 	})
 
@@ -203,4 +227,8 @@ func TestUp(t *testing.T) {
 		t.Fatalf("after restart, Book Ready = %q, want True", out)
 	}
 	again.kubectl(t, "get", "storagepoolclaims,pullrequests,branches,bitcoinnetworks,cstorvolumes", "-A")
+	if _, err := (btcd.Image{}).Find(); err == nil {
+		// The network's processes ended with the first up; the second starts them again.
+		again.kubectl(t, "wait", "--for=jsonpath={.status.containerStatuses[0].restartCount}=1", "pod/regtest-0", "pod/regtest-1", "--timeout=60s")
+	}
 }

@@ -1,0 +1,87 @@
+// Package podsim is the kubelet, and the binding step of kube-scheduler, of the
+// simulated nodes of `crdipc up`: it runs their Pods as local processes, so that
+// workloads such as the BitcoinNetwork operator's StatefulSets really run in one
+// process on a laptop, against the real embedded API server.
+//
+// # What it simulates
+//
+// Scheduling. A Pod with no spec.nodeName whose schedulerName is default-scheduler (or
+// empty) is bound, through the pods/binding subresource as kube-scheduler binds, to a
+// Ready simulated Node (Options.NodeLabel; by default storage.crdipc.io/simulated=true)
+// that is not cordoned, matches the pod's nodeSelector and required node affinity and
+// whose NoSchedule/NoExecute taints the pod tolerates; among those, the Node with the
+// fewest unfinished pods. The taints node.kubernetes.io/not-ready and unreachable are
+// left to the Ready condition they stand for: admission puts not-ready on every new Node
+// and only the node lifecycle controller, which up does not run, would take it off.
+// Pods with scheduling gates wait for them to be removed. When no node fits, the pod
+// stays Pending with PodScheduled=False, reason Unschedulable and a message in
+// kube-scheduler's words ("0/3 nodes are available: …"), and is tried again when a
+// simulated Node changes.
+//
+// Running. Every pod bound to a simulated Node gets a loopback IP of its own,
+// 127.2.x.y (Linux routes all of 127.0.0.0/8 to lo, so each pod can listen on its own
+// ports with no setup), kept for the pod's life and across restarts of up (it is read
+// back from status.podIP), and a directory Root/<pod UID> that outlives container
+// restarts and restarts of up. For each container the runtime resolves the environment
+// as kubelet does (envFrom; env with $(VAR) expansion; valueFrom Secret and ConfigMap
+// keys read from the API server, downward-API fields and resource fields), expands
+// $(VAR) in command and args with kubelet's own expansion code, and asks the Image
+// registered for the container's image repository for a process
+// (Image.Command). The process runs in its own process group with stdout and stderr
+// appended to Root/<pod UID>/<container>.log; Process.Forward adds TCP forwarders from
+// podIP:port to wherever the process really listens. Init containers run one after the
+// other to completion first; init containers with restartPolicy Always (sidecars) are
+// started and kept running.
+//
+// Status. The runtime reports what kubelet reports, through the status subresource and
+// only when it changes: phase, podIP(s), hostIP(s) (127.0.0.1), startTime, the
+// conditions PodScheduled, PodReadyToStartContainers, Initialized, ContainersReady and
+// Ready (readiness gates included), and container statuses with state, lastState,
+// restartCount, ready, started, image, imageID ("podsim://<repository>") and containerID
+// ("podsim://<pid>"). A container is ready once started, or, with a readinessProbe,
+// when its tcpSocket or httpGet probe passes by kubelet's rules (delay, period, timeout,
+// thresholds); exec and gRPC probes are not run: such a container counts as ready, and
+// the Ready condition's message says so.
+//
+// Restarts. A process that exits is restarted by the pod's restartPolicy (Always;
+// OnFailure when it failed; init containers on failure unless Never), after kubelet's
+// back-off (10 s, doubling to 5 min, reset after 10 minutes of running; Options can
+// shorten it), with lastState.terminated (exit code; 128+signal when signalled) and
+// state waiting CrashLoopBackOff in between. A container whose image is not among
+// Options.Images waits with reason ImageNotSimulated and a message naming the images
+// up can run; the pod stays Pending. Missing Secrets or ConfigMaps give
+// CreateContainerConfigError, an Image error RunContainerError; both are retried.
+//
+// Deletion. A pod being deleted gets SIGTERM (to its process groups), SIGKILL when its
+// grace period ends, and is then deleted for good (grace period 0, UID precondition), as
+// kubelet's final delete. Its directory is removed once the pod object is gone; the
+// directories of pods deleted while up was not running are removed when up starts.
+//
+// Restarts of up. Stopping the manager stops every process (SIGTERM, then SIGKILL after
+// min(grace period, Options.StopTimeout)); pod objects are left as they are. A runtime
+// that finds a pod on a simulated node it is not running (its processes ended with the
+// previous up) starts it again: restartCount+1, lastState terminated with reason
+// Unknown, the same IP when free, the same directory. Processes are started with
+// Pdeathsig SIGKILL, so even an up that dies without stopping them takes them along.
+//
+// Nodes. A simulated Node that is deleted takes its pods with it, as
+// kube-controller-manager's pod garbage collector would (there is none in up): their
+// processes are stopped, their directories removed, and the pods marked Failed with a
+// DisruptionTarget condition (reason DeletionByPodGC) and deleted, so that a
+// StatefulSet recreates them on a node that exists. A Node that loses the simulated
+// label is someone else's: its pods' processes are stopped and the pods left alone.
+//
+// # What it does not simulate
+//
+// No container images: an Image decides which local program runs. No cgroups,
+// resource limits, OOM kills, users or capabilities; no namespaces, so no network
+// isolation beyond distinct loopback IPs (a process can still reach every other pod and
+// the host), no Services, DNS or service-link environment variables (and Endpoints
+// never include loopback pod IPs). No volumes other than the pod directory: volume
+// mounts, projected service-account tokens, ConfigMap and Secret volumes and PVCs are
+// ignored. No liveness or startup probes, lifecycle hooks, ephemeral containers,
+// per-container restart rules, pod resize, or image changes of a running pod. No
+// exec, attach, port-forward or logs API: read Root/<pod UID>/<container>.log instead.
+// No pod (anti-)affinity or topology spread in scheduling, no preemption, no node
+// resources. hostNetwork pods get a loopback IP like every other pod.
+package podsim

@@ -1,0 +1,446 @@
+package podsim
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+)
+
+// hostIP is every simulated node's address: pods reach "the node" on loopback.
+const hostIP = "127.0.0.1"
+
+// runtime is the kubelet of every simulated node: one controller for all their pods.
+// It runs with one worker; background goroutines (process waiters, probers,
+// forwarders) only record what happened under mu and enqueue the pod.
+type runtime struct {
+	c      client.Client
+	reader client.Reader // the API server itself: Secrets, ConfigMaps, fresh pods
+	cache  cache.Cache
+	o      Options
+	images map[string]Image // by repository()
+	names  []string         // configured image names, for messages
+	nodes  labels.Selector
+	rec    events.EventRecorder
+	log    logr.Logger
+
+	mu       sync.Mutex
+	pods     map[types.UID]*podState
+	ips      map[string]types.UID
+	nextIP   int
+	queue    workqueue.TypedRateLimitingInterface[reconcile.Request]
+	stopping bool
+	launch   *launcher
+	// wg counts every goroutine the runtime starts; Add only under mu while !stopping,
+	// or from a goroutine wg already counts.
+	wg sync.WaitGroup
+}
+
+func addRuntime(mgr manager.Manager, o Options, nodes labels.Selector, images map[string]Image, names []string) error {
+	r := &runtime{
+		c:      mgr.GetClient(),
+		reader: mgr.GetAPIReader(),
+		cache:  mgr.GetCache(),
+		o:      o,
+		images: images,
+		names:  names,
+		nodes:  nodes,
+		rec:    mgr.GetEventRecorder("podsim-kubelet"),
+		log:    mgr.GetLogger().WithName("podsim-kubelet"),
+		pods:   map[types.UID]*podState{},
+		ips:    map[string]types.UID{},
+	}
+	if err := mgr.Add(r); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("podsim-kubelet").
+		For(&corev1.Pod{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			return o.(*corev1.Pod).Spec.NodeName != ""
+		}))).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.podsOfNode), builder.WithPredicates(selected(nodes))).
+		// Process exits and readiness changes come from goroutines: they add to the queue.
+		WatchesRawSource(source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+			r.mu.Lock()
+			r.queue = q
+			r.mu.Unlock()
+			return nil
+		})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		Complete(r)
+}
+
+func (r *runtime) podsOfNode(ctx context.Context, node client.Object) []reconcile.Request {
+	var pods corev1.PodList
+	if err := r.c.List(ctx, &pods, client.MatchingFields{nodeNameIndex: node.GetName()}); err != nil {
+		r.log.Error(err, "listing pods of node", "node", node.GetName())
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(pods.Items))
+	for i := range pods.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&pods.Items[i])})
+	}
+	return reqs
+}
+
+// enqueue asks for key to be reconciled; safe from any goroutine, also after stop.
+func (r *runtime) enqueue(key types.NamespacedName) {
+	r.mu.Lock()
+	q := r.queue
+	r.mu.Unlock()
+	if q != nil {
+		q.Add(reconcile.Request{NamespacedName: key})
+	}
+}
+
+// NeedLeaderElection implements manager.LeaderElectionRunnable: processes run where the
+// controllers run.
+func (r *runtime) NeedLeaderElection() bool { return true }
+
+// Start implements manager.Runnable: it removes the directories of pods that are gone,
+// then, when the manager stops, stops every process.
+func (r *runtime) Start(ctx context.Context) error {
+	if r.cache.WaitForCacheSync(ctx) {
+		r.sweep(ctx)
+	}
+	<-ctx.Done()
+	r.stopAll()
+	return nil
+}
+
+// Reconcile implements reconcile.Reconciler for pods bound to a node.
+func (r *runtime) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	r.mu.Lock()
+	stopping := r.stopping
+	r.mu.Unlock()
+	if stopping {
+		// The processes are being stopped with the manager: that is no crash to report,
+		// and the pods are started again by the next runtime.
+		return reconcile.Result{}, nil
+	}
+	var pod corev1.Pod
+	if err := r.c.Get(ctx, req.NamespacedName, &pod); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forgetKey(req.NamespacedName, "")
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	// A pod of the same name with another UID is gone (StatefulSets reuse names).
+	r.forgetKey(req.NamespacedName, pod.UID)
+	if pod.Spec.NodeName == "" {
+		return reconcile.Result{}, nil
+	}
+	var node corev1.Node
+	err := r.c.Get(ctx, client.ObjectKey{Name: pod.Spec.NodeName}, &node)
+	switch {
+	case apierrors.IsNotFound(err):
+		return reconcile.Result{}, r.nodeLost(ctx, &pod)
+	case err != nil:
+		return reconcile.Result{}, err
+	case !r.nodes.Matches(labels.Set(node.Labels)):
+		// Not (or no longer) a simulated node: someone else's kubelet serves it.
+		r.forgetUID(pod.UID, false)
+		return reconcile.Result{}, nil
+	}
+	ps, err := r.ensure(&pod)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if pod.DeletionTimestamp != nil {
+		return r.terminate(ctx, ps, &pod)
+	}
+	next := r.sync(ctx, ps, &pod, &node)
+	r.mu.Lock()
+	report := !terminal(pod.Status.Phase) || ps.launched
+	r.mu.Unlock()
+	if !report {
+		return reconcile.Result{}, nil // finished before this runtime saw it: its status stays
+	}
+	if err := r.writeStatus(ctx, ps, &pod); err != nil {
+		return reconcile.Result{}, err
+	}
+	if next.IsZero() {
+		return reconcile.Result{}, nil
+	}
+	return reconcile.Result{RequeueAfter: max(time.Until(next), time.Millisecond)}, nil
+}
+
+// ensure returns the pod's state, creating it (and the pod's directory) the first time
+// this runtime sees the pod: at its start, or after a restart of up.
+func (r *runtime) ensure(pod *corev1.Pod) (*podState, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if ps := r.pods[pod.UID]; ps != nil {
+		ps.grace = gracePeriod(pod)
+		return ps, nil
+	}
+	ps := newPodState(pod, r.o.Root, r.known)
+	if err := os.MkdirAll(ps.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating directory of pod %s: %w", ps.key, err)
+	}
+	r.pods[pod.UID] = ps
+	return ps, nil
+}
+
+func (r *runtime) known(image string) bool { return r.images[repository(image)] != nil }
+
+// terminate stops a deleted pod's processes within its grace period, then deletes the
+// pod object for good, as kubelet does.
+func (r *runtime) terminate(ctx context.Context, ps *podState, pod *corev1.Pod) (reconcile.Result, error) {
+	r.mu.Lock()
+	ps.finished = true
+	r.reap(ps, pod, time.Now())
+	live := ps.liveRuns()
+	if len(live) > 0 {
+		t := time.Now()
+		deadline := t.Add(deletionGrace(pod))
+		if !ps.terminating || deadline.Before(ps.killAt) {
+			ps.killAt = deadline
+		}
+		if !ps.terminating {
+			ps.terminating = true
+			for _, c := range ps.all() {
+				if c.run != nil && c.run.exit == nil {
+					c.run.signal(sigTerm)
+					r.rec.Eventf(pod, nil, corev1.EventTypeNormal, "Killing", "Kill", "Stopping container %s", c.name)
+				}
+			}
+		}
+		wait := ps.killAt.Sub(t)
+		if wait <= 0 {
+			for _, run := range live {
+				run.signal(sigKill)
+			}
+		}
+		r.mu.Unlock()
+		// Each process's exit enqueues the pod; the deadline needs a timer.
+		if wait > 0 {
+			return reconcile.Result{RequeueAfter: wait}, nil
+		}
+		return reconcile.Result{}, nil
+	}
+	r.mu.Unlock()
+	err := r.c.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return reconcile.Result{}, fmt.Errorf("deleting terminated pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return reconcile.Result{}, nil
+}
+
+// nodeLost handles a pod whose Node is gone. Without a node lifecycle controller, it does
+// what kube-controller-manager's pod GC does for such pods: marks them Failed with a
+// DisruptionTarget condition and deletes them, so that their controller (a StatefulSet)
+// recreates them on a node that exists. Their processes stop; their directory, the
+// node's local data, goes with them.
+func (r *runtime) nodeLost(ctx context.Context, pod *corev1.Pod) error {
+	r.mu.Lock()
+	ours := r.pods[pod.UID] != nil
+	r.mu.Unlock()
+	if !ours && !ranHere(pod) {
+		return nil
+	}
+	r.forgetUID(pod.UID, true)
+	if pod.DeletionTimestamp == nil && !terminal(pod.Status.Phase) {
+		p := pod.DeepCopy()
+		p.Status.Phase = corev1.PodFailed
+		setCondition(&p.Status, corev1.PodCondition{
+			Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "DeletionByPodGC",
+			Message: fmt.Sprintf("PodGC: node %s no longer exists", pod.Spec.NodeName),
+		})
+		if err := r.c.Status().Update(ctx, p); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("marking pod %s/%s of lost node failed: %w", pod.Namespace, pod.Name, err)
+		}
+	}
+	err := r.c.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("deleting pod %s/%s of lost node: %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
+}
+
+// ranHere says whether a pod's status was written by a podsim runtime, such as the one
+// of an earlier up.
+func ranHere(pod *corev1.Pod) bool {
+	return pod.Status.HostIP == hostIP && podIPIndexOf(pod.Status.PodIP) >= 0
+}
+
+// forgetKey forgets every pod state of that name except the one with UID keep: those
+// pod objects are gone.
+func (r *runtime) forgetKey(key types.NamespacedName, keep types.UID) {
+	r.mu.Lock()
+	var gone []types.UID
+	for uid, ps := range r.pods {
+		if ps.key == key && uid != keep {
+			gone = append(gone, uid)
+		}
+	}
+	r.mu.Unlock()
+	for _, uid := range gone {
+		r.forgetUID(uid, true)
+	}
+}
+
+// forgetUID drops a pod's state and stops its processes in the background (with at
+// most 2 s of grace, as kubelet gives a pod removed under it); with removeDir, the
+// pod's directory is removed once they are gone.
+func (r *runtime) forgetUID(uid types.UID, removeDir bool) {
+	dir := filepath.Join(r.o.Root, string(uid))
+	r.mu.Lock()
+	if r.stopping {
+		r.mu.Unlock()
+		return // stopAll stops everything; directories stay for the next start
+	}
+	ps := r.pods[uid]
+	var runs []*procRun
+	grace := 2 * time.Second
+	if ps != nil {
+		delete(r.pods, uid)
+		ps.finished = true
+		if r.ips[ps.ip] == uid {
+			delete(r.ips, ps.ip)
+		}
+		runs = ps.liveRuns()
+		grace = min(grace, ps.grace)
+	}
+	if len(runs) == 0 && !removeDir {
+		r.mu.Unlock()
+		return
+	}
+	r.wg.Add(1)
+	r.mu.Unlock()
+	go func() {
+		defer r.wg.Done()
+		stopRuns(runs, grace)
+		if removeDir {
+			if err := os.RemoveAll(dir); err != nil {
+				r.log.Error(err, "removing pod directory", "dir", dir)
+			}
+		}
+	}()
+}
+
+// stopAll stops every process, each pod's within min(its grace period, StopTimeout), and
+// waits for every goroutine of the runtime. Pod objects and directories stay: a restarted
+// up starts the pods again.
+func (r *runtime) stopAll() {
+	r.mu.Lock()
+	r.stopping = true
+	type group struct {
+		runs  []*procRun
+		grace time.Duration
+	}
+	var groups []group
+	for _, ps := range r.pods {
+		if runs := ps.liveRuns(); len(runs) > 0 {
+			groups = append(groups, group{runs, min(ps.grace, r.o.StopTimeout)})
+		}
+	}
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stopRuns(g.runs, g.grace)
+		}()
+	}
+	wg.Wait()
+	r.wg.Wait()
+	r.mu.Lock()
+	l := r.launch
+	r.launch = nil
+	r.mu.Unlock()
+	if l != nil {
+		l.close()
+	}
+}
+
+// sweep removes the directories of pods that no longer exist: pods deleted while up was
+// not running.
+func (r *runtime) sweep(ctx context.Context) {
+	entries, err := os.ReadDir(r.o.Root)
+	if err != nil {
+		r.log.Error(err, "reading pod directories")
+		return
+	}
+	var pods corev1.PodList
+	if err := r.reader.List(ctx, &pods); err != nil {
+		r.log.Error(err, "listing pods to remove stale pod directories")
+		return
+	}
+	live := make(map[types.UID]bool, len(pods.Items))
+	for i := range pods.Items {
+		live[pods.Items[i].UID] = true
+	}
+	for _, e := range entries {
+		uid := types.UID(e.Name())
+		if !e.IsDir() || !looksLikeUID(e.Name()) || live[uid] {
+			continue
+		}
+		r.mu.Lock()
+		if r.pods[uid] == nil {
+			if err := os.RemoveAll(filepath.Join(r.o.Root, e.Name())); err != nil {
+				r.log.Error(err, "removing stale pod directory", "uid", uid)
+			}
+		}
+		r.mu.Unlock()
+	}
+}
+
+func looksLikeUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i, c := range s {
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func terminal(p corev1.PodPhase) bool { return p == corev1.PodSucceeded || p == corev1.PodFailed }
+
+// gracePeriod is the pod's termination grace period (default 30 s).
+func gracePeriod(pod *corev1.Pod) time.Duration {
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
+		return time.Duration(*g) * time.Second
+	}
+	return corev1.DefaultTerminationGracePeriodSeconds * time.Second
+}
+
+// deletionGrace is the grace period of a deleted pod: the one its deletion set.
+func deletionGrace(pod *corev1.Pod) time.Duration {
+	if g := pod.DeletionGracePeriodSeconds; g != nil {
+		return time.Duration(*g) * time.Second
+	}
+	return gracePeriod(pod)
+}
