@@ -124,6 +124,18 @@ func (w *world) eventually(t *testing.T, what string, timeout time.Duration, con
 	}
 }
 
+// waitNotReady waits until the network reports Ready=False with a message containing why.
+func (w *world) waitNotReady(t *testing.T, n *bitcoinv1alpha1.BitcoinNetwork, why string) {
+	t.Helper()
+	w.eventually(t, "Ready=False saying "+why, 30*time.Second, func(ctx context.Context) (bool, string, error) {
+		if err := w.env.Client.Get(ctx, client.ObjectKeyFromObject(n), n); err != nil {
+			return false, "", err
+		}
+		c := meta.FindStatusCondition(n.Status.Conditions, conditions.TypeReady)
+		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, why), fmt.Sprintf("%+v", c), nil
+	})
+}
+
 // peersSeenBy asks every node of the network, with btcd's own RPC client rather than the
 // operator's, which other node IPs it is connected to.
 func (w *world) peersSeenBy(t *testing.T, n *bitcoinv1alpha1.BitcoinNetwork) map[string][]string {
@@ -226,13 +238,7 @@ func TestWaitsForItsSecret(t *testing.T) {
 	if err := w.env.Client.Create(ctx, n); err != nil {
 		t.Fatal(err)
 	}
-	w.eventually(t, "Ready=False naming the missing secret", 30*time.Second, func(ctx context.Context) (bool, string, error) {
-		if err := w.env.Client.Get(ctx, client.ObjectKeyFromObject(n), n); err != nil {
-			return false, "", err
-		}
-		c := meta.FindStatusCondition(n.Status.Conditions, conditions.TypeReady)
-		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "rpc-credentials"), fmt.Sprintf("%+v", c), nil
-	})
+	w.waitNotReady(t, n, "rpc-credentials")
 	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "rpc-credentials"},
 		StringData: map[string]string{bitcoin.SecretUser: "alice", bitcoin.SecretPassword: "s3cret-enough"}}
 	if err := w.env.Client.Create(ctx, s); err != nil {
@@ -256,11 +262,5 @@ func TestReportsPodsThatCannotRun(t *testing.T) {
 	if err := w.env.Client.Create(ctx, n); err != nil {
 		t.Fatal(err)
 	}
-	w.eventually(t, "the pod's reason in the network's status", 30*time.Second, func(ctx context.Context) (bool, string, error) {
-		if err := w.env.Client.Get(ctx, client.ObjectKeyFromObject(n), n); err != nil {
-			return false, "", err
-		}
-		c := meta.FindStatusCondition(n.Status.Conditions, conditions.TypeReady)
-		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, "ImageNotSimulated"), fmt.Sprintf("%+v", c), nil
-	})
+	w.waitNotReady(t, n, "ImageNotSimulated")
 }
