@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -22,6 +21,9 @@ import (
 
 // FieldManager names crdipc's writes in managedFields.
 const FieldManager = "crdipc-install"
+
+// PodSecurityLabel is the Pod Security admission level label Apply sets on SystemNamespace.
+const PodSecurityLabel = "pod-security.kubernetes.io/enforce"
 
 // SystemNamespace holds crdipc's own objects: receiver heartbeat Leases,
 // leader election Leases, node fencing Leases.
@@ -34,9 +36,12 @@ func Apply(ctx context.Context, cfg *rest.Config) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating client: %w", err)
 	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: SystemNamespace}}
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{FieldManager: FieldManager}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return nil, fmt.Errorf("creating namespace %s: %w", SystemNamespace, err)
+	// The CSI node plugin and the pool agent run here with host paths (and the node plugin
+	// privileged, to mount): a cluster enforcing a stricter Pod Security level by default
+	// would refuse them, so the namespace says which level it needs.
+	ns := corev1ac.Namespace(SystemNamespace).WithLabels(map[string]string{PodSecurityLabel: "privileged"})
+	if _, err := kube.CoreV1().Namespaces().Apply(ctx, ns, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
+		return nil, fmt.Errorf("applying namespace %s: %w", SystemNamespace, err)
 	}
 	return CRDs(ctx, cfg)
 }

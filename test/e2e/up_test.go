@@ -147,6 +147,10 @@ func TestUp(t *testing.T) {
 
 	t.Run("kubectl get crdipc", func(t *testing.T) {
 		up.kubectl(t, "get", "crdipc", "-A")
+		// The system namespace admits the privileged CSI node plugin and host-path agents.
+		if got := up.kubectl(t, "get", "namespace", "crdipc-system", "-o", `jsonpath={.metadata.labels.pod-security\.kubernetes\.io/enforce}`); got != "privileged" {
+			t.Errorf("crdipc-system Pod Security enforce level = %q, want privileged", got)
+		}
 	})
 
 	t.Run("samples apply", func(t *testing.T) {
