@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -248,6 +249,11 @@ func checkCapabilities(caps []*csi.VolumeCapability) error {
 func unsupported(c *csi.VolumeCapability) string {
 	if c.GetBlock() == nil && c.GetMount() == nil {
 		return "a volume capability needs an access type (mount or block)"
+	}
+	// Refused here, not only when a node stages the volume: CreateVolume and
+	// ValidateVolumeCapabilities must not promise a file system no node will make.
+	if t := c.GetMount().GetFsType(); t != "" && !slices.Contains(fsTypes, t) {
+		return fmt.Sprintf("file system type %q is not supported: use one of %s (default %s)", t, strings.Join(fsTypes, ", "), fsTypes[0])
 	}
 	switch c.GetAccessMode().GetMode() {
 	case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,

@@ -228,12 +228,10 @@ func (d *Driver) poolsDir() string {
 
 // fsType returns the file system to make for the requested type, or why it cannot.
 func (h *host) fsType(requested string) (string, string) {
+	// unsupported has refused types other than fsTypes already.
 	t := requested
 	if t == "" {
 		t = fsTypes[0]
-	}
-	if !slices.Contains(fsTypes, t) {
-		return "", fmt.Sprintf("file system type %q is not supported: use one of %s (default %s)", requested, strings.Join(fsTypes, ", "), fsTypes[0])
 	}
 	if _, err := h.fs.Exec.LookPath("mkfs." + t); err != nil {
 		return "", fmt.Sprintf("file system type %s is not supported on this node: it has no mkfs.%s", t, t)
