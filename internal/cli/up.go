@@ -35,9 +35,16 @@ func newUpCommand() *cobra.Command {
 		Short: "Run a control plane and every crdipc service in this process",
 		Long: `up starts, in this one process: etcd, kube-apiserver and the
 kube-controller-manager controllers crdipc needs (garbage collector, namespace,
-service accounts, PV binder), installs crdipc's CRDs, and starts crdipc's
-services. It prints one line per step with its duration, then the
+service accounts, PV binder, StatefulSet), installs crdipc's CRDs, and starts
+crdipc's services. It prints one line per step with its duration, then the
 "export KUBECONFIG=..." line to paste into another terminal.
+
+There is no kubelet: --nodes simulated Nodes each run a pool agent (storage), and
+together a simulated kubelet that binds and runs their pods as local processes,
+each on its own loopback IP. It runs the images it can: bitcoin/bitcoin (the
+BitcoinNetwork operator's pods) as btcd, a Bitcoin node in Go
+(go install github.com/btcsuite/btcd@v0.26.2); other images wait with reason
+ImageNotSimulated.
 
 Everything is kept in --data-dir: run up again on the same directory and every
 object is still there. Only one up may use a data directory at a time.
@@ -57,7 +64,7 @@ Ctrl-C shuts everything down.`,
 	cmd.Flags().StringVar(&o.webhookAddr, "webhook-addr", "127.0.0.1:8090", "address of the GitHub webhook listener (POST /webhook)")
 	cmd.Flags().StringVar(&o.scmMetricsAddr, "scm-metrics-addr", "127.0.0.1:9102", "address of the SCM metrics agent's /metrics")
 	cmd.Flags().StringVar(&o.scmNamespace, "scm-namespace", "default", "namespace for PullRequests, Branches and their Events")
-	cmd.Flags().IntVar(&o.nodes, "nodes", 3, "simulated storage nodes, each with a pool agent and a file-backed pool root under --data-dir")
+	cmd.Flags().IntVar(&o.nodes, "nodes", 3, "simulated nodes, each with a pool agent and a file-backed pool root under --data-dir, running pods as processes")
 	cmd.Flags().IntVar(&o.port, "port", 0, "API server port on 127.0.0.1 (0: the previous run's port if free, else any free port)")
 	return cmd
 }
