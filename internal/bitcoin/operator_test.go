@@ -20,15 +20,12 @@ import (
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	bitcoinv1alpha1 "github.com/crdipc/crdipc/api/bitcoin/v1alpha1"
 	"github.com/crdipc/crdipc/api/conditions"
 	"github.com/crdipc/crdipc/internal/bitcoin"
 	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
 	"github.com/crdipc/crdipc/internal/podsim"
-	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/storage/agent"
 	"github.com/crdipc/crdipc/internal/testenv"
 	"github.com/crdipc/crdipc/ipc"
@@ -81,27 +78,11 @@ func newWorld(t *testing.T) *world {
 // startManager runs a manager with what add registers, and returns its stop function.
 func startManager(t *testing.T, cfg *rest.Config, add func(ctrl.Manager) error) func() {
 	t.Helper()
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: new(true)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mgr := testenv.NewManager(t, cfg)
 	if err := add(mgr); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	return func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	}
+	return testenv.Start(t, "manager", mgr.Start)
 }
 
 func (w *world) network(name string, nodes int32) *bitcoinv1alpha1.BitcoinNetwork {

@@ -14,13 +14,11 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/crdipc/crdipc/api/conditions"
 	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
 	"github.com/crdipc/crdipc/internal/books"
 	"github.com/crdipc/crdipc/internal/install"
-	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/testenv"
 	"github.com/crdipc/crdipc/ipc"
 )
@@ -34,30 +32,14 @@ func TestMain(m *testing.M) {
 func TestBooksWithShippedRBAC(t *testing.T) {
 	env := testenv.Get(t)
 	cfg := env.AsServiceAccount(t, "books")
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                        scheme.Scheme,
-		Metrics:                       metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress:        "0",
-		LeaderElection:                true,
-		LeaderElectionID:              "books.crdipc.io",
-		LeaderElectionNamespace:       install.SystemNamespace,
-		LeaderElectionReleaseOnCancel: true,
+	mgr := testenv.NewManager(t, cfg, func(o *ctrl.Options) {
+		o.LeaderElection, o.LeaderElectionID = true, "books.crdipc.io"
+		o.LeaderElectionNamespace, o.LeaderElectionReleaseOnCancel = install.SystemNamespace, true
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := books.Register(mgr, ipc.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	})
+	testenv.Start(t, "manager", mgr.Start)
 
 	ns := env.Namespace(t)
 	callCtx, cancelCall := context.WithTimeout(context.Background(), 30*time.Second)

@@ -26,13 +26,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/crdipc/crdipc/internal/podsim"
-	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/testenv"
 )
 
@@ -254,15 +250,7 @@ type runtime struct {
 // at the end, the test's pods are removed first.
 func (s *sim) start() *runtime {
 	s.t.Helper()
-	mgr, err := ctrl.NewManager(s.env.Config, ctrl.Options{
-		Scheme:                 scheme.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		s.t.Fatal(err)
-	}
+	mgr := testenv.NewManager(s.t, s.env.Config)
 	if err := podsim.Add(mgr, s.opts); err != nil {
 		s.t.Fatal(err)
 	}

@@ -26,11 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/csi/driver"
@@ -92,14 +88,14 @@ func newWorld(t *testing.T) *world {
 	env.AsServiceAccount(t, "csi-sidecar")
 
 	// Storage: the operator and 2 simulated nodes with a file pool each.
-	mgr := newManager(t, env.Config)
+	mgr := testenv.NewManager(t, env.Config)
 	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: -1}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := agent.AddSupervisor(mgr, env.Config, agent.SupervisorOptions{Nodes: 2, Root: w.root, Agent: agent.Options{Resync: 300 * time.Millisecond}}); err != nil {
 		t.Fatal(err)
 	}
-	start(t, "storage", mgr.Start)
+	testenv.Start(t, "storage", mgr.Start)
 	claim := &storagev1alpha1.StoragePoolClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "csi"},
 		Spec: storagev1alpha1.StoragePoolClaimSpec{
@@ -113,11 +109,11 @@ func newWorld(t *testing.T) *world {
 	w.waitHealthyPools(2)
 
 	w.startDriver()
-	sm := newManager(t, impersonate(env.Config, sidecarSA))
+	sm := testenv.NewManager(t, impersonate(env.Config, sidecarSA))
 	if err := sidecar.Add(sm, sidecar.Options{DriverEndpoint: w.socket, CallTimeout: 2 * time.Second, BackoffBase: 200 * time.Millisecond, BackoffMax: 2 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	start(t, "sidecar", sm.Start)
+	testenv.Start(t, "sidecar", sm.Start)
 
 	sc := &storagev1.StorageClass{
 		ObjectMeta:    metav1.ObjectMeta{Name: class},
@@ -157,32 +153,6 @@ func impersonate(cfg *rest.Config, user string) *rest.Config {
 	c := rest.CopyConfig(cfg)
 	c.Impersonate = rest.ImpersonationConfig{UserName: user}
 	return c
-}
-
-func newManager(t *testing.T, cfg *rest.Config) manager.Manager {
-	t.Helper()
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return mgr
-}
-
-func start(t *testing.T, name string, run func(context.Context) error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := run(ctx); err != nil {
-			t.Errorf("%s: %v", name, err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
 }
 
 // eventually polls cond until it holds or the deadline passes; desc says what was last seen.

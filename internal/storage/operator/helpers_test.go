@@ -21,16 +21,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/crdipc/crdipc/api/conditions"
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
-	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/storage/agent"
 	"github.com/crdipc/crdipc/internal/storage/operator"
 	"github.com/crdipc/crdipc/internal/testenv"
@@ -172,16 +167,7 @@ func (c *cluster) startOperator() *proc {
 
 func (c *cluster) newManager(cfg *rest.Config) manager.Manager {
 	c.t.Helper()
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return mgr
+	return testenv.NewManager(c.t, cfg)
 }
 
 // cleanup stops every process and removes every storage object, finalizers and all.

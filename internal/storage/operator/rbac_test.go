@@ -6,17 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/install"
-	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/storage/agent"
 	"github.com/crdipc/crdipc/internal/storage/operator"
+	"github.com/crdipc/crdipc/internal/testenv"
 	"github.com/crdipc/crdipc/ipc"
 )
 
@@ -27,19 +24,10 @@ func TestWithShippedRBAC(t *testing.T) {
 	opCfg := c.env.AsServiceAccount(t, "storage-operator")
 	agentCfg := c.env.AsServiceAccount(t, "pool-agent")
 
-	mgr, err := ctrl.NewManager(opCfg, ctrl.Options{
-		Scheme:                        scheme.Scheme,
-		Metrics:                       metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress:        "0",
-		LeaderElection:                true,
-		LeaderElectionID:              "storage-operator-rbac-test.crdipc.io",
-		LeaderElectionNamespace:       install.SystemNamespace,
-		LeaderElectionReleaseOnCancel: true,
-		Controller:                    config.Controller{SkipNameValidation: ptr.To(true)},
+	mgr := testenv.NewManager(t, opCfg, func(o *ctrl.Options) {
+		o.LeaderElection, o.LeaderElectionID = true, "storage-operator-rbac-test.crdipc.io"
+		o.LeaderElectionNamespace, o.LeaderElectionReleaseOnCancel = install.SystemNamespace, true
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: 3 * time.Second}}); err != nil {
 		t.Fatal(err)
 	}
