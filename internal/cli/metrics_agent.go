@@ -1,13 +1,11 @@
 package cli
 
 import (
-	"os"
-	"os/signal"
-	"syscall"
+	"context"
+	"log/slog"
 
-	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"k8s.io/client-go/rest"
 
 	"github.com/crdipc/crdipc/internal/scm/metricsagent"
 )
@@ -38,23 +36,14 @@ and two replicas would each report every Event.`,
 		Example: `  crdipc metrics-agent --namespace scm --listen :9102`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := newSlogLogger(logFormat)
-			if err != nil {
-				return err
-			}
-			ctrllog.SetLogger(logr.FromSlogHandler(logger.Handler()))
-			cfg, err := restConfig(kubeconfig)
-			if err != nil {
-				return err
-			}
-			opts.Config, opts.Logger = cfg, logger
-			a, err := metricsagent.New(opts)
-			if err != nil {
-				return err
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			return a.Run(ctx)
+			return runSlogService(cmd, logFormat, kubeconfig, func(ctx context.Context, cfg *rest.Config, logger *slog.Logger) error {
+				opts.Config, opts.Logger = cfg, logger
+				a, err := metricsagent.New(opts)
+				if err != nil {
+					return err
+				}
+				return a.Run(ctx)
+			})
 		},
 	}
 	f := cmd.Flags()

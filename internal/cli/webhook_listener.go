@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/crdipc/crdipc/internal/scm/webhook"
@@ -39,27 +41,18 @@ Replicas do not need a leader: every write is idempotent and ordered.`,
   CRDIPC_WEBHOOK_SECRET=s3cret crdipc webhook-listener --listen 127.0.0.1:8090`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := newSlogLogger(logFormat)
-			if err != nil {
-				return err
-			}
-			ctrllog.SetLogger(logr.FromSlogHandler(logger.Handler()))
 			secret, err := webhook.LoadSecret(secretFile)
 			if err != nil {
 				return err
 			}
-			cfg, err := restConfig(kubeconfig)
-			if err != nil {
-				return err
-			}
-			opts.Config, opts.Secret, opts.Logger = cfg, secret, logger
-			l, err := webhook.New(opts)
-			if err != nil {
-				return err
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			return l.Run(ctx)
+			return runSlogService(cmd, logFormat, kubeconfig, func(ctx context.Context, cfg *rest.Config, logger *slog.Logger) error {
+				opts.Config, opts.Secret, opts.Logger = cfg, secret, logger
+				l, err := webhook.New(opts)
+				if err != nil {
+					return err
+				}
+				return l.Run(ctx)
+			})
 		},
 	}
 	f := cmd.Flags()
@@ -74,14 +67,25 @@ Replicas do not need a leader: every write is idempotent and ordered.`,
 	return cmd
 }
 
-// newSlogLogger is the structured logger of the services that do not run on a
-// controller-runtime manager.
-func newSlogLogger(format string) (*slog.Logger, error) {
+// runSlogService is the body of the services that do not run on a controller-runtime
+// manager: a structured logger in the given format (also behind controller-runtime's
+// logger), the cluster's config, and run until SIGINT/SIGTERM.
+func runSlogService(cmd *cobra.Command, format, kubeconfig string, run func(context.Context, *rest.Config, *slog.Logger) error) error {
+	var logger *slog.Logger
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, nil)), nil
+		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, nil)), nil
+		logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	default:
+		return fmt.Errorf("unknown log format %q: want text or json", format)
 	}
-	return nil, fmt.Errorf("unknown log format %q: want text or json", format)
+	ctrllog.SetLogger(logr.FromSlogHandler(logger.Handler()))
+	cfg, err := restConfig(kubeconfig)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return run(ctx, cfg, logger)
 }
