@@ -46,6 +46,13 @@ CStorVolumes, as its CSI Probe says) and /metrics with
 crdipc_csi_operations_seconds{method,grpc_status_code}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := absolute(&o.TargetDir); err != nil {
+				return err
+			}
+			endpoint, err := driver.Endpoint(endpoint)
+			if err != nil {
+				return err
+			}
 			cfg, err := restConfig(kubeconfig)
 			if err != nil {
 				return err
@@ -68,7 +75,7 @@ crdipc_csi_operations_seconds{method,grpc_status_code}.`,
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then in-cluster)")
 	cmd.Flags().StringVar(&endpoint, "endpoint", "unix:///var/lib/crdipc/csi/csi.sock", "Unix socket to serve CSI on")
 	cmd.Flags().StringVar(&o.NodeID, "node-id", "", "node this instance serves for the Node service (empty: controller only)")
-	cmd.Flags().StringVar(&o.Root, "root", "", "the node's pool agent root, where NodeStageVolume and NodePublishVolume find replica files")
+	cmd.Flags().StringVar(&o.TargetDir, "target-dir", "/var/lib/crdipc/csi/targets", "where the Node service mounts the FUSE files of the volumes it stages (one directory per volume)")
 	cmd.Flags().StringVar(&o.Namespace, "namespace", install.SystemNamespace, "namespace of the CStorVolumes the driver creates")
 	cmd.Flags().StringVar(&httpAddr, "http-bind-address", ":9808", "address for /healthz, /readyz (the CSI Probe) and Prometheus /metrics ('0' disables)")
 	return cmd
@@ -92,8 +99,8 @@ func csiStorageClass() *storagev1.StorageClass {
 // startCSI prepares the CSI driver and sidecar of `crdipc up`: it installs the StorageClass
 // crdipc, opens the driver's socket under dataDir/csi, and adds the sidecar (which dials
 // that socket) to mgr. The caller runs the returned function until shutdown, next to
-// mgr.Start. The driver serves Node calls for nodeID with its agent root nodeRoot.
-func startCSI(ctx context.Context, cfg *rest.Config, mgr manager.Manager, dataDir, nodeID, nodeRoot string) (serveDriver func(context.Context) error, endpoint string, err error) {
+// mgr.Start. The driver serves Node calls for nodeID, staging volumes under dataDir/csi/targets.
+func startCSI(ctx context.Context, cfg *rest.Config, mgr manager.Manager, dataDir, nodeID string) (serveDriver func(context.Context) error, endpoint string, err error) {
 	c, err := client.New(cfg, client.Options{})
 	if err != nil {
 		return nil, "", fmt.Errorf("csi: %w", err)
@@ -101,8 +108,11 @@ func startCSI(ctx context.Context, cfg *rest.Config, mgr manager.Manager, dataDi
 	if err := c.Create(ctx, csiStorageClass()); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, "", fmt.Errorf("csi: installing StorageClass %s: %w", StorageClassName, err)
 	}
-	endpoint = "unix://" + filepath.Join(dataDir, "csi", "csi.sock")
-	d, err := driver.New(driver.Options{Config: cfg, NodeID: nodeID, Root: nodeRoot})
+	endpoint, err = driver.Endpoint(filepath.Join(dataDir, "csi", "csi.sock"))
+	if err != nil {
+		return nil, "", err
+	}
+	d, err := driver.New(driver.Options{Config: cfg, NodeID: nodeID, TargetDir: filepath.Join(dataDir, "csi", "targets", nodeID)})
 	if err != nil {
 		return nil, "", err
 	}
@@ -110,7 +120,7 @@ func startCSI(ctx context.Context, cfg *rest.Config, mgr manager.Manager, dataDi
 	if err != nil {
 		return nil, "", err
 	}
-	if err := sidecar.Add(mgr, sidecar.Options{DriverEndpoint: endpoint}); err != nil {
+	if err := sidecar.Add(mgr, sidecar.Options{DriverEndpoint: endpoint, DriverName: driver.Name}); err != nil {
 		l.Close()
 		return nil, "", err
 	}

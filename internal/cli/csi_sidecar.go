@@ -4,6 +4,7 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
 )
 
@@ -29,7 +30,8 @@ Run two replicas for availability: leader election lets only one act.`,
 		},
 	}
 	so.flags(cmd)
-	cmd.Flags().StringVar(&o.DriverEndpoint, "driver-endpoint", "unix:///var/lib/crdipc/csi/csi.sock", "the CSI driver's Unix socket")
+	cmd.Flags().StringVar(&o.DriverEndpoint, "driver-endpoint", "unix:///var/lib/crdipc/csi/csi.sock", "the CSI driver's Unix socket (a relative path is taken from the working directory)")
+	cmd.Flags().StringVar(&o.DriverName, "driver-name", driver.Name, "the name the driver reports; its StorageClasses' provisioner ('' learns it from the driver, serving nothing until the driver answers)")
 	cmd.Flags().DurationVar(&o.CallTimeout, "timeout", 0, "timeout of one CSI call (default 10s)")
 	return cmd
 }

@@ -46,6 +46,9 @@ On a real cluster, run it as a DaemonSet with --node from the downward API.`,
 			if o.Node == "" {
 				return errors.New("--node (or $NODE_NAME) is required")
 			}
+			if err := absolute(&o.Root); err != nil {
+				return err
+			}
 			cfg, err := restConfig(kubeconfig)
 			if err != nil {
 				return err

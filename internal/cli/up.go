@@ -71,6 +71,9 @@ Ctrl-C shuts everything down.`,
 
 func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	start := time.Now()
+	if err := absolute(&o.dataDir); err != nil {
+		return err
+	}
 	step := func(name string, took time.Duration) {
 		fmt.Fprintf(out, "  %-28s %6.0f ms\n", name, float64(took.Microseconds())/1000)
 	}

@@ -124,7 +124,7 @@ func startServices(ctx context.Context, cfg *rest.Config, o upOptions) (_ *upSer
 	svc.lines = append(svc.lines, fmt.Sprintf("pods     run on the simulated nodes under %s; %s", podsRoot, podsNote))
 
 	// CSI (seed 001): driver and sidecar in this process, over a real socket.
-	serveDriver, csiEndpoint, err := startCSI(ctx, cfg, mgr, o.dataDir, "node-1", filepath.Join(nodesRoot, "node-1"))
+	serveDriver, csiEndpoint, err := startCSI(ctx, cfg, mgr, o.dataDir, "node-1")
 	if err != nil {
 		return nil, err
 	}

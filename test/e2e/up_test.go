@@ -46,12 +46,21 @@ type upProcess struct {
 	exited     chan error
 }
 
-// startUp runs `crdipc up` and returns once it printed its export line.
+// startUp runs `crdipc up` on dataDir, on ports of its own, and returns once it printed its
+// export line.
 func startUp(t *testing.T, dataDir string, extra ...string) *upProcess {
 	t.Helper()
 	args := append([]string{"up", "--data-dir", dataDir, "--metrics-addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0",
 		"--webhook-addr", "127.0.0.1:0", "--scm-metrics-addr", "127.0.0.1:0"}, extra...)
+	return startIn(t, "", args...)
+}
+
+// startIn runs `crdipc args...` in the working directory dir ("" for the test's) and returns
+// once it printed its export line.
+func startIn(t *testing.T, dir string, args ...string) *upProcess {
+	t.Helper()
 	cmd := exec.Command(binary, args...)
+	cmd.Dir = dir
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -110,9 +119,16 @@ func (p *upProcess) stop(t *testing.T) time.Duration {
 
 func (p *upProcess) run(t *testing.T, name string, args ...string) (string, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	return p.runIn(t, "", name, args...)
+}
+
+// runIn runs name with up's KUBECONFIG in the working directory dir ("" for the test's).
+func (p *upProcess) runIn(t *testing.T, dir, name string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+p.kubeconfig)
 	out, err := cmd.CombinedOutput()
 	return string(out), err

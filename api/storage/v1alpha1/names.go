@@ -32,3 +32,13 @@ func joinName(parts ...string) string {
 	prefix := strings.TrimRight(name[:MaxGeneratedNameLength-len(hash)-1], "-.")
 	return prefix + "-" + hash
 }
+
+// DataCASecret is the Secret, in the crdipc system namespace, holding the certificate
+// authority of the storage data path (tls.crt, tls.key). The operator creates it; the node
+// agents and the CSI node service issue their own certificates from it, and every replica
+// data connection is mutual TLS under it.
+const DataCASecret = "crdipc-storage-data-ca"
+
+// ReplicaDataID is how the replica data service names a replica: namespace/name of its
+// CStorVolumeReplica.
+func ReplicaDataID(namespace, name string) string { return namespace + "/" + name }

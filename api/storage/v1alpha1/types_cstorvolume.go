@@ -83,6 +83,9 @@ type VolumeReplicaStatus struct {
 	// phase is the replica's phase as its agent last reported it.
 	// +optional
 	Phase ReplicaPhase `json:"phase,omitempty"`
+	// endpoint is the replica data service serving it (the replica's status.endpoint).
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
 }
 
 // CStorVolumeStatus is reported by the operator.

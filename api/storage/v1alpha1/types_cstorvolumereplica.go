@@ -6,15 +6,19 @@ import (
 )
 
 // ReplicaPhase is the lifecycle phase of a CStorVolumeReplica as reported by its node's agent.
-// +kubebuilder:validation:Enum=Init;Healthy;Offline;Error;DeletionFailed
+// +kubebuilder:validation:Enum=Init;Healthy;Rebuilding;Offline;Error;DeletionFailed
 type ReplicaPhase string
 
 const (
 	// ReplicaPhaseInit: the agent has not created the replica yet.
 	ReplicaPhaseInit    ReplicaPhase = "Init"
 	ReplicaPhaseHealthy ReplicaPhase = "Healthy"
-	ReplicaPhaseOffline ReplicaPhase = "Offline"
-	ReplicaPhaseError   ReplicaPhase = "Error"
+	// ReplicaPhaseRebuilding: the replica is new or fell behind and is being filled from a
+	// healthy replica; it receives new writes but is not read from, nor counted towards the
+	// consistency factor, until it is done (status.rebuild shows the progress).
+	ReplicaPhaseRebuilding ReplicaPhase = "Rebuilding"
+	ReplicaPhaseOffline    ReplicaPhase = "Offline"
+	ReplicaPhaseError      ReplicaPhase = "Error"
 	// ReplicaPhaseDeletionFailed: deleting the replica's data failed; the finalizer stays.
 	ReplicaPhaseDeletionFailed ReplicaPhase = "DeletionFailed"
 )
@@ -60,6 +64,25 @@ type ReplicaCapacity struct {
 	Used resource.Quantity `json:"used,omitempty"`
 }
 
+// ReplicaRebuild is the progress of a replica being filled from a healthy one.
+type ReplicaRebuild struct {
+	// source is the replica (CStorVolumeReplica name) the data comes from.
+	// +optional
+	Source string `json:"source,omitempty"`
+	// doneBytes of allocated data copied so far, of totalBytes.
+	// +optional
+	DoneBytes int64 `json:"doneBytes,omitempty"`
+	// totalBytes of allocated data to copy; holes are not copied.
+	// +optional
+	TotalBytes int64 `json:"totalBytes,omitempty"`
+	// progress is doneBytes/totalBytes as a percentage, for kubectl get.
+	// +optional
+	Progress string `json:"progress,omitempty"`
+	// error is why the last attempt failed; the agent tries again.
+	// +optional
+	Error string `json:"error,omitempty"`
+}
+
 // CStorVolumeReplicaStatus is reported by the agent on spec.nodeName.
 type CStorVolumeReplicaStatus struct {
 	// observedGeneration is the metadata.generation this status was computed for.
@@ -73,6 +96,20 @@ type CStorVolumeReplicaStatus struct {
 	// capacity as measured on the node.
 	// +optional
 	Capacity *ReplicaCapacity `json:"capacity,omitempty"`
+
+	// endpoint is the address (host:port) of the node's replica data service, which serves
+	// this replica's data to the volume's target and to peers rebuilding from it (mutual TLS).
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// revision counts the writes the replica holds, as its node last reported it; of two
+	// replicas of a volume, the one with the higher revision is the fresher.
+	// +optional
+	Revision int64 `json:"revision,omitempty"`
+
+	// rebuild is set while the replica is Rebuilding.
+	// +optional
+	Rebuild *ReplicaRebuild `json:"rebuild,omitempty"`
 
 	// conditions: Ready is True when the replica is Healthy.
 	// +optional
@@ -95,8 +132,11 @@ type CStorVolumeReplicaStatus struct {
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.pool`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Rebuilt",type=string,JSONPath=`.status.rebuild.progress`
 // +kubebuilder:printcolumn:name="Capacity",type=string,JSONPath=`.spec.capacity`
 // +kubebuilder:printcolumn:name="Used",type=string,JSONPath=`.status.capacity.used`,priority=1
+// +kubebuilder:printcolumn:name="Revision",type=integer,JSONPath=`.status.revision`,priority=1
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type CStorVolumeReplica struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -67,9 +68,9 @@ type Options struct {
 	// NodeID is the node this process serves for the Node service (NodeGetInfo, NodeStage,
 	// NodePublish). Empty: the Node service answers FailedPrecondition.
 	NodeID string
-	// Root is the node's pool agent root (the file backend's directory), where NodeStage and
-	// NodePublish find the node's replica file.
-	Root string
+	// TargetDir holds the FUSE mounts of the volume targets this node runs (one directory
+	// per staged volume); default /var/lib/crdipc/csi/targets.
+	TargetDir string
 	// DefaultCapacity is the size of a volume whose request names none; default 1 GiB.
 	DefaultCapacity int64
 	// CreateTimeout bounds how long CreateVolume waits for the volume when the caller's
@@ -105,6 +106,13 @@ type Driver struct {
 	hostOnce sync.Once
 	host     *host // see node()
 
+	// data is the Node service's data path: its TLS identity and the volumes it stages.
+	data struct {
+		sync.Mutex
+		tls    *tls.Config
+		staged map[string]*staged
+	}
+
 	// probe keeps one Probe result for a second: the sidecar and liveness probes may call
 	// Probe often, and each answer costs an API round trip.
 	probe struct {
@@ -124,6 +132,12 @@ func New(o Options) (*Driver, error) {
 	}
 	if o.CreateTimeout == 0 {
 		o.CreateTimeout = 60 * time.Second
+	}
+	if o.TargetDir == "" {
+		o.TargetDir = "/var/lib/crdipc/csi/targets"
+	}
+	if abs, err := filepath.Abs(o.TargetDir); err == nil {
+		o.TargetDir = abs
 	}
 	c := o.Client
 	if c == nil {
@@ -203,23 +217,41 @@ func Listen(endpoint string) (net.Listener, error) {
 	return l, nil
 }
 
-// SocketPath returns the file of a unix:// endpoint (or of a plain path).
+// SocketPath returns the absolute file of a unix:// endpoint (or of a plain path). A
+// relative path ("unix://.crdipc/csi.sock", as a relative --data-dir makes) is resolved
+// against the working directory now: gRPC would read its first element as a host.
 func SocketPath(endpoint string) (string, error) {
 	u, err := url.Parse(endpoint)
 	if err != nil {
 		return "", fmt.Errorf("endpoint %q: %w", endpoint, err)
 	}
+	var path string
 	switch u.Scheme {
 	case "unix":
-		if u.Path == "" {
-			return u.Host, nil
-		}
-		return u.Host + u.Path, nil
+		path = u.Host + u.Path
 	case "":
-		return endpoint, nil
+		path = endpoint
 	default:
 		return "", fmt.Errorf("endpoint %q: only unix:// sockets are supported", endpoint)
 	}
+	if path == "" {
+		return "", fmt.Errorf("endpoint %q names no socket file", endpoint)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("endpoint %q: %w", endpoint, err)
+	}
+	return abs, nil
+}
+
+// Endpoint returns the canonical form of a socket endpoint, unix:///absolute/path, the
+// only form every gRPC client and every reader of a log line understands alike.
+func Endpoint(endpoint string) (string, error) {
+	path, err := SocketPath(endpoint)
+	if err != nil {
+		return "", err
+	}
+	return "unix://" + path, nil
 }
 
 func (d *Driver) volumeKey(id string) client.ObjectKey {

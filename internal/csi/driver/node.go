@@ -12,14 +12,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-
-	"github.com/crdipc/crdipc/internal/storage/backend"
 )
 
-// LinkName is the symbolic link to the node's replica file that the driver makes where the
-// host does not let it mount: in the staging directory (NodeStageVolume) and in a mount-type
-// target directory (NodePublishVolume). On a host that lets it bind-mount but not loop-mount,
-// the target's LinkName is a bind mount of the replica file instead.
+// LinkName is what a target directory held where an earlier version of the driver, on a
+// host that would not let it mount, published a replica file: NodeUnpublishVolume still
+// removes it.
 const LinkName = "crdipc-volume.img"
 
 // NodeGetCapabilities implements csi.NodeServer: STAGE_UNSTAGE_VOLUME, since a mount volume
@@ -39,14 +36,10 @@ func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.Nod
 	return &csi.NodeGetInfoResponse{NodeId: d.o.NodeID}, nil
 }
 
-// NodePublishVolume implements csi.NodeServer: it makes this node's replica of the volume
-// available at the target path. Mount access bind-mounts the staging path (the loop-mounted
-// file system) onto the target directory, remounted read-only when asked. Block access
-// bind-mounts the replica file onto the target path. Where the volume was staged without a
-// mount, and for block access where mount(2) is refused (EPERM/EACCES: no CAP_SYS_ADMIN), the
-// replica file is published as on a host without mount privileges: bind-mounted onto LinkName
-// inside the target directory (mount) or onto the target path (block), or, where that too is
-// refused, a symbolic link to it in the same place.
+// NodePublishVolume implements csi.NodeServer: it makes the volume staged on this node
+// available at the target path. Mount access bind-mounts the staging path (the mounted file
+// system) onto the target directory, remounted read-only when asked. Block access
+// bind-mounts the volume's loop device onto the target path.
 func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	switch {
 	case req.GetVolumeId() == "":
@@ -66,44 +59,54 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if d.o.NodeID == "" {
 		return nil, status.Error(codes.FailedPrecondition, "this driver instance serves no node")
 	}
-	done, err := d.lockVolume(req.GetVolumeId())
+	id := req.GetVolumeId()
+	if isInvalidName(id) {
+		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+	}
+	done, err := d.lockVolume(id)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	src, err := d.replicaFile(ctx, req.GetVolumeId())
-	if err != nil {
-		return nil, err
+	s := d.stagedVolume(id)
+	if s == nil {
+		if err := d.volumeExists(ctx, id); err != nil {
+			return nil, err
+		}
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not staged on node %s", id, d.o.NodeID)
 	}
 	target := req.GetTargetPath()
 	if block {
-		return &csi.NodePublishVolumeResponse{}, d.node().publishFile(src, target, req.GetReadonly())
+		return &csi.NodePublishVolumeResponse{}, d.node().publishFile(s.export.Device(), target, req.GetReadonly())
 	}
-	return &csi.NodePublishVolumeResponse{}, d.publishMount(req.GetVolumeId(), src, req.GetStagingTargetPath(), target, req.GetReadonly())
+	return &csi.NodePublishVolumeResponse{}, d.publishMount(id, s.export.Device(), req.GetStagingTargetPath(), target, req.GetReadonly())
 }
 
-// publishMount bind-mounts the staged file system onto the target directory, or publishes the
-// replica file into it where the volume was staged without a mount.
-func (d *Driver) publishMount(id, src, staging, target string, readonly bool) error {
+// volumeExists answers NotFound for a volume the API server does not know.
+func (d *Driver) volumeExists(ctx context.Context, id string) error {
+	if err := d.c.Get(ctx, d.volumeKey(id), newVolume()); apierrors.IsNotFound(err) {
+		return status.Errorf(codes.NotFound, "volume %s not found", id)
+	} else if err != nil {
+		return apiError("reading volume", err)
+	}
+	return nil
+}
+
+// publishMount bind-mounts the staged file system (on dev) onto the target directory.
+func (d *Driver) publishMount(id, dev, staging, target string, readonly bool) error {
 	h := d.node()
 	st, mounted, err := mountAt(staging)
 	if err != nil {
 		return status.Error(codes.Internal, err.Error())
 	}
-	if mounted && !sameFile(loopBackingFile(st.source), src) {
-		return status.Errorf(codes.FailedPrecondition, "staging path %s holds %s, not volume %s", staging, st.source, id)
-	}
 	if !mounted {
-		cur, err := os.Readlink(filepath.Join(staging, LinkName))
-		if err != nil || !sameFile(cur, src) {
-			return status.Errorf(codes.FailedPrecondition, "volume %s is not staged at %s", id, staging)
-		}
+		return status.Errorf(codes.FailedPrecondition, "volume %s is not staged at %s", id, staging)
+	}
+	if st.source != dev {
+		return status.Errorf(codes.FailedPrecondition, "staging path %s holds %s, not volume %s", staging, st.source, id)
 	}
 	if err := os.MkdirAll(target, 0o750); err != nil {
 		return status.Errorf(codes.Internal, "creating target %s: %v", target, err)
-	}
-	if !mounted {
-		return h.publishFile(src, filepath.Join(target, LinkName), readonly)
 	}
 	if cur, ok, err := mountAt(target); err != nil {
 		return status.Error(codes.Internal, err.Error())
@@ -226,30 +229,4 @@ func (d *Driver) lockVolume(id string) (func(), error) {
 		defer d.nodeOps.Unlock()
 		delete(d.nodeOps.busy, id)
 	}, nil
-}
-
-// replicaFile is this node's replica file of the volume, as an absolute path.
-func (d *Driver) replicaFile(ctx context.Context, id string) (string, error) {
-	if isInvalidName(id) {
-		return "", status.Errorf(codes.NotFound, "volume %s not found", id)
-	}
-	vol := newVolume()
-	if err := d.c.Get(ctx, d.volumeKey(id), vol); apierrors.IsNotFound(err) {
-		return "", status.Errorf(codes.NotFound, "volume %s not found", id)
-	} else if err != nil {
-		return "", apiError("reading volume", err)
-	}
-	for _, r := range vol.Status.Replicas {
-		if r.Node == d.o.NodeID {
-			f := backend.NewFile(d.o.Root).ReplicaPath(r.Pool, backend.Replica{Namespace: vol.Namespace, Name: r.Name})
-			if abs, err := filepath.Abs(f); err == nil {
-				f = abs
-			}
-			if _, err := os.Stat(f); err != nil {
-				return "", status.Errorf(codes.Unavailable, "replica %s of volume %s: %v", r.Name, id, err)
-			}
-			return f, nil
-		}
-	}
-	return "", status.Errorf(codes.FailedPrecondition, "volume %s has no replica on node %s", id, d.o.NodeID)
 }

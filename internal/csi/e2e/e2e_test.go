@@ -2,8 +2,13 @@ package e2e_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
@@ -34,6 +40,7 @@ import (
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/storage/agent"
+	"github.com/crdipc/crdipc/internal/storage/blockdev"
 	"github.com/crdipc/crdipc/internal/storage/operator"
 	"github.com/crdipc/crdipc/internal/testenv"
 	"github.com/crdipc/crdipc/ipc"
@@ -59,6 +66,8 @@ type world struct {
 	root   string
 	socket string
 	ns     string
+	// sidecarHealth is the sidecar manager's /healthz and /readyz address.
+	sidecarHealth string
 
 	stopDriver func()
 }
@@ -70,6 +79,7 @@ func TestCSI(t *testing.T) {
 	t.Run("RBAC", w.testRBAC)
 	t.Run("ProvisionWaitsForNode", w.testProvisionWaitsForNode)
 	t.Run("DriverRestartMidCreate", w.testDriverRestart)
+	t.Run("DriverUnreachable", w.testDriverUnreachable)
 	t.Run("ProvisionAttachDelete", w.testLifecycle)
 	t.Run("StageFormatOnce", w.testStageFormatOnce)
 	t.Run("Sanity", w.testSanity)
@@ -109,8 +119,11 @@ func newWorld(t *testing.T) *world {
 	w.waitHealthyPools(2)
 
 	w.startDriver()
-	sm := testenv.NewManager(t, impersonate(env.Config, sidecarSA))
-	if err := sidecar.Add(sm, sidecar.Options{DriverEndpoint: w.socket, CallTimeout: 2 * time.Second, BackoffBase: 200 * time.Millisecond, BackoffMax: 2 * time.Second}); err != nil {
+	w.sidecarHealth = freeAddr(t)
+	sm := testenv.NewManager(t, impersonate(env.Config, sidecarSA), func(o *ctrl.Options) { o.HealthProbeBindAddress = w.sidecarHealth })
+	// As in up: the sidecar knows the driver's name, so it serves claims (and says why
+	// they wait) even while the driver is down.
+	if err := sidecar.Add(sm, sidecar.Options{DriverEndpoint: w.socket, DriverName: driver.Name, CallTimeout: 2 * time.Second, BackoffBase: 200 * time.Millisecond, BackoffMax: 2 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Start(t, "sidecar", sm.Start)
@@ -129,7 +142,7 @@ func newWorld(t *testing.T) *world {
 
 // startDriver runs the driver as its ServiceAccount on w.socket, serving node-1.
 func (w *world) startDriver() {
-	d, err := driver.New(driver.Options{Config: impersonate(w.env.Config, driverSA), NodeID: "node-1", Root: filepath.Join(w.root, "node-1")})
+	d, err := driver.New(driver.Options{Config: impersonate(w.env.Config, driverSA), NodeID: "node-1", TargetDir: filepath.Join(w.root, "targets", "node-1")})
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -147,6 +160,17 @@ func (w *world) startDriver() {
 	}()
 	w.stopDriver = func() { cancel(); <-done }
 	w.t.Cleanup(func() { w.stopDriver() })
+}
+
+// freeAddr returns a loopback address with a port free a moment ago, for a server that
+// binds its own listener (the manager's health probes).
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 func impersonate(cfg *rest.Config, user string) *rest.Config {
@@ -355,6 +379,60 @@ func (w *world) deletePVCAndWait(t *testing.T, pvc *corev1.PersistentVolumeClaim
 // testDriverRestart: the driver is stopped while CreateVolume waits for a replica; the call
 // retried with the same name after a restart returns the same volume, and no second one
 // exists.
+// testDriverUnreachable: with the driver stopped, a new claim gets a Warning Event from the
+// sidecar naming the socket it cannot reach, the sidecar's readiness fails with that
+// reason, and once the driver is back the claim is Bound with no user action.
+func (w *world) testDriverUnreachable(t *testing.T) {
+	w.stopDriver()
+	path, err := driver.SocketPath(w.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pvc := w.createPVC(t, "driver-down")
+	w.eventually(t, "an Event naming the unreachable driver", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+		evs, err := w.events(ctx, pvc)
+		if err != nil {
+			return false, "", err
+		}
+		var seen []string
+		for _, e := range evs {
+			if e.Type == corev1.EventTypeWarning && e.Reason == "ProvisioningFailed" && strings.Contains(e.Message, "unreachable") && strings.Contains(e.Message, path) {
+				return true, "", nil
+			}
+			seen = append(seen, e.Reason+": "+e.Message)
+		}
+		return false, strings.Join(seen, " | "), nil
+	})
+	w.eventually(t, "the sidecar not ready, saying why", 10*time.Second, func(ctx context.Context) (bool, string, error) {
+		code, body := httpGet(ctx, "http://"+w.sidecarHealth+"/readyz/csi-driver")
+		return code == http.StatusInternalServerError, fmt.Sprintf("%d %s", code, body), nil
+	})
+	w.startDriver()
+	w.waitBound(t, pvc, 20*time.Second)
+	w.eventually(t, "the sidecar ready again", 10*time.Second, func(ctx context.Context) (bool, string, error) {
+		code, body := httpGet(ctx, "http://"+w.sidecarHealth+"/readyz/csi-driver")
+		return code == http.StatusOK, fmt.Sprintf("%d %s", code, body), nil
+	})
+	if err := w.c.Delete(context.Background(), pvc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// httpGet returns the status code and body of GET url (0 and the error when it fails).
+func httpGet(ctx context.Context, url string) (int, string) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err.Error()
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
 func (w *world) testDriverRestart(t *testing.T) {
 	ctx := context.Background()
 	conn, err := sidecar.Dial(w.socket)
@@ -576,6 +654,8 @@ func (w *world) testStageFormatOnce(t *testing.T) {
 	if replica, err = filepath.EvalSymlinks(replica); err != nil {
 		t.Fatal(err)
 	}
+	requireMounts(t)
+	volumeFile := filepath.Join(w.root, "targets", "node-1", id, blockdev.VolumeName)
 	dir := t.TempDir()
 	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "target")
 	if err := os.Mkdir(staging, 0o750); err != nil { // the CO's job
@@ -624,11 +704,18 @@ func (w *world) testStageFormatOnce(t *testing.T) {
 		if lines := mountInfoLines(t, dir, w.root); len(lines) != 0 {
 			t.Fatalf("mount table after NodeUnstageVolume still holds ours:\n%s", strings.Join(lines, "\n"))
 		}
-		// The loop device has autoclear, which newer kernels run asynchronously.
 		w.eventually(t, "the loop device released", 10*time.Second, func(context.Context) (bool, string, error) {
-			devs := loopDevicesOf(t, replica)
-			return len(devs) == 0, fmt.Sprintf("%v still back %s", devs, replica), nil
+			devs := loopDevicesOf(t, volumeFile)
+			return len(devs) == 0, fmt.Sprintf("%v still back %s", devs, volumeFile), nil
 		})
+		// Unstaged cleanly: every replica holds the same bytes.
+		sums := map[string]string{}
+		for _, f := range w.replicaFiles(id) {
+			sums[sha256File(t, f)] = f
+		}
+		if len(sums) != 1 {
+			t.Fatalf("replica files of %s differ after NodeUnstageVolume: %v", id, sums)
+		}
 	}
 
 	if err := stage(capability("btrfs")); status.Code(err) != codes.InvalidArgument {
@@ -637,15 +724,10 @@ func (w *world) testStageFormatOnce(t *testing.T) {
 	if err := stage(capability("ext4")); err != nil {
 		t.Fatalf("NodeStageVolume: %v", err)
 	}
-	if fi, err := os.Lstat(filepath.Join(staging, driver.LinkName)); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-		if got := blkid(t, replica, "TYPE"); got != "ext4" {
-			t.Fatalf("staged without a mount, the replica holds %q, want ext4 all the same", got)
-		}
-		t.Skip("this host refuses to loop-mount (mount(2) EPERM/EACCES or no loop device; the driver log says which): " +
-			"NodeStageVolume made the ext4 file system but linked the replica file instead of mounting it")
-	}
-	if devs := loopDevicesOf(t, replica); len(devs) != 1 || !mountedFrom(t, staging, devs[0]) {
-		t.Fatalf("staging path %s is not the loop mount of %s: loop devices %v", staging, replica, devs)
+	// The volume's target presents it as a FUSE file under the driver's target directory,
+	// loop-attached and mounted on the staging path.
+	if devs := loopDevicesOf(t, volumeFile); len(devs) != 1 || !mountedFrom(t, staging, devs[0]) {
+		t.Fatalf("staging path %s is not the mount of the loop device of %s: loop devices %v", staging, volumeFile, devs)
 	}
 	uuid := blkid(t, replica, "UUID")
 	if got := blkid(t, replica, "TYPE"); got != "ext4" || uuid == "" {
@@ -685,6 +767,33 @@ func (w *world) testStageFormatOnce(t *testing.T) {
 		t.Fatalf("file system uuid %s, was %s: the replica was reformatted", u, uuid)
 	}
 	unpublishUnstage()
+}
+
+// requireMounts skips a test on a host that cannot present volumes as block devices (FUSE,
+// loop devices, mount privilege) — except where CRDIPC_REQUIRE_MOUNT=1 (CI) says it must.
+func requireMounts(t *testing.T) {
+	t.Helper()
+	if err := blockdev.Available(); err != nil {
+		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
+			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot present block devices: %v", err)
+		}
+		t.Skip(err)
+	}
+}
+
+// sha256File is the hex sha256 of a file's content.
+func sha256File(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // mountInfoLines are the lines of this process's mount table that mention any of paths.

@@ -7,6 +7,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -66,9 +68,15 @@ func (p *provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 	resp, err := p.csi.CreateVolume(cctx, req)
 	if err != nil {
 		if Retryable(err) {
-			// The library records a ProvisioningFailed Event with the driver's message and
-			// requeues the claim with backoff; the driver keeps the half-made volume, and the
-			// next call with the same name picks it up.
+			// The library records a ProvisioningFailed Event with this message and requeues
+			// the claim with backoff; the driver keeps the half-made volume, and the next
+			// call with the same name picks it up.
+			if status.Code(err) == codes.Unavailable {
+				// Nothing answered: say where the sidecar looked, so a wrong endpoint or a
+				// stopped driver is one `kubectl describe pvc` away.
+				p.log.Error(err, "the CSI driver cannot be reached", "endpoint", p.o.DriverEndpoint, "claim", client.ObjectKeyFromObject(pvc))
+				return nil, controller.ProvisioningInBackground, fmt.Errorf("the CSI driver at %s is unreachable (CreateVolume %s): %w", p.o.DriverEndpoint, req.Name, err)
+			}
 			return nil, controller.ProvisioningInBackground, fmt.Errorf("CreateVolume %s: %w", req.Name, err)
 		}
 		return nil, controller.ProvisioningFinished, p.final(pvc, fmt.Errorf("CreateVolume %s: %w", req.Name, err))

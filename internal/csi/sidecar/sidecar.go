@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -35,8 +36,15 @@ import (
 
 // Options configure the sidecar.
 type Options struct {
-	// DriverEndpoint is the driver's socket, unix:///path.
+	// DriverEndpoint is the driver's socket, unix:///path; a relative path is resolved
+	// against the working directory when Add is called.
 	DriverEndpoint string
+	// DriverName is the name the driver is expected to report (the provisioner of its
+	// StorageClasses). With it the sidecar serves claims from the start, so a driver that
+	// cannot be reached shows as Events on the claims it should serve, not as silence; a
+	// driver that answers with another name is a configuration error, reported by
+	// readiness. Empty: learn the name from the driver, waiting until it answers.
+	DriverName string
 	// CallTimeout bounds one CreateVolume/DeleteVolume/ControllerPublish call; default 10 s
 	// (as upstream's sidecars). A volume not ready within it comes back Aborted and is
 	// retried.
@@ -89,11 +97,18 @@ func Dial(endpoint string) (*grpc.ClientConn, error) {
 	return conn, nil
 }
 
+// unreachableLogEvery spaces the error lines of a sidecar waiting for its driver: one
+// when the wait starts, then one this often, so the log says why nothing happens without
+// filling up.
+const unreachableLogEvery = 30 * time.Second
+
 // DriverName asks the driver for its name, waiting (with backoff, until ctx ends) for it to
 // answer: the sidecar serves exactly the StorageClasses and VolumeAttachments naming it.
-func DriverName(ctx context.Context, conn *grpc.ClientConn) (string, error) {
+// While the driver cannot be reached it logs so at error level, naming endpoint.
+func DriverName(ctx context.Context, conn *grpc.ClientConn, endpoint string, l logr.Logger) (string, error) {
 	id := csi.NewIdentityClient(conn)
 	delay := 50 * time.Millisecond
+	var lastLog time.Time
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		info, err := id.GetPluginInfo(cctx, &csi.GetPluginInfoRequest{})
@@ -107,24 +122,68 @@ func DriverName(ctx context.Context, conn *grpc.ClientConn) (string, error) {
 		if !Retryable(err) {
 			return "", fmt.Errorf("csi sidecar: GetPluginInfo: %w", err)
 		}
+		if time.Since(lastLog) >= unreachableLogEvery && ctx.Err() == nil {
+			l.Error(err, "the CSI driver cannot be reached; no claim is served until it answers", "endpoint", endpoint)
+			lastLog = time.Now()
+		}
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("csi sidecar: waiting for the driver: %w (last error: %v)", ctx.Err(), err)
+			return "", fmt.Errorf("csi sidecar: waiting for the driver at %s: %w (last error: %v)", endpoint, ctx.Err(), err)
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 2*time.Second)
 	}
 }
 
-// Add adds the provisioner and the attacher for the driver at o.DriverEndpoint to mgr. Both
-// run only while mgr leads, so two sidecars never act on one object. The driver's name is
-// read from the driver when mgr starts.
+// driverCheck is the sidecar's readiness: ready while the driver at endpoint answers its
+// CSI Probe and, once known, reports the expected name.
+type driverCheck struct {
+	endpoint string
+	id       csi.IdentityClient
+	want     string // expected name; empty: any
+}
+
+// check implements healthz.Checker; its error is what /readyz?verbose shows a user.
+func (c *driverCheck) check(r *http.Request) error {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	probe, err := c.id.Probe(ctx, &csi.ProbeRequest{})
+	if err != nil {
+		return fmt.Errorf("the CSI driver at %s is unreachable: %w", c.endpoint, err)
+	}
+	// An unset Ready means ready, as the CSI spec says.
+	if r := probe.GetReady(); r != nil && !r.GetValue() {
+		return fmt.Errorf("the CSI driver at %s answers but is not ready (its Probe)", c.endpoint)
+	}
+	if c.want == "" {
+		return nil
+	}
+	info, err := c.id.GetPluginInfo(ctx, &csi.GetPluginInfoRequest{})
+	if err != nil {
+		return fmt.Errorf("the CSI driver at %s: GetPluginInfo: %w", c.endpoint, err)
+	}
+	if info.GetName() != c.want {
+		return fmt.Errorf("the CSI driver at %s is %q, but this sidecar serves %q", c.endpoint, info.GetName(), c.want)
+	}
+	return nil
+}
+
+// Add adds the provisioner and the attacher for the driver at o.DriverEndpoint to mgr, and
+// a readiness check ("csi-driver") that fails, with the reason, while the driver cannot be
+// reached. Provisioner and attacher run only while mgr leads, so two sidecars never act on
+// one object. Without o.DriverName, the driver's name is read from the driver when mgr
+// starts.
 func Add(mgr manager.Manager, o Options) error {
 	o.defaults()
 	if o.DriverEndpoint == "" {
 		return errors.New("csi sidecar: a driver endpoint is required")
 	}
-	conn, err := Dial(o.DriverEndpoint)
+	endpoint, err := driver.Endpoint(o.DriverEndpoint)
+	if err != nil {
+		return fmt.Errorf("csi sidecar: %w", err)
+	}
+	o.DriverEndpoint = endpoint
+	conn, err := Dial(endpoint)
 	if err != nil {
 		return err
 	}
@@ -136,22 +195,30 @@ func Add(mgr manager.Manager, o Options) error {
 	if err != nil {
 		return fmt.Errorf("csi sidecar: %w", err)
 	}
+	dc := &driverCheck{endpoint: endpoint, id: csi.NewIdentityClient(conn), want: o.DriverName}
+	if err := mgr.AddReadyzCheck("csi-driver", dc.check); err != nil {
+		return fmt.Errorf("csi sidecar: %w", err)
+	}
 	a := &attacher{c: mgr.GetClient(), csi: csi.NewControllerClient(conn), o: o, log: l.WithName("attacher")}
 	if err := a.setup(mgr); err != nil {
 		return err
 	}
 	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		defer conn.Close()
-		name, err := DriverName(ctx, conn)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+		name := o.DriverName
+		if name == "" {
+			learned, err := DriverName(ctx, conn, endpoint, l)
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
 			}
-			return err
+			name = learned
 		}
-		a.setDriver(name)
 		rec := newRecorder(ctx, kube, name)
 		a.setRecorder(rec)
+		a.setDriver(name)
 		p := newProvisioner(ctx, kube, mgr.GetClient(), name, csi.NewControllerClient(conn), o, rec, l.WithName("provisioner"))
 		p.Run(ctx)
 		return nil

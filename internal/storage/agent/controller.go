@@ -66,6 +66,10 @@ type Options struct {
 	// Backends overrides the backends by name. Default: file under Root; zfs when the
 	// zpool and zfs commands exist.
 	Backends map[storagev1alpha1.Backend]backend.Backend
+	// DataAddr is where the node's replica data service listens (host:port); empty: no data
+	// service, the replicas are files nobody else can reach. A host-less address (":9500")
+	// needs DataAdvertiseHost, the address peers dial.
+	DataAddr, DataAdvertiseHost string
 	// MaxConcurrentReconciles per kind; default 4.
 	MaxConcurrentReconciles int
 	// Logger for the agent; default: controller-runtime's global logger.
@@ -136,7 +140,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	retry := time.Second
 	for {
-		mgr, err := a.newManager(log)
+		mgr, data, err := a.newManager(log)
 		if err != nil {
 			return err
 		}
@@ -149,6 +153,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		}()
 		err = mgr.Start(ctx)
+		if data != nil {
+			data.ln.Close() // bound even if the Lease never came; the next manager binds anew
+		}
 		a.leading.Store(false)
 		if ctx.Err() != nil {
 			return nil
@@ -172,11 +179,11 @@ func LeaseName(node string) string {
 	return name[:240] + "-" + hex.EncodeToString(sum[:])[:12]
 }
 
-func (a *Agent) newManager(log logr.Logger) (manager.Manager, error) {
+func (a *Agent) newManager(log logr.Logger) (manager.Manager, *dataServer, error) {
 	lock, err := resourcelock.NewFromKubeconfig(resourcelock.LeasesResourceLock, install.SystemNamespace, LeaseName(a.o.Node),
 		resourcelock.ResourceLockConfig{Identity: a.o.Identity}, a.cfg, a.o.RenewDeadline)
 	if err != nil {
-		return nil, fmt.Errorf("creating node lease lock: %w", err)
+		return nil, nil, fmt.Errorf("creating node lease lock: %w", err)
 	}
 	own := cache.ByObject{Field: fields.OneTermEqualSelector(storagev1alpha1.FieldNodeName, a.o.Node)}
 	mgr, err := ctrl.NewManager(a.cfg, ctrl.Options{
@@ -202,20 +209,34 @@ func (a *Agent) newManager(log logr.Logger) (manager.Manager, error) {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("creating manager: %w", err)
+		return nil, nil, fmt.Errorf("creating manager: %w", err)
 	}
 	if a.o.HealthAddr != "0" {
 		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	if err := a.register(mgr); err != nil {
-		return nil, err
+	var data *dataServer
+	if a.o.DataAddr != "" {
+		data, err = newDataServer(a.o.Node, a.o.DataAddr, a.o.DataAdvertiseHost, install.SystemNamespace, mgr.GetClient(), mgr.GetAPIReader(), a.backend, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := mgr.Add(data); err != nil {
+			data.ln.Close()
+			return nil, nil, err
+		}
 	}
-	return mgr, nil
+	if err := a.register(mgr, data); err != nil {
+		if data != nil {
+			data.ln.Close()
+		}
+		return nil, nil, err
+	}
+	return mgr, data, nil
 }
 
 // backend returns the backend for a pool of the named kind.
@@ -231,7 +252,7 @@ func (a *Agent) backend(name storagev1alpha1.Backend) (backend.Backend, error) {
 }
 
 // register adds the two receivers, CStorPool and CStorVolumeReplica, to mgr.
-func (a *Agent) register(mgr manager.Manager) error {
+func (a *Agent) register(mgr manager.Manager, data *dataServer) error {
 	ctx := context.Background()
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &storagev1alpha1.CStorVolumeReplica{}, storagev1alpha1.FieldPool, func(o client.Object) []string {
 		return []string{o.(*storagev1alpha1.CStorVolumeReplica).Spec.Pool}
@@ -261,7 +282,7 @@ func (a *Agent) register(mgr manager.Manager) error {
 	if err := ipc.Register(mgr, &storagev1alpha1.CStorPool{}, ipc.Handler[*storagev1alpha1.CStorPool](pools), po); err != nil {
 		return err
 	}
-	replicas := &replicaHandler{node: a.o.Node, c: mgr.GetClient(), backends: backends, resync: a.o.Resync}
+	replicas := &replicaHandler{node: a.o.Node, c: mgr.GetClient(), live: mgr.GetAPIReader(), backends: backends, resync: a.o.Resync, data: data}
 	ro := base
 	ro.Name = "cstorvolumereplica-agent"
 	ro.Watches = []ipc.Watch{{

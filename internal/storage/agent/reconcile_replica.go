@@ -25,14 +25,23 @@ import (
 type replicaHandler struct {
 	node     string
 	c        client.Client
+	live     client.Reader
 	backends func(storagev1alpha1.Backend) (backend.Backend, error)
 	resync   time.Duration
+	// data is the node's replica data service; nil when the agent runs without one.
+	data *dataServer
 }
+
+// ReasonRebuilding: the replica is being filled from a healthy one (Ready=False, not terminal).
+const ReasonRebuilding = "Rebuilding"
+
+// rebuildPoll is how often a rebuilding replica's progress is brought into its status.
+const rebuildPoll = time.Second
 
 // replicaCreated reports whether a replica in this phase exists on disk (or did); like a
 // pool, it is then only ever stat'ed, never created again.
 func replicaCreated(p storagev1alpha1.ReplicaPhase) bool {
-	return p == storagev1alpha1.ReplicaPhaseHealthy || p == storagev1alpha1.ReplicaPhaseOffline
+	return p == storagev1alpha1.ReplicaPhaseHealthy || p == storagev1alpha1.ReplicaPhaseOffline || p == storagev1alpha1.ReplicaPhaseRebuilding
 }
 
 func backendReplica(r *storagev1alpha1.CStorVolumeReplica) backend.Replica {
@@ -95,6 +104,20 @@ func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVol
 	r.Status.Capacity = &storagev1alpha1.ReplicaCapacity{
 		Total: *resource.NewQuantity(st.Size, resource.BinarySI),
 		Used:  *resource.NewQuantity(st.Allocated, resource.BinarySI),
+	}
+	if h.data != nil {
+		ds, err := h.reconcileData(ctx, r)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ipc.Result{}, ctx.Err()
+			}
+			// The file is there; whether its data is current is not known yet.
+			return ipc.Result{Reason: conditions.ReasonReconciling, Message: err.Error(), RequeueAfter: rebuildPoll}, nil
+		}
+		if ds.rebuilding {
+			r.Status.Phase = storagev1alpha1.ReplicaPhaseRebuilding
+			return ipc.Result{Reason: ReasonRebuilding, Message: ds.message, RequeueAfter: rebuildPoll}, nil
+		}
 	}
 	res := ipc.Done(fmt.Sprintf("replica %s on node %s", st.Location, h.node))
 	res.RequeueAfter = h.resync

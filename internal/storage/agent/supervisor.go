@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net"
 	"path/filepath"
 	"sync"
 	"time"
@@ -36,9 +37,18 @@ type SupervisorOptions struct {
 	Nodes int
 	// Root holds each node's agent root, Root/<node>.
 	Root string
-	// Agent is the template for every agent; Node, Root and Identity are set per node.
+	// Agent is the template for every agent; Node, Root, Identity and DataAddr are set
+	// per node.
 	Agent Options
+	// NoData runs the agents without their replica data services.
+	NoData bool
 }
+
+// dataIP is the loopback address of the i-th simulated node's replica data service (i ≥ 1):
+// 127.1.x.y, apart from the pods' 127.2.0.0/16, so each node is a host of its own on the
+// data path as on a real network. The port is chosen by the kernel, so several `crdipc up`
+// and test processes never collide; the replicas report it.
+func dataIP(i int) string { return fmt.Sprintf("127.1.%d.%d", i/254, i%254+1) }
 
 // Supervisor runs one agent per simulated Node: it starts an agent when a Node labelled
 // storage.crdipc.io/simulated=true appears, and when the Node is deleted it stops the agent
@@ -57,6 +67,9 @@ type Supervisor struct {
 	mu      sync.Mutex
 	agents  map[string]*runningAgent
 	stopped bool
+	// dataIPs are the nodes' data addresses, kept for the process's life so a node that
+	// comes back gets its address back.
+	dataIPs map[string]string
 }
 
 type runningAgent struct {
@@ -182,6 +195,15 @@ func (s *Supervisor) startAgent(node string) error {
 	o := s.o.Agent
 	o.Node = node
 	o.Root = filepath.Join(s.o.Root, node)
+	if !s.o.NoData {
+		if s.dataIPs == nil {
+			s.dataIPs = map[string]string{}
+		}
+		if s.dataIPs[node] == "" {
+			s.dataIPs[node] = dataIP(len(s.dataIPs))
+		}
+		o.DataAddr = net.JoinHostPort(s.dataIPs[node], "0")
+	}
 	// One process holds the data directory, so a fixed identity is safe, and after a
 	// crash the agent takes its node's Lease back at once instead of waiting for it to
 	// expire.

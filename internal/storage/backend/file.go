@@ -34,6 +34,10 @@ const markerName = ".crdipc-pool.json"
 
 const replicaSuffix = ".img"
 
+// MetaSuffix names the replica data service's metadata file beside a replica file
+// (revision, dirty and rebuilding flags); it goes with the replica.
+const MetaSuffix = ".meta"
+
 type poolMarker struct {
 	Name     string                   `json:"name"`
 	Type     storagev1alpha1.PoolType `json:"type,omitempty"`
@@ -179,7 +183,11 @@ func (f *File) DeleteReplica(ctx context.Context, p Pool, r Replica) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing replica file: %w", err)
 	}
+	if err := os.Remove(path + MetaSuffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing replica metadata: %w", err)
+	}
 	removeTemporaries(path)
+	_ = os.Remove(path + MetaSuffix + ".tmp") // an interrupted metadata write
 	_ = os.Remove(filepath.Dir(path)) // the namespace directory, if now empty
 	return nil
 }

@@ -43,6 +43,10 @@ type Options struct {
 	// Receiver is the template for the operator's two ipc receivers (identity, lease,
 	// concurrency, backoff); Name, Finalizer and Watches are set by the operator.
 	Receiver ipc.Options
+	// ReplaceAfter is how long a replica may stay Offline on a node that still exists before
+	// it is replaced on another pool (a deleted node's replicas are replaced at once);
+	// default DefaultReplaceAfter.
+	ReplaceAfter time.Duration
 }
 
 // Register adds the operator's receivers for StoragePoolClaims and CStorVolumes to mgr.
@@ -65,6 +69,9 @@ func Register(mgr manager.Manager, o Options) error {
 		// rate limiter; ipc's 100 ms first retry would dominate a volume's latency.
 		o.Receiver.BackoffBase = 5 * time.Millisecond
 	}
+	if err := mgr.Add(&caKeeper{r: mgr.GetAPIReader(), w: mgr.GetClient(), log: mgr.GetLogger().WithName("storage-data-ca")}); err != nil {
+		return err
+	}
 	claims := &claimHandler{c: mgr.GetClient(), live: mgr.GetAPIReader()}
 	co := o.Receiver
 	co.Name, co.Finalizer = "storagepoolclaim", ClaimFinalizer
@@ -81,7 +88,10 @@ func Register(mgr manager.Manager, o Options) error {
 		return err
 	}
 
-	volumes := &volumeHandler{c: mgr.GetClient(), live: mgr.GetAPIReader()}
+	if o.ReplaceAfter <= 0 {
+		o.ReplaceAfter = DefaultReplaceAfter
+	}
+	volumes := &volumeHandler{c: mgr.GetClient(), live: mgr.GetAPIReader(), log: mgr.GetLogger().WithName("cstorvolume"), replaceAfter: o.ReplaceAfter}
 	if err := mgr.Add(volumes); err != nil {
 		return err
 	}
@@ -115,11 +125,13 @@ var poolChanged = predicate.Funcs{
 	},
 }
 
-// replicaChanged passes replicas appearing, going, and changing phase.
+// replicaChanged passes replicas appearing, going, and changing phase or data endpoint
+// (which the volume's status carries to its target).
 var replicaChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*storagev1alpha1.CStorVolumeReplica), e.ObjectNew.(*storagev1alpha1.CStorVolumeReplica)
-		return o.Status.Phase != n.Status.Phase || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+		return o.Status.Phase != n.Status.Phase || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() ||
+			o.Status.Endpoint != n.Status.Endpoint
 	},
 }
 

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -33,6 +34,9 @@ import (
 type volumeHandler struct {
 	c    client.Client
 	live client.Reader
+	log  logr.Logger
+	// replaceAfter: see replaceLost.
+	replaceAfter time.Duration
 
 	mu        sync.Mutex
 	startedAt time.Time
@@ -145,6 +149,14 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 	if err := h.c.List(ctx, &pools); err != nil {
 		return ipc.Result{}, fmt.Errorf("listing pools: %w", err)
 	}
+	byName := make(map[string]*storagev1alpha1.CStorPool, len(pools.Items))
+	for i := range pools.Items {
+		byName[pools.Items[i].Name] = &pools.Items[i]
+	}
+	replicas, again, err := h.replaceLost(ctx, vol, replicas, byName)
+	if err != nil {
+		return ipc.Result{}, err
+	}
 	var blocked []string
 	if len(replicas) < rf {
 		used, err := h.poolUsage(ctx)
@@ -189,14 +201,13 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 			}
 		}
 	}
-	byName := make(map[string]*storagev1alpha1.CStorPool, len(pools.Items))
-	for i := range pools.Items {
-		byName[pools.Items[i].Name] = &pools.Items[i]
-	}
 	res := summarize(vol, rf, replicas, byName)
 	if len(blocked) > 0 && !res.Ready {
-		res.Message += fmt.Sprintf("; replica name(s) %s still taken by a deleted volume", strings.Join(blocked, ", "))
+		res.Message += fmt.Sprintf("; replica name(s) %s still taken by a replica being deleted", strings.Join(blocked, ", "))
 		res.RequeueAfter = time.Second
+	}
+	if again > 0 && (res.RequeueAfter == 0 || again < res.RequeueAfter) {
+		res.RequeueAfter = again
 	}
 	return res, nil
 }
@@ -279,7 +290,7 @@ func summarize(vol *storagev1alpha1.CStorVolume, rf int, replicas []storagev1alp
 	for i := range replicas {
 		r := &replicas[i]
 		phase := replicaPhase(r, pools)
-		entries = append(entries, storagev1alpha1.VolumeReplicaStatus{Name: r.Name, Pool: r.Spec.Pool, Node: r.Spec.NodeName, Phase: phase})
+		entries = append(entries, storagev1alpha1.VolumeReplicaStatus{Name: r.Name, Pool: r.Spec.Pool, Node: r.Spec.NodeName, Phase: phase, Endpoint: r.Status.Endpoint})
 		switch phase {
 		case storagev1alpha1.ReplicaPhaseHealthy:
 			ready++

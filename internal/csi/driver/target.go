@@ -1,0 +1,233 @@
+package driver
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/storage/blockdev"
+	"github.com/crdipc/crdipc/internal/storage/dataca"
+	"github.com/crdipc/crdipc/internal/storage/target"
+)
+
+// The Node service reads the data-path CA, and only that Secret, to dial replicas.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
+
+// membershipPoll is how often a staged volume's target looks at its CStorVolume for
+// replicas that were placed (a node joined) or moved (a replica was replaced).
+const membershipPoll = 2 * time.Second
+
+// staged is a volume this node serves: the volume engine writing its replicas, and the
+// FUSE file + loop device presenting the engine to the kernel.
+type staged struct {
+	engine *target.Engine
+	export *blockdev.Exported
+	stop   context.CancelFunc // ends the membership loop
+	done   chan struct{}
+}
+
+// targetDir is the directory of volume id's FUSE mount.
+func (d *Driver) targetDir(id string) string { return filepath.Join(d.o.TargetDir, id) }
+
+// dataTLS is the Node service's identity on the data path, issued from the data CA once.
+func (d *Driver) dataTLS(ctx context.Context) (*tls.Config, error) {
+	d.data.Lock()
+	defer d.data.Unlock()
+	if d.data.tls != nil {
+		return d.data.tls, nil
+	}
+	ca, err := dataca.Load(ctx, d.c, d.o.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	_, c, err := dataca.Identity(ca, "csi-node:"+d.o.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	d.data.tls = c
+	return c, nil
+}
+
+// startTarget runs volume id's engine on the node and exports it as a loop device: every
+// replica in the volume's status becomes a member, the one on this node preferred for
+// reads. It waits until ConsistencyFactor replicas are healthy (after an unclean stop the
+// others are rebuilt first), bounded by ctx.
+func (d *Driver) startTarget(ctx context.Context, id string) (*staged, error) {
+	vol := newVolume()
+	if err := d.c.Get(ctx, d.volumeKey(id), vol); apierrors.IsNotFound(err) {
+		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+	} else if err != nil {
+		return nil, apiError("reading volume", err)
+	}
+	if err := d.node().available(); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "this node cannot present volumes: %v", err)
+	}
+	tlsConf, err := d.dataTLS(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "volume %s: the data path: %v", id, err)
+	}
+	members := d.members(vol, tlsConf)
+	cf := int(vol.Spec.EffectiveConsistencyFactor())
+	if len(members) < cf {
+		return nil, status.Errorf(codes.Unavailable, "volume %s has %d reachable replicas, fewer than its consistency factor %d", id, len(members), cf)
+	}
+	log := d.log.WithValues("volume", id)
+	e, err := target.New(ctx, target.Options{
+		Members:           members,
+		ConsistencyFactor: cf,
+		Size:              vol.Spec.Capacity.Value(),
+		Logger:            slog.New(logr.ToSlogHandler(log.WithName("target"))),
+		OnReplicaState: func(rid string, s target.State, err error) {
+			if err != nil {
+				log.Info("replica changed state", "replica", rid, "state", s, "error", err.Error())
+			} else {
+				log.Info("replica changed state", "replica", rid, "state", s)
+			}
+		},
+	})
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "volume %s: starting its target: %v", id, err)
+	}
+	if err := e.WaitQuorum(ctx); err != nil {
+		e.Close()
+		return nil, status.Errorf(codes.Unavailable, "volume %s: waiting for %d healthy replicas: %v", id, cf, err)
+	}
+	dir := d.targetDir(id)
+	// A target of an earlier driver process that died: its FUSE mount and loop device
+	// outlive it and would refuse a new export.
+	if err := blockdev.Cleanup(dir); err != nil {
+		e.Close()
+		return nil, status.Errorf(codes.Internal, "volume %s: removing a stale export at %s: %v", id, dir, err)
+	}
+	ex, err := blockdev.Export(ctx, e, dir, blockdev.Options{Logger: slog.New(logr.ToSlogHandler(log.WithName("blockdev")))})
+	if err != nil {
+		e.Close()
+		return nil, status.Errorf(codes.Internal, "volume %s: presenting it as a block device: %v", id, err)
+	}
+	mctx, stop := context.WithCancel(context.Background())
+	s := &staged{engine: e, export: ex, stop: stop, done: make(chan struct{})}
+	go d.followMembers(mctx, id, s, tlsConf)
+	log.Info("volume target started", "device", ex.Device(), "replicas", len(members), "consistencyFactor", cf)
+	return s, nil
+}
+
+// members are the replicas of vol that report a data endpoint.
+func (d *Driver) members(vol *storagev1alpha1.CStorVolume, tlsConf *tls.Config) []target.Member {
+	var ms []target.Member
+	for _, r := range vol.Status.Replicas {
+		if r.Endpoint == "" {
+			continue
+		}
+		ms = append(ms, target.RemoteMember(storagev1alpha1.ReplicaDataID(vol.Namespace, r.Name), r.Endpoint, tlsConf, r.Node == d.o.NodeID))
+	}
+	return ms
+}
+
+// followMembers keeps the engine's members in step with the volume's replicas: a replica
+// placed on a node that joined is added (the engine rebuilds it), one that was removed is
+// dropped, and one whose data service moved is re-added at its new address.
+func (d *Driver) followMembers(ctx context.Context, id string, s *staged, tlsConf *tls.Config) {
+	defer close(s.done)
+	known := map[string]string{} // member id → endpoint
+	vol := newVolume()
+	if err := d.c.Get(ctx, d.volumeKey(id), vol); err == nil {
+		for _, m := range d.members(vol, tlsConf) {
+			known[m.ID] = m.Addr
+		}
+	}
+	t := time.NewTicker(membershipPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		vol := newVolume()
+		if err := d.c.Get(ctx, d.volumeKey(id), vol); err != nil {
+			continue
+		}
+		want := map[string]target.Member{}
+		for _, m := range d.members(vol, tlsConf) {
+			want[m.ID] = m
+		}
+		for mid, addr := range known {
+			if m, ok := want[mid]; !ok || m.Addr != addr {
+				if err := s.engine.RemoveMember(mid); err != nil && !errors.Is(err, target.ErrClosed) {
+					d.log.Info("removing a replica from the target", "volume", id, "replica", mid, "error", err.Error())
+				}
+				delete(known, mid)
+			}
+		}
+		for mid, m := range want {
+			if _, ok := known[mid]; ok {
+				continue
+			}
+			if err := s.engine.AddMember(m); err != nil {
+				d.log.Info("adding a replica to the target", "volume", id, "replica", mid, "error", err.Error())
+				continue
+			}
+			d.log.Info("replica joined the target; rebuilding it", "volume", id, "replica", mid, "endpoint", m.Addr)
+			known[mid] = m.Addr
+		}
+	}
+}
+
+// stopTarget ends volume id's target: the loop device and FUSE mount go, every replica's
+// writer session is closed cleanly (so the next start needs no rebuild), and a stale export
+// left by an earlier process is removed.
+func (d *Driver) stopTarget(id string) error {
+	d.data.Lock()
+	s := d.data.staged[id]
+	delete(d.data.staged, id)
+	d.data.Unlock()
+	dir := d.targetDir(id)
+	if s != nil {
+		s.stop()
+		<-s.done
+		err := s.export.Close()
+		if errors.Is(err, blockdev.ErrBusy) {
+			<-s.export.Done() // lazily detached: served until its last user lets go
+			err = nil
+		}
+		if cerr := s.engine.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return status.Errorf(codes.Internal, "volume %s: stopping its target: %v", id, err)
+		}
+	}
+	if err := blockdev.Cleanup(dir); err != nil {
+		return status.Errorf(codes.Internal, "volume %s: removing the export at %s: %v", id, dir, err)
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return status.Errorf(codes.Internal, "volume %s: removing %s: %v", id, dir, err)
+	}
+	return nil
+}
+
+// stagedVolume returns volume id's running target, or nil.
+func (d *Driver) stagedVolume(id string) *staged {
+	d.data.Lock()
+	defer d.data.Unlock()
+	return d.data.staged[id]
+}
+
+func (d *Driver) setStaged(id string, s *staged) {
+	d.data.Lock()
+	defer d.data.Unlock()
+	if d.data.staged == nil {
+		d.data.staged = map[string]*staged{}
+	}
+	d.data.staged[id] = s
+}

@@ -1,0 +1,197 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/storage/backend"
+	"github.com/crdipc/crdipc/internal/storage/dataca"
+	"github.com/crdipc/crdipc/internal/storage/replica"
+)
+
+// The agent reads the data-path CA, and only that Secret, to issue its certificate.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
+
+// dataServer runs the node's replica data service (package replica) while the agent holds
+// the node Lease: two agents of one node never serve the same files. It binds when the
+// manager is built, so the endpoint the replicas report is known before any of them is
+// reconciled.
+type dataServer struct {
+	node      string
+	ln        net.Listener
+	endpoint  string
+	namespace string
+	cache     client.Reader // the agent's cache: its own node's replicas and pools
+	live      client.Reader // the API server: the CA Secret is not cached
+	backends  func(storagev1alpha1.Backend) (backend.Backend, error)
+	log       logr.Logger
+
+	mu        sync.Mutex
+	ready     chan struct{} // closed once clientTLS is set
+	clientTLS *tls.Config
+	conns     map[string]*replica.Conn // by address: to this node and to its peers
+}
+
+// newDataServer binds addr. A listen address with no host (":9500") is advertised with
+// advertiseHost, which is then required.
+func newDataServer(node, addr, advertiseHost, namespace string, cache, live client.Reader, backends func(storagev1alpha1.Backend) (backend.Backend, error), log logr.Logger) (*dataServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("replica data service: %w", err)
+	}
+	host, port, _ := net.SplitHostPort(ln.Addr().String())
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		if advertiseHost == "" {
+			ln.Close()
+			return nil, fmt.Errorf("replica data service listens on %s, which peers cannot dial: give the address to advertise (--data-advertise-address, or $POD_IP)", addr)
+		}
+		host = advertiseHost
+	}
+	return &dataServer{
+		node: node, ln: ln, endpoint: net.JoinHostPort(host, port), namespace: namespace,
+		cache: cache, live: live, backends: backends, log: log.WithName("replica-data"),
+		ready: make(chan struct{}), conns: map[string]*replica.Conn{},
+	}, nil
+}
+
+// NeedLeaderElection implements manager.LeaderElectionRunnable: only the Lease holder serves.
+func (d *dataServer) NeedLeaderElection() bool { return true }
+
+// Start implements manager.Runnable: it waits for the data CA, issues the node's
+// certificate and serves until ctx ends.
+func (d *dataServer) Start(ctx context.Context) error {
+	defer d.closeConns()
+	ca, err := d.waitCA(ctx)
+	if err != nil {
+		d.ln.Close()
+		return nil // ctx ended
+	}
+	host, _, _ := net.SplitHostPort(d.endpoint)
+	serverTLS, clientTLS, err := dataca.Identity(ca, "node:"+d.node, host)
+	if err != nil {
+		d.ln.Close()
+		return err
+	}
+	d.mu.Lock()
+	d.clientTLS = clientTLS
+	close(d.ready)
+	d.mu.Unlock()
+	srv := replica.NewServer(replica.ServerOptions{Node: d.node, Lookup: d.lookup, TLS: serverTLS, ClientTLS: clientTLS, Logger: d.log})
+	d.log.Info("serving replica data", "endpoint", d.endpoint)
+	return srv.Serve(ctx, d.ln)
+}
+
+// waitCA loads the data CA, waiting for the operator to create it.
+func (d *dataServer) waitCA(ctx context.Context) (replica.CA, error) {
+	delay := 100 * time.Millisecond
+	logged := false
+	for {
+		ca, err := dataca.Load(ctx, d.live, d.namespace)
+		if err == nil {
+			return ca, nil
+		}
+		if !logged || !errors.Is(err, dataca.ErrNotCreated) {
+			d.log.Info("waiting for the storage data CA", "reason", err.Error())
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return replica.CA{}, ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+// lookup maps a replica id (namespace/name) to its files: only this node's replicas on
+// file-backed pools are served.
+func (d *dataServer) lookup(id string) (replica.Location, error) {
+	ns, name, ok := strings.Cut(id, "/")
+	if !ok {
+		return replica.Location{}, fmt.Errorf("replica id %q is not namespace/name", id)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var r storagev1alpha1.CStorVolumeReplica
+	if err := d.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &r); err != nil {
+		return replica.Location{}, fmt.Errorf("no replica %s on node %s: %w", id, d.node, err)
+	}
+	if r.Spec.NodeName != d.node {
+		return replica.Location{}, fmt.Errorf("replica %s lives on node %s, not %s", id, r.Spec.NodeName, d.node)
+	}
+	var pool storagev1alpha1.CStorPool
+	if err := d.cache.Get(ctx, client.ObjectKey{Name: r.Spec.Pool}, &pool); err != nil {
+		return replica.Location{}, fmt.Errorf("pool %s of replica %s: %w", r.Spec.Pool, id, err)
+	}
+	b, err := d.backends(pool.Spec.Backend)
+	if err != nil {
+		return replica.Location{}, err
+	}
+	f, ok := b.(*backend.File)
+	if !ok {
+		return replica.Location{}, fmt.Errorf("replica %s is on a %s pool: the data path serves file-backed pools only", id, pool.Spec.Backend)
+	}
+	path := f.ReplicaPath(pool.Name, backendReplica(&r))
+	return replica.Location{Data: path, Meta: path + backend.MetaSuffix, Size: r.Spec.Capacity.Value()}, nil
+}
+
+// client returns a client for replica id on the data service at addr (this node's or a
+// peer's), over one shared connection per address; it fails until the service has its
+// certificate.
+func (d *dataServer) client(ctx context.Context, addr, id string) (*replica.Client, error) {
+	select {
+	case <-d.ready:
+	default:
+		return nil, errors.New("the replica data service has no certificate yet")
+	}
+	d.mu.Lock()
+	c := d.conns[addr]
+	d.mu.Unlock()
+	if c != nil {
+		return c.Replica(id), nil
+	}
+	c, err := replica.Dial(ctx, addr, d.clientTLS)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	if old := d.conns[addr]; old != nil {
+		c.Close()
+		c = old
+	} else {
+		d.conns[addr] = c
+	}
+	d.mu.Unlock()
+	return c.Replica(id), nil
+}
+
+// drop forgets the connection to addr after an error, so the next call dials anew.
+func (d *dataServer) drop(addr string) {
+	d.mu.Lock()
+	c := d.conns[addr]
+	delete(d.conns, addr)
+	d.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+func (d *dataServer) closeConns() {
+	d.mu.Lock()
+	conns := d.conns
+	d.conns = map[string]*replica.Conn{}
+	d.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}

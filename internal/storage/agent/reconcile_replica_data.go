@@ -1,0 +1,112 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/storage/replica"
+)
+
+// dataState is what the data path says of a replica that exists on disk.
+type dataState struct {
+	rebuilding bool
+	message    string
+}
+
+// reconcileData brings the data path's view of replica r into its status — the endpoint
+// peers and targets dial, its revision, rebuild progress — and starts a rebuild when r is
+// behind a peer while no target writes the volume: a replica placed on a new node, or one
+// whose node was away while the others took writes. While a target writes (its writer
+// session leaves the replicas dirty) the target decides, since only it knows which writes
+// each replica has acknowledged.
+func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica) (dataState, error) {
+	d := h.data
+	r.Status.Endpoint = d.endpoint
+	id := storagev1alpha1.ReplicaDataID(r.Namespace, r.Name)
+	self, err := d.client(ctx, d.endpoint, id)
+	if err != nil {
+		return dataState{}, fmt.Errorf("replica data service: %w", err)
+	}
+	info, err := self.Info(ctx)
+	if err != nil {
+		d.drop(d.endpoint)
+		return dataState{}, fmt.Errorf("replica data service: %w", err)
+	}
+	r.Status.Revision = int64(info.Revision)
+	if info.Rebuilding {
+		return h.rebuilding(r, info), nil
+	}
+	r.Status.Rebuild = nil
+	if info.Dirty {
+		return dataState{}, nil
+	}
+	source, sourceInfo, err := h.freshestPeer(ctx, r)
+	if err != nil || source == nil || sourceInfo.Revision <= info.Revision {
+		return dataState{}, err
+	}
+	if err := self.Rebuild(ctx, source.Status.Endpoint, storagev1alpha1.ReplicaDataID(source.Namespace, source.Name)); err != nil {
+		return dataState{}, fmt.Errorf("starting a rebuild from %s: %w", source.Name, err)
+	}
+	r.Status.Rebuild = &storagev1alpha1.ReplicaRebuild{Source: source.Name, Progress: "0%"}
+	return dataState{rebuilding: true, message: fmt.Sprintf("rebuilding from %s (revision %d, this replica %d)", source.Name, sourceInfo.Revision, info.Revision)}, nil
+}
+
+// rebuilding reports a rebuild in progress in r's status.
+func (h *replicaHandler) rebuilding(r *storagev1alpha1.CStorVolumeReplica, info replica.Info) dataState {
+	rb := r.Status.Rebuild
+	if rb == nil {
+		rb = &storagev1alpha1.ReplicaRebuild{} // started by the volume's target
+	}
+	rb.DoneBytes, rb.TotalBytes, rb.Error = info.RebuildDone, info.RebuildTotal, info.RebuildError
+	rb.Progress = "0%"
+	if info.RebuildTotal > 0 {
+		rb.Progress = fmt.Sprintf("%d%%", min(100, info.RebuildDone*100/info.RebuildTotal))
+	}
+	r.Status.Rebuild = rb
+	msg := fmt.Sprintf("rebuilding: %s of %d bytes copied", rb.Progress, info.RebuildTotal)
+	if rb.Source != "" {
+		msg = fmt.Sprintf("rebuilding from %s: %s of %d bytes copied", rb.Source, rb.Progress, info.RebuildTotal)
+	}
+	if info.RebuildError != "" {
+		msg += "; last attempt failed: " + info.RebuildError
+	}
+	return dataState{rebuilding: true, message: msg}
+}
+
+// freshestPeer returns the Healthy peer replica of r's volume that holds the most writes,
+// if it is clean (no target writing it now); nil when there is none.
+func (h *replicaHandler) freshestPeer(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica) (*storagev1alpha1.CStorVolumeReplica, replica.Info, error) {
+	// The agent's cache holds only its node's replicas: peers come from the API server.
+	var list storagev1alpha1.CStorVolumeReplicaList
+	if err := h.live.List(ctx, &list, client.InNamespace(r.Namespace), client.MatchingFields{storagev1alpha1.FieldVolume: r.Spec.Volume}); err != nil {
+		return nil, replica.Info{}, fmt.Errorf("listing the replicas of volume %s: %w", r.Spec.Volume, err)
+	}
+	var (
+		peers []*storagev1alpha1.CStorVolumeReplica
+		infos []replica.Info
+	)
+	for i := range list.Items {
+		p := &list.Items[i]
+		if p.Name == r.Name || p.Status.Phase != storagev1alpha1.ReplicaPhaseHealthy || p.Status.Endpoint == "" || !p.DeletionTimestamp.IsZero() {
+			continue
+		}
+		c, err := h.data.client(ctx, p.Status.Endpoint, storagev1alpha1.ReplicaDataID(p.Namespace, p.Name))
+		if err != nil {
+			continue // an unreachable peer is no source
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			h.data.drop(p.Status.Endpoint)
+			continue
+		}
+		peers, infos = append(peers, p), append(infos, info)
+	}
+	i, ok := replica.ChooseSource(infos)
+	if !ok || infos[i].Dirty {
+		return nil, replica.Info{}, nil
+	}
+	return peers[i], infos[i], nil
+}

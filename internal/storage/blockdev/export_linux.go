@@ -1,0 +1,361 @@
+package blockdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// Available reports whether this host can export: nil, or an error wrapping ErrUnavailable
+// that names everything missing.
+func Available() error {
+	var missing []string
+	if fi, err := os.Stat("/dev/fuse"); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		missing = append(missing, "/dev/fuse (the FUSE device)")
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		missing = append(missing, "/dev/loop-control (the loop driver)")
+	}
+	if ok, why := hasSysAdmin(); !ok {
+		missing = append(missing, "CAP_SYS_ADMIN (mounting and losetup need root): "+why)
+	}
+	if _, err := exec.LookPath("losetup"); err != nil {
+		missing = append(missing, "the losetup binary (util-linux)")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: missing %s", ErrUnavailable, strings.Join(missing, "; "))
+	}
+	return nil
+}
+
+// hasSysAdmin reads the effective capability set rather than checking for uid 0: root in a
+// container without CAP_SYS_ADMIN can neither mount nor configure loop devices.
+func hasSysAdmin() (bool, string) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false, err.Error()
+	}
+	for line := range strings.Lines(string(b)) {
+		hex, ok := strings.CutPrefix(line, "CapEff:")
+		if !ok {
+			continue
+		}
+		caps, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+		if err != nil {
+			return false, fmt.Sprintf("parse CapEff %q: %v", strings.TrimSpace(hex), err)
+		}
+		if caps&(1<<unix.CAP_SYS_ADMIN) == 0 {
+			return false, fmt.Sprintf("not in the effective set (uid %d)", os.Getuid())
+		}
+		return true, ""
+	}
+	return false, "no CapEff line in /proc/self/status"
+}
+
+// Exported is a Device served as a FUSE file and attached to a loop device.
+type Exported struct {
+	dir, file string
+	loop      string // /dev/loopN, empty until attached
+	directIO  bool
+	opts      Options
+	server    *fuse.Server
+	served    chan struct{} // closed when the FUSE server has stopped
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Export mounts a FUSE file system at dir (created if missing) holding one file, VolumeName,
+// of dev.Size() bytes, and attaches a loop device to it. ctx bounds only the setup; the
+// export lives until Close. dev.Size() must be a positive multiple of 512 (the loop driver
+// ignores a partial last sector). dir must not be a mount point already: a stale export left
+// by a crashed process has to go first (Cleanup).
+//
+// On failure nothing is left mounted or attached.
+func Export(ctx context.Context, dev Device, dir string, o Options) (*Exported, error) {
+	if err := Available(); err != nil {
+		return nil, err
+	}
+	o = o.withDefaults()
+	size := dev.Size()
+	if size <= 0 || size%512 != 0 {
+		return nil, fmt.Errorf("export device of %d bytes: size must be a positive multiple of 512", size)
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("export at %s: %w", dir, err)
+	}
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return nil, fmt.Errorf("export at %s: %w", abs, err)
+	}
+	if ms, err := mountsAt(abs); err != nil {
+		return nil, fmt.Errorf("export at %s: %w", abs, err)
+	} else if len(ms) > 0 {
+		return nil, fmt.Errorf("export at %s: already a mount point (%s); a stale export must be removed with Cleanup first", abs, ms[len(ms)-1].fsType)
+	}
+
+	e := &Exported{dir: abs, file: filepath.Join(abs, VolumeName), opts: o, served: make(chan struct{})}
+	if err := e.mount(dev); err != nil {
+		return nil, fmt.Errorf("export at %s: %w", abs, err)
+	}
+	e.loop, e.directIO, err = attachLoop(ctx, e.file, o.DirectIO)
+	if err != nil {
+		err = fmt.Errorf("export at %s: attach loop device: %w", abs, err)
+		return nil, errors.Join(err, e.Close())
+	}
+	o.Logger.Info("block device exported", "dir", abs, "device", e.loop, "directIO", e.directIO, "size", size)
+	return e, nil
+}
+
+func (e *Exported) mount(dev Device) error {
+	vol := newVolume(dev, e.opts.Logger)
+	root := &fs.Inode{}
+	// The file's attributes never change while it is served, so the kernel may cache them
+	// for as long as it likes; that saves a GETATTR round trip per loop I/O.
+	forever := 24 * time.Hour
+	opts := &fs.Options{
+		MountOptions: fuse.MountOptions{
+			DirectMount:   true,
+			FsName:        "crdipc-blockdev",
+			Name:          "crdipc",
+			MaxWrite:      e.opts.MaxWrite,
+			MaxReadAhead:  min(maxReadAhead, e.opts.MaxWrite),
+			MaxBackground: maxBackground,
+			DisableXAttrs: true,
+			// Splicing replies only pays for data in a file descriptor; ours is in memory,
+			// and a 1 MiB reply plus header does not fit a default pipe anyway.
+			DisableSplice: true,
+			// Lets the kernel split a large direct-I/O request from the loop driver into
+			// MaxWrite-sized FUSE requests that are in flight at the same time, instead of
+			// one after another.
+			ExtraCapabilities: fuse.CAP_ASYNC_DIO,
+			Debug:             e.opts.Debug,
+			Logger:            slog.NewLogLogger(e.opts.Logger.Handler(), fuseLogLevel(e.opts.Debug)),
+		},
+		EntryTimeout: &forever,
+		AttrTimeout:  &forever,
+		OnAdd: func(ctx context.Context) {
+			ch := root.NewPersistentInode(ctx, vol, fs.StableAttr{Mode: syscall.S_IFREG, Ino: 2})
+			root.AddChild(VolumeName, ch, false)
+		},
+	}
+	server, err := fuse.NewServer(fs.NewNodeFS(root, opts), e.dir, &opts.MountOptions)
+	if err != nil {
+		return fmt.Errorf("mount fuse: %w", err)
+	}
+	e.server = server
+	go func() {
+		server.Serve()
+		close(e.served)
+	}()
+	if err := server.WaitMount(); err != nil {
+		return errors.Join(fmt.Errorf("mount fuse: %w", err), e.Close())
+	}
+	return nil
+}
+
+// fuseLogLevel is the level go-fuse's own messages are logged at: they are request traces
+// when Debug is on, and otherwise rare complaints worth seeing.
+func fuseLogLevel(debug bool) slog.Level {
+	if debug {
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
+}
+
+// Device is the loop device, e.g. /dev/loop3.
+func (e *Exported) Device() string { return e.loop }
+
+// File is the FUSE file the loop device is bound to.
+func (e *Exported) File() string { return e.file }
+
+// DirectIO reports whether the loop driver does direct I/O on the file (read back from
+// sysfs after attaching, so it is what the kernel does, not what was asked for).
+func (e *Exported) DirectIO() bool { return e.directIO }
+
+// Done is closed when the FUSE server has stopped serving. Until then the Device may be
+// called; after a Close that returned ErrBusy, that is later than Close.
+func (e *Exported) Done() <-chan struct{} { return e.served }
+
+// Close detaches the loop device and unmounts the FUSE file system. It is idempotent (later
+// calls return the first call's result) and safe on a partially set up export.
+//
+// The file system mounted on the loop device must be unmounted first. If the loop device is
+// still open at Options.CloseTimeout, the FUSE mount is detached lazily and keeps serving the
+// Device until the last user lets go; Close then returns an error wrapping ErrBusy, and Done
+// tells when the Device is no longer called.
+func (e *Exported) Close() error {
+	e.closeOnce.Do(func() { e.closeErr = e.close() })
+	return e.closeErr
+}
+
+func (e *Exported) close() error {
+	deadline := time.Now().Add(e.opts.CloseTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), e.opts.CloseTimeout)
+	defer cancel()
+	var errs []error
+	released := true
+	if e.loop != "" {
+		name := filepath.Base(e.loop)
+		if err := detachLoop(ctx, e.loop, e.file); err != nil {
+			errs = append(errs, fmt.Errorf("detach %s: %w", e.loop, err))
+		}
+		// losetup -d on an open device only marks it auto-clear; wait for the release.
+		err := poll(deadline, func() (bool, error) {
+			bf, ok := loopBackingFile(name)
+			return !ok || bf != e.file, nil
+		})
+		if err != nil {
+			released = false
+			errs = append(errs, fmt.Errorf("%w: %s still open (is a file system still mounted on it?); it is detached when its last user closes it", ErrBusy, e.loop))
+		}
+	}
+	if e.server != nil {
+		if err := e.unmount(deadline, released); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("close export at %s: %w", e.dir, err)
+	}
+	e.opts.Logger.Info("block device export closed", "dir", e.dir, "device", e.loop)
+	return nil
+}
+
+// unmount unmounts the FUSE file system, retrying while it is busy until the deadline, then
+// lazily. A lazy unmount leaves the server running: whoever still holds the file (the loop
+// driver) keeps working and the kernel ends the connection when it lets go.
+func (e *Exported) unmount(deadline time.Time, tryClean bool) error {
+	if tryClean {
+		err := poll(deadline, func() (bool, error) {
+			switch err := unix.Unmount(e.dir, 0); {
+			case err == nil, errors.Is(err, unix.EINVAL): // EINVAL: no longer a mount point
+				return true, nil
+			case errors.Is(err, unix.EBUSY), errors.Is(err, unix.EINTR):
+				return false, nil
+			default:
+				return false, err
+			}
+		})
+		if err == nil {
+			// The serve loops see ENODEV right after the unmount; allow a moment past the
+			// deadline so a slow machine does not turn a clean close into an error.
+			select {
+			case <-e.served:
+				return nil
+			case <-time.After(time.Until(deadline) + 5*time.Second):
+				return fmt.Errorf("fuse server at %s did not stop after unmount", e.dir)
+			}
+		}
+		if !errors.Is(err, errTimeout) {
+			return fmt.Errorf("unmount %s: %w", e.dir, err)
+		}
+	}
+	if err := unix.Unmount(e.dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("lazy unmount %s: %w", e.dir, err)
+	}
+	return fmt.Errorf("%w: %s unmounted lazily; the device is served until the kernel releases the file", ErrBusy, e.dir)
+}
+
+// Cleanup removes a stale export at dir left by a process that died (or hangs) while
+// exporting: it detaches every loop device bound to a file under dir or on the FUSE file
+// system mounted there, then lazily unmounts that FUSE file system. It does nothing, and
+// returns nil, when there is nothing to clean. It must not be called while a live process
+// serves dir: its export would be torn down under it.
+//
+// A loop device that is still open (a file system mounted on it) is only marked auto-clear
+// and goes away when its last user closes it; I/O to it fails with EIO meanwhile, because
+// the server that answered it is gone.
+func Cleanup(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("clean up export at %s: %w", dir, err)
+	}
+	mounts, err := mountsAt(abs)
+	if err != nil {
+		return fmt.Errorf("clean up export at %s: %w", abs, err)
+	}
+	fuseDevs := map[uint64]bool{}
+	for _, m := range mounts {
+		if isFUSE(m) {
+			fuseDevs[m.dev] = true
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var errs []error
+	prefix := abs + string(filepath.Separator)
+	loops := loopsBackedBy(func(name, bf string) bool {
+		return strings.HasPrefix(bf, prefix) || (len(fuseDevs) > 0 && fuseDevs[loopFSDev(name)])
+	})
+	for _, name := range loops {
+		bf, _ := loopBackingFile(name)
+		if err := detachLoop(ctx, "/dev/"+name, bf); err != nil {
+			errs = append(errs, fmt.Errorf("detach /dev/%s: %w", name, err))
+		}
+	}
+	// Top of the stack first; stop at anything that is not ours.
+	for i := len(mounts) - 1; i >= 0; i-- {
+		m := mounts[i]
+		if !isFUSE(m) {
+			errs = append(errs, fmt.Errorf("%s mounted at %s is not a FUSE export; left alone", m.fsType, abs))
+			break
+		}
+		abortFUSE(m.dev)
+		if err := unix.Unmount(abs, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("lazy unmount %s: %w", abs, err))
+			break
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("clean up export at %s: %w", abs, err)
+	}
+	return nil
+}
+
+// abortFUSE ends a FUSE connection through fusectl, if that is mounted. A dead server's
+// connection is already gone, but a hung one would leave the loop driver's requests blocked
+// forever; aborted, they fail with EIO and the devices above can be torn down.
+func abortFUSE(dev uint64) {
+	if unix.Major(dev) != 0 {
+		return
+	}
+	p := filepath.Join("/sys/fs/fuse/connections", strconv.FormatUint(uint64(unix.Minor(dev)), 10), "abort")
+	_ = os.WriteFile(p, []byte("1"), 0) // best effort: fusectl is often not mounted
+}
+
+var errTimeout = errors.New("timed out")
+
+// poll calls cond until it reports done or fails, or the deadline passes (errTimeout).
+// cond runs at least once, even past the deadline.
+func poll(deadline time.Time, cond func() (bool, error)) error {
+	const interval = 20 * time.Millisecond
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		done, err := cond()
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			return errTimeout
+		}
+		<-t.C
+	}
+}

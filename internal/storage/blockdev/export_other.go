@@ -1,0 +1,40 @@
+//go:build !linux
+
+package blockdev
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+)
+
+// Available always fails off Linux: the export needs the Linux loop driver.
+func Available() error {
+	return fmt.Errorf("%w: the loop driver (GOOS %s is not linux)", ErrUnavailable, runtime.GOOS)
+}
+
+// Exported is a Device served as a FUSE file and attached to a loop device (Linux only).
+type Exported struct{}
+
+// Export fails off Linux; see Available.
+func Export(ctx context.Context, dev Device, dir string, o Options) (*Exported, error) {
+	return nil, Available()
+}
+
+// Device is the loop device.
+func (e *Exported) Device() string { return "" }
+
+// File is the FUSE file the loop device is bound to.
+func (e *Exported) File() string { return "" }
+
+// DirectIO reports whether the loop driver does direct I/O on the file.
+func (e *Exported) DirectIO() bool { return false }
+
+// Done is closed when the FUSE server has stopped serving.
+func (e *Exported) Done() <-chan struct{} { return nil }
+
+// Close detaches and unmounts; there is nothing to do off Linux.
+func (e *Exported) Close() error { return nil }
+
+// Cleanup removes a stale export; there is none off Linux.
+func Cleanup(dir string) error { return nil }

@@ -1,0 +1,101 @@
+package operator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crdipc/crdipc/api/conditions"
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+)
+
+// DefaultReplaceAfter is how long a replica may stay Offline on a node that still exists
+// (NotReady, its agent gone silent) before it is replaced: long enough for a reboot.
+const DefaultReplaceAfter = 5 * time.Minute
+
+// replaceLost deletes the replicas of vol that are lost — on a node that was deleted, or
+// Offline for longer than h.replaceAfter — so that placement puts new ones on other pools,
+// which their agents (or the volume's target) rebuild from a healthy replica. It acts only
+// while another replica is Healthy: replacing the last copies would trade data for empty
+// files. Replicas already being deleted are released if their node is gone and left out of
+// the count, so their replacements are placed meanwhile. It returns the replicas that
+// remain and, when a replica is Offline but not lost yet, when to look again.
+func (h *volumeHandler) replaceLost(ctx context.Context, vol *storagev1alpha1.CStorVolume, replicas []storagev1alpha1.CStorVolumeReplica, pools map[string]*storagev1alpha1.CStorPool) ([]storagev1alpha1.CStorVolumeReplica, time.Duration, error) {
+	healthy := 0
+	for i := range replicas {
+		if replicaPhase(&replicas[i], pools) == storagev1alpha1.ReplicaPhaseHealthy {
+			healthy++
+		}
+	}
+	var (
+		kept  []storagev1alpha1.CStorVolumeReplica
+		again time.Duration
+	)
+	for i := range replicas {
+		r := &replicas[i]
+		if !r.DeletionTimestamp.IsZero() {
+			if _, err := releaseAbandoned(ctx, h.c, h.live, r, r.Spec.NodeName); err != nil {
+				return nil, 0, err
+			}
+			continue
+		}
+		if healthy == 0 || replicaPhase(r, pools) != storagev1alpha1.ReplicaPhaseOffline {
+			kept = append(kept, *r)
+			continue
+		}
+		lost, wait, why, err := h.lost(ctx, r, pools)
+		if err != nil {
+			return nil, 0, err
+		}
+		if !lost {
+			kept = append(kept, *r)
+			if wait > 0 && (again == 0 || wait < again) {
+				again = wait
+			}
+			continue
+		}
+		uid := r.UID
+		if err := h.c.Delete(ctx, r, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+			return nil, 0, fmt.Errorf("replacing lost replica %s: %w", r.Name, err)
+		}
+		h.log.Info("replacing a lost replica", "volume", client.ObjectKeyFromObject(vol), "replica", r.Name, "node", r.Spec.NodeName, "reason", why)
+		if _, err := releaseAbandoned(ctx, h.c, h.live, r, r.Spec.NodeName); err != nil {
+			return nil, 0, err
+		}
+	}
+	return kept, again, nil
+}
+
+// lost says whether replica r, Offline, is lost for good: its node was deleted (and no agent
+// holds its Lease), or it has been Offline for h.replaceAfter. Otherwise wait is how long
+// until it will be.
+func (h *volumeHandler) lost(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica, pools map[string]*storagev1alpha1.CStorPool) (lost bool, wait time.Duration, why string, err error) {
+	gone, err := abandoned(ctx, h.c, h.live, r.Spec.NodeName)
+	if err != nil {
+		return false, 0, "", err
+	}
+	if gone {
+		return true, 0, fmt.Sprintf("node %s was deleted", r.Spec.NodeName), nil
+	}
+	// Offline since the later of the pool's and the replica's last Ready transition.
+	var since time.Time
+	if p := pools[r.Spec.Pool]; p != nil {
+		if c := meta.FindStatusCondition(p.Status.Conditions, conditions.TypeReady); c != nil {
+			since = c.LastTransitionTime.Time
+		}
+	}
+	if c := meta.FindStatusCondition(r.Status.Conditions, conditions.TypeReady); c != nil && c.LastTransitionTime.After(since) {
+		since = c.LastTransitionTime.Time
+	}
+	if since.IsZero() {
+		return false, h.replaceAfter, "", nil
+	}
+	if left := time.Until(since.Add(h.replaceAfter)); left > 0 {
+		return false, left, "", nil
+	}
+	return true, 0, fmt.Sprintf("Offline for more than %s", h.replaceAfter), nil
+}

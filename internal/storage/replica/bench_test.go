@@ -1,0 +1,69 @@
+package replica
+
+import (
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+)
+
+func benchWrites(b *testing.B, blockSize int, random bool) {
+	const size = 256 << 20
+	pki := newTestPKI(b)
+	n := newTestNode(b, pki, "node-a")
+	n.create("ns/r", size)
+	n.start()
+	ctx := ctxT(b)
+	r := n.dial(b).Replica("ns/r")
+	if _, err := r.Open(ctx); err != nil {
+		b.Fatal(err)
+	}
+	var seq, rev atomic.Int64
+	b.SetBytes(int64(blockSize))
+	b.SetParallelism(8) // in flight per core, like a target pipelining writes
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		buf := make([]byte, blockSize)
+		pattern(buf, 1)
+		rng := rand.New(rand.NewPCG(uint64(seq.Add(1)), 1))
+		blocks := int64(size / blockSize)
+		for pb.Next() {
+			var blk int64
+			if random {
+				blk = rng.Int64N(blocks)
+			} else {
+				blk = seq.Add(1) % blocks
+			}
+			if err := r.WriteAt(ctx, buf, blk*int64(blockSize), uint64(rev.Add(1))); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+func BenchmarkWriteSequential1MiB(b *testing.B) { benchWrites(b, 1<<20, false) }
+func BenchmarkWriteRandom4KiB(b *testing.B)     { benchWrites(b, 4<<10, true) }
+
+func BenchmarkRead1MiB(b *testing.B) {
+	const size = 64 << 20
+	pki := newTestPKI(b)
+	n := newTestNode(b, pki, "node-a")
+	n.create("ns/r", size)
+	fillFile(b, n.path("ns/r"), 1, Extent{0, size})
+	n.start()
+	ctx := ctxT(b)
+	r := n.dial(b).Replica("ns/r")
+	var seq atomic.Int64
+	b.SetBytes(1 << 20)
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		buf := make([]byte, 1<<20)
+		for pb.Next() {
+			if err := r.ReadAt(ctx, buf, (seq.Add(1)%64)<<20); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}

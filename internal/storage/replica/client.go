@@ -1,0 +1,421 @@
+package replica
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+)
+
+// Conn is one pipelined, mutually authenticated connection to a replica server. Any number
+// of goroutines may use it at once; their requests share the connection and complete in
+// whatever order the server finishes them.
+type Conn struct {
+	addr string
+	nc   net.Conn
+
+	out    chan *call
+	nextID atomic.Uint64
+
+	mu      sync.Mutex
+	pending map[uint64]*call
+	err     error // why the connection ended; set before done is closed
+
+	done chan struct{}
+	once sync.Once
+	wg   sync.WaitGroup
+}
+
+type call struct {
+	h       reqHeader
+	replica string
+	payload []byte
+	buf     *[]byte // pooled payload, returned by the writer once sent
+	res     chan result
+}
+
+type result struct {
+	h   respHeader
+	buf *[]byte // pooled response payload; the receiver returns it
+	err error
+}
+
+func (r *result) data() []byte {
+	if r.buf == nil {
+		return nil
+	}
+	return *r.buf
+}
+
+// Dial connects to the replica server at addr ("ip:port") with tlsConf (see
+// ClientTLSConfig). It returns only once the server has accepted the client certificate,
+// so a refused client fails here rather than on its first request.
+func Dial(ctx context.Context, addr string, tlsConf *tls.Config) (*Conn, error) {
+	if tlsConf == nil {
+		return nil, fmt.Errorf("dialing replica server %s: no tls config", addr)
+	}
+	conf := tlsConf.Clone()
+	conf.NextProtos = []string{ALPN}
+	conf.MinVersion = max(conf.MinVersion, tls.VersionTLS13)
+	d := tls.Dialer{Config: conf}
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("dialing replica server %s: %w", addr, err)
+	}
+	c := &Conn{
+		addr:    addr,
+		nc:      nc,
+		out:     make(chan *call, 64),
+		pending: map[uint64]*call{},
+		done:    make(chan struct{}),
+	}
+	c.wg.Add(2)
+	go c.writeLoop()
+	go c.readLoop()
+	// In TLS 1.3 the server checks the client certificate after the client considers the
+	// handshake done; a round trip surfaces its verdict.
+	if _, err := c.roundTrip(ctx, &call{h: reqHeader{op: opPing}}); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("replica server %s refused the connection: %w", addr, err)
+	}
+	return c, nil
+}
+
+// Close closes the connection; calls in flight fail with ErrClosed. A writer session held
+// through it ends (without clearing Dirty).
+func (c *Conn) Close() error {
+	c.fail(ErrClosed)
+	c.wg.Wait()
+	return nil
+}
+
+// fail ends the connection for reason and fails every pending call.
+func (c *Conn) fail(reason error) {
+	c.once.Do(func() {
+		c.mu.Lock()
+		c.err = fmt.Errorf("connection to replica server %s: %w", c.addr, reason)
+		if reason != ErrClosed {
+			c.err = fmt.Errorf("connection to replica server %s: %w: %w", c.addr, ErrClosed, reason)
+		}
+		pending := c.pending
+		c.pending = nil
+		c.mu.Unlock()
+		close(c.done)
+		c.nc.Close()
+		for _, cl := range pending {
+			cl.res <- result{err: c.err}
+		}
+	})
+}
+
+func (c *Conn) closedErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// roundTrip sends cl and waits for its response. A context that ends first abandons the
+// call: its outcome is then unknown (a write may still be applied).
+func (c *Conn) roundTrip(ctx context.Context, cl *call) (result, error) {
+	if err := c.start(ctx, cl); err != nil {
+		return result{}, err
+	}
+	return c.wait(ctx, cl)
+}
+
+func (c *Conn) start(ctx context.Context, cl *call) error {
+	cl.h.id = c.nextID.Add(1)
+	cl.h.idLen = uint16(len(cl.replica))
+	cl.res = make(chan result, 1)
+	c.mu.Lock()
+	if c.pending == nil {
+		c.mu.Unlock()
+		putBuf(cl.buf)
+		return c.closedErr()
+	}
+	c.pending[cl.h.id] = cl
+	c.mu.Unlock()
+	select {
+	case c.out <- cl:
+		return nil
+	case <-ctx.Done():
+		c.abandon(cl)
+		putBuf(cl.buf)
+		return ctx.Err()
+	case <-c.done:
+		putBuf(cl.buf)
+		return c.closedErr()
+	}
+}
+
+func (c *Conn) wait(ctx context.Context, cl *call) (result, error) {
+	select {
+	case r := <-cl.res:
+		if r.err != nil {
+			return r, r.err
+		}
+		if r.h.status != statusOK {
+			err := &RemoteError{Code: r.h.status, Msg: string(r.data())}
+			putBuf(r.buf)
+			return result{}, err
+		}
+		return r, nil
+	case <-ctx.Done():
+		c.abandon(cl)
+		return result{}, ctx.Err()
+	}
+}
+
+func (c *Conn) abandon(cl *call) {
+	c.mu.Lock()
+	if c.pending != nil {
+		delete(c.pending, cl.h.id)
+	}
+	c.mu.Unlock()
+}
+
+func (c *Conn) writeLoop() {
+	defer c.wg.Done()
+	bw := bufio.NewWriterSize(c.nc, 64<<10)
+	var hb [4 + reqHeaderLen]byte
+	write := func(cl *call) error {
+		cl.h.encode(hb[:], reqHeaderLen+len(cl.replica)+len(cl.payload))
+		_, err := bw.Write(hb[:])
+		if err == nil {
+			_, err = bw.WriteString(cl.replica)
+		}
+		if err == nil {
+			_, err = bw.Write(cl.payload)
+		}
+		putBuf(cl.buf)
+		return err
+	}
+	for {
+		var cl *call
+		select {
+		case cl = <-c.out:
+		case <-c.done:
+			return
+		}
+		err := write(cl)
+		// Batch whatever is queued into one flush.
+	drain:
+		for err == nil {
+			select {
+			case cl = <-c.out:
+				err = write(cl)
+			default:
+				break drain
+			}
+		}
+		if err == nil {
+			err = bw.Flush()
+		}
+		if err != nil {
+			c.fail(err)
+			return
+		}
+	}
+}
+
+func (c *Conn) readLoop() {
+	defer c.wg.Done()
+	br := bufio.NewReaderSize(c.nc, 64<<10)
+	var hb [4 + respHeaderLen]byte
+	for {
+		if _, err := io.ReadFull(br, hb[:]); err != nil {
+			c.fail(err)
+			return
+		}
+		total := int64(binary.BigEndian.Uint32(hb[:4]))
+		if total < respHeaderLen || total > respHeaderLen+MaxPayload {
+			c.fail(fmt.Errorf("bad response frame of %d bytes", total))
+			return
+		}
+		var h respHeader
+		h.decode(hb[4:])
+		n := int(total - respHeaderLen)
+		c.mu.Lock()
+		cl := c.pending[h.id]
+		if cl != nil {
+			delete(c.pending, h.id)
+		}
+		c.mu.Unlock()
+		if cl == nil {
+			// Abandoned by its caller.
+			if _, err := io.CopyN(io.Discard, br, int64(n)); err != nil {
+				c.fail(err)
+				return
+			}
+			continue
+		}
+		var buf *[]byte
+		if n > 0 {
+			buf = getBuf(n)
+			if _, err := io.ReadFull(br, *buf); err != nil {
+				putBuf(buf)
+				cl.res <- result{err: fmt.Errorf("connection to replica server %s: %w: %w", c.addr, ErrClosed, err)}
+				c.fail(err)
+				return
+			}
+		}
+		cl.res <- result{h: h, buf: buf}
+	}
+}
+
+// Client is a handle on one replica through a Conn. It is cheap; make one per use.
+type Client struct {
+	c  *Conn
+	id string
+}
+
+// Replica returns a handle on replica id ("namespace/name") of the server.
+func (c *Conn) Replica(id string) *Client { return &Client{c: c, id: id} }
+
+// ID is the replica id.
+func (r *Client) ID() string { return r.id }
+
+func (r *Client) simple(ctx context.Context, op uint8, off int64, arg uint64, payload []byte) (result, error) {
+	if len(r.id) == 0 || len(r.id) > maxIDLen {
+		return result{}, fmt.Errorf("replica id %q: %w", r.id, ErrInvalid)
+	}
+	return r.c.roundTrip(ctx, &call{h: reqHeader{op: op, offset: off, arg: arg}, replica: r.id, payload: payload})
+}
+
+func (r *Client) info(ctx context.Context, op uint8) (Info, error) {
+	res, err := r.simple(ctx, op, 0, 0, nil)
+	if err != nil {
+		return Info{}, err
+	}
+	defer putBuf(res.buf)
+	var in Info
+	if err := json.Unmarshal(res.data(), &in); err != nil {
+		return Info{}, fmt.Errorf("decoding replica info: %w", err)
+	}
+	return in, nil
+}
+
+// Info reports the replica's state.
+func (r *Client) Info(ctx context.Context) (Info, error) { return r.info(ctx, opInfo) }
+
+// Open starts this connection's writer session on the replica and returns its state. The
+// session is exclusive (ErrBusy while another connection holds it) and ends with
+// CloseSession or when the connection closes. Dirty is durable when Open returns.
+func (r *Client) Open(ctx context.Context) (Info, error) { return r.info(ctx, opOpen) }
+
+// WriteAt writes p at off with revision rev (the replica's Revision becomes at least rev).
+// Needs the writer session; off and len(p) must be multiples of SectorSize. Buffers larger
+// than MaxPayload go as several pipelined requests.
+func (r *Client) WriteAt(ctx context.Context, p []byte, off int64, rev uint64) error {
+	return r.split(ctx, len(p), func(i, n int) *call {
+		buf := getBuf(n)
+		copy(*buf, p[i:i+n])
+		return &call{h: reqHeader{op: opWrite, offset: off + int64(i), arg: rev}, replica: r.id, payload: *buf, buf: buf}
+	}, nil)
+}
+
+// ReadAt fills p from off; holes read as zeros. It reads all of p or fails.
+func (r *Client) ReadAt(ctx context.Context, p []byte, off int64) error {
+	return r.split(ctx, len(p), func(i, n int) *call {
+		return &call{h: reqHeader{op: opRead, offset: off + int64(i), arg: uint64(n)}, replica: r.id}
+	}, func(i, n int, res result) error {
+		if len(res.data()) != n {
+			return fmt.Errorf("short read from replica %s: %d of %d bytes", r.id, len(res.data()), n)
+		}
+		copy(p[i:i+n], res.data())
+		return nil
+	})
+}
+
+// split runs a request of n bytes as pieces of at most MaxPayload, all in flight at once.
+func (r *Client) split(ctx context.Context, n int, mk func(i, n int) *call, got func(i, n int, res result) error) error {
+	if len(r.id) == 0 || len(r.id) > maxIDLen {
+		return fmt.Errorf("replica id %q: %w", r.id, ErrInvalid)
+	}
+	type piece struct {
+		i, n int
+		cl   *call
+	}
+	var pieces [1]piece
+	ps := pieces[:0]
+	var firstErr error
+	for i := 0; i < n || (n == 0 && i == 0); i += MaxPayload {
+		m := min(MaxPayload, n-i)
+		cl := mk(i, m)
+		if err := r.c.start(ctx, cl); err != nil {
+			firstErr = err
+			break
+		}
+		ps = append(ps, piece{i, m, cl})
+	}
+	for _, p := range ps {
+		res, err := r.c.wait(ctx, p.cl)
+		if err == nil && got != nil {
+			err = got(p.i, p.n, res)
+		}
+		putBuf(res.buf)
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	return firstErr
+}
+
+// Flush makes every write acknowledged so far durable, then persists the revision.
+func (r *Client) Flush(ctx context.Context) error {
+	_, err := r.simple(ctx, opFlush, 0, 0, nil)
+	return err
+}
+
+// CloseSession flushes, clears Dirty durably and ends the writer session.
+func (r *Client) CloseSession(ctx context.Context) error {
+	_, err := r.simple(ctx, opCloseSession, 0, 0, nil)
+	return err
+}
+
+// Extents lists the allocated ranges of the replica within [off, off+length).
+func (r *Client) Extents(ctx context.Context, off, length int64) ([]Extent, error) {
+	var exts []Extent
+	end := off + length
+	for off < end {
+		res, err := r.simple(ctx, opExtents, off, uint64(end-off), nil)
+		if err != nil {
+			return nil, err
+		}
+		d := res.data()
+		for i := 0; i+16 <= len(d); i += 16 {
+			exts = append(exts, Extent{
+				Offset: int64(binary.BigEndian.Uint64(d[i:])),
+				Length: int64(binary.BigEndian.Uint64(d[i+8:])),
+			})
+		}
+		putBuf(res.buf)
+		if res.h.arg == 0 || len(exts) == 0 {
+			break
+		}
+		last := exts[len(exts)-1]
+		off = last.Offset + last.Length
+	}
+	return exts, nil
+}
+
+// Rebuild makes the replica a copy of replica sourceID on the server at sourceAddr,
+// copying in the background (progress, source and errors in Info). It returns once the
+// rebuild is durably recorded and started. A rebuild already running from the same source,
+// asked for within the same writer session, is kept; any other is cancelled and the copy
+// starts over from the new source. Writes sent after Rebuild returns are kept; the copy
+// never overwrites them.
+func (r *Client) Rebuild(ctx context.Context, sourceAddr, sourceID string) error {
+	payload, err := encodeRebuild(sourceAddr, sourceID)
+	if err != nil {
+		return err
+	}
+	_, err = r.simple(ctx, opRebuild, 0, 0, payload)
+	return err
+}

@@ -1,0 +1,236 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// errSuperseded ends a copier whose replica was asked to rebuild from another source (or
+// by another writer session).
+var errSuperseded = errors.New("superseded by a new rebuild")
+
+// startRebuild makes r a copy of sourceID on sourceAddr. A copier already running from the
+// same source for the same writer session is kept: the call only waits until that rebuild
+// has started. Any other running copier is cancelled and waited for, since a restarted
+// target may pick another source, or even rebuild the old copier's source, punching it.
+// A new writer session counts as a change too: its writer may have written the source
+// before this call without sending us the write, which the running copier may already
+// have passed. Then, in this order: Rebuilding is made durable (a cancelled copier never
+// cleared it), so r is never chosen as a source even after a crash; r's file is punched
+// whole and an empty fresh set starts, both under applyMu so no write slips between them;
+// then a background copier pulls the source's allocated extents. Writes that arrive from
+// now on mark their sectors fresh and the copier skips those.
+func (s *Server) startRebuild(r *replica, sourceAddr, sourceID string) error {
+	var st *rebuildState
+	for {
+		epoch := r.durable().Epoch
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			return ErrClosed
+		}
+		if sourceAddr == s.addr && sourceID == r.id {
+			s.mu.Unlock()
+			return fmt.Errorf("cannot rebuild a replica from itself: %w", ErrInvalid)
+		}
+		old := s.rebuilds[r.id]
+		if old == nil || !old.running {
+			st = &rebuildState{
+				running: true,
+				source:  sourceAddr + "/" + sourceID,
+				epoch:   epoch,
+				started: make(chan struct{}),
+				stopped: make(chan struct{}),
+			}
+			break
+		}
+		if old.source == sourceAddr+"/"+sourceID && old.epoch == epoch {
+			s.mu.Unlock()
+			<-old.started
+			return old.startErr
+		}
+		// The old copier must be gone before the punch: a chunk it applied later would
+		// land on the new copy as if it were the new source's.
+		old.cancel(errSuperseded)
+		s.mu.Unlock()
+		<-old.stopped
+	}
+	ctx, cancel := context.WithCancelCause(s.ctx)
+	st.cancel = cancel
+	s.rebuilds[r.id] = st
+	r.refs++ // the copier's
+	s.copierWG.Add(1)
+	s.mu.Unlock()
+
+	fail := func(err error) error {
+		msg := err.Error()
+		st.err.Store(&msg)
+		st.startErr = err
+		close(st.started)
+		s.endRebuild(r, st)
+		return err
+	}
+	if _, err := r.persist(func(m *meta) { m.Rebuilding = true }); err != nil {
+		return fail(err)
+	}
+	r.applyMu.Lock()
+	err := r.punchAll()
+	if err == nil {
+		r.fresh = newSectorSet()
+	}
+	r.applyMu.Unlock()
+	if err != nil {
+		return fail(err)
+	}
+	close(st.started)
+	s.log.Info("rebuild started", "replica", r.id, "source", st.source)
+	go func() {
+		err := s.copyFrom(ctx, r, st, sourceAddr, sourceID)
+		switch {
+		case err == nil:
+			s.log.Info("rebuild done", "replica", r.id, "source", st.source, "bytes", st.total.Load())
+		case errors.Is(context.Cause(ctx), errSuperseded):
+			// Its state is no longer the replica's: nobody reads this error.
+			s.log.Info("rebuild superseded", "replica", r.id, "source", st.source)
+		default:
+			msg := fmt.Sprintf("rebuild from %s: %v", st.source, err)
+			st.err.Store(&msg)
+			s.log.Error(err, "rebuild failed", "replica", r.id, "source", st.source)
+		}
+		s.endRebuild(r, st)
+	}()
+	return nil
+}
+
+// endRebuild lets go of the replica; st.stopped tells a superseding rebuild it may punch.
+func (s *Server) endRebuild(r *replica, st *rebuildState) {
+	st.cancel(nil)
+	r.applyMu.Lock()
+	r.fresh = nil
+	r.applyMu.Unlock()
+	s.mu.Lock()
+	st.running = false
+	s.mu.Unlock()
+	s.release(r)
+	close(st.stopped)
+	s.copierWG.Done()
+}
+
+type chunk struct{ off, n int64 }
+
+// copyFrom copies the allocated extents of the source into r, several chunks in flight
+// over one pipelined connection. Holes in the source are never written: r was punched
+// whole when the rebuild started, so they are holes in r too, unless the writer wrote them.
+func (s *Server) copyFrom(ctx context.Context, r *replica, st *rebuildState, addr, srcID string) error {
+	dctx, cancel := context.WithTimeout(ctx, s.o.PeerTimeout)
+	conn, err := Dial(dctx, addr, s.clientTLS)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	src := conn.Replica(srcID)
+
+	call := func(fn func(context.Context) error) error {
+		cctx, cancel := context.WithTimeout(ctx, s.o.PeerTimeout)
+		defer cancel()
+		return fn(cctx)
+	}
+	var info Info
+	if err := call(func(ctx context.Context) (err error) { info, err = src.Info(ctx); return }); err != nil {
+		return err
+	}
+	startEpoch := info.Epoch
+	if info.Rebuilding {
+		return errors.New("source is itself rebuilding")
+	}
+	if info.Size != r.size {
+		return fmt.Errorf("source size %d differs from replica size %d", info.Size, r.size)
+	}
+	var exts []Extent
+	if err := call(func(ctx context.Context) (err error) { exts, err = src.Extents(ctx, 0, r.size); return }); err != nil {
+		return err
+	}
+	var total int64
+	for _, e := range exts {
+		total += e.Length
+	}
+	st.total.Store(total)
+
+	g, gctx := errgroup.WithContext(ctx)
+	chunks := make(chan chunk)
+	g.Go(func() error {
+		defer close(chunks)
+		step := int64(s.o.RebuildChunk)
+		for _, e := range exts {
+			for off, end := e.Offset, e.Offset+e.Length; off < end; off += step {
+				select {
+				case chunks <- chunk{off, min(step, end-off)}:
+				case <-gctx.Done():
+					return gctx.Err()
+				}
+			}
+		}
+		return nil
+	})
+	for range s.o.RebuildParallel {
+		g.Go(func() error {
+			for c := range chunks {
+				buf := getBuf(int(c.n))
+				err := call(func(ctx context.Context) error { return src.ReadAt(ctx, *buf, c.off) })
+				if err == nil && s.testBeforeApply != nil {
+					s.testBeforeApply(ctx, c.off)
+				}
+				if err == nil {
+					err = gctx.Err() // superseded or failed meanwhile: the chunk is moot
+				}
+				if err == nil {
+					err = r.applyCopy(*buf, c.off)
+				}
+				putBuf(buf)
+				if err != nil {
+					return err
+				}
+				st.done.Add(c.n)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+
+	// The source's revision now covers everything copied; take it before the sync so the
+	// persisted revision never claims more than is on disk. The copy is only good if the
+	// source stayed what it was at the start: not punched by a rebuild of its own, and
+	// written by no writer session but the one that also writes r (a new session may
+	// have written the source without sending r the write).
+	if err := call(func(ctx context.Context) (err error) { info, err = src.Info(ctx); return }); err != nil {
+		return err
+	}
+	if info.Rebuilding {
+		return errors.New("source started rebuilding during the copy")
+	}
+	if info.Epoch != startEpoch {
+		return fmt.Errorf("source had a new writer session during the copy (epoch %d, then %d)", startEpoch, info.Epoch)
+	}
+	// Checked under metaMu, so a superseding rebuild either sees rebuilding=false already
+	// persisted (and sets it again) or keeps this copier from ever clearing it.
+	superseded := false
+	err = r.flush(func(m *meta) {
+		if ctx.Err() != nil {
+			superseded = true
+			return
+		}
+		r.bumpRevision(info.Revision)
+		m.Revision = max(m.Revision, info.Revision)
+		m.Rebuilding = false
+	})
+	if err == nil && superseded {
+		err = context.Cause(ctx)
+	}
+	return err
+}

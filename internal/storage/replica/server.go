@@ -1,0 +1,651 @@
+package replica
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// ServerOptions configure a Server.
+type ServerOptions struct {
+	// Node names this node in errors and logs.
+	Node string
+	// Lookup maps a replica id ("namespace/name" of the replica) to its files. It is called
+	// when a replica is first used by a connection (or a rebuild), so it should be cheap,
+	// e.g. answered from an informer cache. Any error means "no such replica".
+	Lookup func(id string) (Location, error)
+	// TLS is the server configuration, normally ServerTLSConfig(ca, cert). Client
+	// certificates are always required and verified against its ClientCAs.
+	TLS *tls.Config
+	// ClientTLS is used to dial rebuild sources. Nil: TLS's certificate, trusting TLS's
+	// ClientCAs (certificates from CA.Issue serve both roles).
+	ClientTLS *tls.Config
+	// Logger; the zero value discards.
+	Logger logr.Logger
+	// HandshakeTimeout bounds a TLS handshake (default 10s).
+	HandshakeTimeout time.Duration
+	// PeerTimeout bounds each request the rebuild copier makes to its source (default 30s).
+	PeerTimeout time.Duration
+	// RebuildChunk is the size of the pieces a rebuild copies (default 1 MiB, at most
+	// MaxPayload); RebuildParallel is how many are in flight (default 8).
+	RebuildChunk    int
+	RebuildParallel int
+}
+
+// Server serves the replica files of one node to authenticated peers.
+type Server struct {
+	o         ServerOptions
+	log       logr.Logger
+	tlsConf   *tls.Config
+	clientTLS *tls.Config
+
+	mu       sync.Mutex
+	served   bool
+	closing  bool
+	addr     string          // of the listener, to refuse rebuilding a replica from itself
+	ctx      context.Context // ends when Serve's context ends; copiers run under it
+	replicas map[string]*replica
+	rebuilds map[string]*rebuildState
+	conns    map[*serverConn]struct{}
+
+	connWG   sync.WaitGroup
+	copierWG sync.WaitGroup
+
+	// testBeforeApply, if set, runs before the copier applies each chunk; ctx is the
+	// copier's, ended when it is superseded or the server stops.
+	testBeforeApply func(ctx context.Context, off int64)
+}
+
+// NewServer returns a server; nothing happens until Serve.
+func NewServer(o ServerOptions) *Server {
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = 10 * time.Second
+	}
+	if o.PeerTimeout <= 0 {
+		o.PeerTimeout = 30 * time.Second
+	}
+	if o.RebuildChunk <= 0 {
+		o.RebuildChunk = 1 << 20
+	}
+	o.RebuildChunk = min(o.RebuildChunk, MaxPayload)
+	if o.RebuildParallel <= 0 {
+		o.RebuildParallel = 8
+	}
+	s := &Server{
+		o:        o,
+		log:      o.Logger.WithValues("node", o.Node),
+		replicas: map[string]*replica{},
+		rebuilds: map[string]*rebuildState{},
+		conns:    map[*serverConn]struct{}{},
+	}
+	if o.TLS != nil {
+		s.tlsConf = o.TLS.Clone()
+		// Mutual TLS is the contract whatever the caller passed.
+		s.tlsConf.ClientAuth = tls.RequireAndVerifyClientCert
+		s.tlsConf.MinVersion = max(s.tlsConf.MinVersion, tls.VersionTLS13)
+		s.tlsConf.NextProtos = []string{ALPN}
+	}
+	s.clientTLS = o.ClientTLS
+	if s.clientTLS == nil && o.TLS != nil {
+		s.clientTLS = &tls.Config{
+			MinVersion:           tls.VersionTLS13,
+			Certificates:         o.TLS.Certificates,
+			GetClientCertificate: clientCertFromServer(o.TLS),
+			RootCAs:              o.TLS.ClientCAs,
+			NextProtos:           []string{ALPN},
+		}
+	}
+	return s
+}
+
+// clientCertFromServer presents the server's certificate when it comes from
+// GetCertificate rather than Certificates; nil otherwise.
+func clientCertFromServer(c *tls.Config) func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	if len(c.Certificates) > 0 || c.GetCertificate == nil {
+		return nil
+	}
+	return func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		return c.GetCertificate(&tls.ClientHelloInfo{})
+	}
+}
+
+// Serve accepts connections on l until ctx ends, then closes l and every connection, stops
+// rebuild copiers (they report the cancellation as their error) and closes the replica
+// files. It returns nil when ctx ended, else the accept error. A Server serves once.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	if s.tlsConf == nil || s.o.Lookup == nil {
+		return errors.New("replica server needs TLS and Lookup")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	s.mu.Lock()
+	if s.served {
+		s.mu.Unlock()
+		cancel()
+		return errors.New("replica server already served")
+	}
+	s.served, s.ctx, s.addr = true, ctx, l.Addr().String()
+	s.mu.Unlock()
+
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	s.log.Info("serving replicas", "addr", l.Addr().String())
+	var err error
+	for {
+		nc, aerr := l.Accept()
+		if aerr != nil {
+			if ctx.Err() == nil {
+				err = fmt.Errorf("accepting replica connections: %w", aerr)
+			}
+			break
+		}
+		c := newServerConn(s, tls.Server(nc, s.tlsConf))
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			nc.Close()
+			continue
+		}
+		s.conns[c] = struct{}{}
+		s.connWG.Add(1)
+		s.mu.Unlock()
+		go c.serve()
+	}
+	cancel()
+	l.Close()
+	s.shutdown()
+	return err
+}
+
+func (s *Server) shutdown() {
+	s.mu.Lock()
+	s.closing = true
+	for c := range s.conns {
+		c.shutdown()
+	}
+	s.mu.Unlock()
+	s.connWG.Wait()
+	s.copierWG.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, r := range s.replicas {
+		r.close()
+		delete(s.replicas, id)
+	}
+}
+
+// acquire returns replica id, opening it on first use. Each acquire is paired with a
+// release; the file is closed when nobody uses it, so a deleted replica's space is freed.
+func (s *Server) acquire(id string) (*replica, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return nil, ErrClosed
+	}
+	if r := s.replicas[id]; r != nil {
+		r.refs++
+		return r, nil
+	}
+	loc, err := s.o.Lookup(id)
+	if err != nil {
+		return nil, fmt.Errorf("no replica %s on node %s: %v: %w", id, s.o.Node, err, ErrNotFound)
+	}
+	r, err := openReplica(id, loc)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return nil, fmt.Errorf("no replica %s on node %s: %w", id, s.o.Node, err)
+		}
+		return nil, err
+	}
+	r.refs = 1
+	s.replicas[id] = r
+	return r, nil
+}
+
+func (s *Server) release(r *replica) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r.refs--
+	if r.refs == 0 && s.replicas[r.id] == r {
+		delete(s.replicas, r.id)
+		if err := r.close(); err != nil {
+			s.log.Error(err, "closing replica file", "replica", r.id)
+		}
+	}
+}
+
+// serverConn is one client connection. A reader loop decodes requests and runs each in its
+// own goroutine (bounded by sem); responses go through out to a single writer goroutine,
+// which batches them into the buffered TLS stream.
+type serverConn struct {
+	s  *Server
+	nc net.Conn
+
+	out  chan outFrame
+	done chan struct{}
+	once sync.Once
+	sem  chan struct{}
+	hwg  sync.WaitGroup
+
+	mu       sync.Mutex
+	replicas map[string]*replica // acquired by this connection, released when it ends
+}
+
+type outFrame struct {
+	h       respHeader
+	payload []byte
+	buf     *[]byte // returned to the pool once written
+}
+
+// maxConnRequests bounds the requests a connection runs at once; beyond it the reader
+// stops reading, which pushes back on the client through TCP.
+const maxConnRequests = 64
+
+func newServerConn(s *Server, nc net.Conn) *serverConn {
+	return &serverConn{
+		s:        s,
+		nc:       nc,
+		out:      make(chan outFrame, maxConnRequests),
+		done:     make(chan struct{}),
+		sem:      make(chan struct{}, maxConnRequests),
+		replicas: map[string]*replica{},
+	}
+}
+
+func (c *serverConn) shutdown() {
+	c.once.Do(func() {
+		close(c.done)
+		c.nc.Close()
+	})
+}
+
+func (c *serverConn) serve() {
+	defer c.s.connWG.Done()
+	log := c.s.log.WithValues("peer", c.nc.RemoteAddr().String())
+	tc := c.nc.(*tls.Conn)
+	tc.SetDeadline(time.Now().Add(c.s.o.HandshakeTimeout))
+	if err := tc.Handshake(); err != nil {
+		log.V(1).Info("tls handshake failed", "err", err.Error())
+		c.shutdown()
+		c.s.forget(c)
+		return
+	}
+	tc.SetDeadline(time.Time{})
+	peer := tc.ConnectionState().PeerCertificates[0].Subject.CommonName
+	log = log.WithValues("peerName", peer)
+	log.V(1).Info("connection accepted")
+
+	wdone := make(chan struct{})
+	go func() {
+		defer close(wdone)
+		c.writeLoop()
+	}()
+	err := c.readLoop()
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		log.Info("replica connection failed", "err", err.Error())
+	}
+	c.shutdown()
+	c.hwg.Wait()
+	<-wdone
+	// A writer session ends with its connection; Dirty stays set, as the writer did not
+	// close it cleanly.
+	c.mu.Lock()
+	for _, r := range c.replicas {
+		if r.owner.CompareAndSwap(c, nil) {
+			log.Info("writer session ended by disconnect", "replica", r.id)
+		}
+		c.s.release(r)
+	}
+	c.replicas = nil
+	c.mu.Unlock()
+	c.s.forget(c)
+}
+
+func (s *Server) forget(c *serverConn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+func (c *serverConn) readLoop() error {
+	br := bufio.NewReaderSize(c.nc, 64<<10)
+	var hb [4 + reqHeaderLen]byte
+	idb := make([]byte, maxIDLen)
+	for {
+		if _, err := io.ReadFull(br, hb[:]); err != nil {
+			return err
+		}
+		total := int64(binary.BigEndian.Uint32(hb[:4]))
+		if total < reqHeaderLen {
+			return fmt.Errorf("frame of %d bytes is shorter than a header", total)
+		}
+		var h reqHeader
+		h.decode(hb[4:])
+		rest := total - reqHeaderLen
+		if h.idLen > maxIDLen || int64(h.idLen) > rest {
+			return fmt.Errorf("bad replica id length %d", h.idLen)
+		}
+		if _, err := io.ReadFull(br, idb[:h.idLen]); err != nil {
+			return err
+		}
+		id := string(idb[:h.idLen])
+		n := rest - int64(h.idLen)
+		if n > MaxPayload {
+			// Skip the payload so the stream stays in sync, and refuse the request.
+			if _, err := io.CopyN(io.Discard, br, n); err != nil {
+				return err
+			}
+			c.send(errorFrame(h.id, fmt.Errorf("payload of %d bytes exceeds %d: %w", n, MaxPayload, ErrTooLarge)))
+			continue
+		}
+		var buf *[]byte
+		if n > 0 {
+			buf = getBuf(int(n))
+			if _, err := io.ReadFull(br, *buf); err != nil {
+				putBuf(buf)
+				return err
+			}
+		}
+		select {
+		case c.sem <- struct{}{}:
+		case <-c.done:
+			putBuf(buf)
+			return nil
+		}
+		c.hwg.Add(1)
+		go func() {
+			defer func() {
+				<-c.sem
+				c.hwg.Done()
+			}()
+			c.send(c.handle(h, id, buf))
+		}()
+	}
+}
+
+func (c *serverConn) send(f outFrame) {
+	select {
+	case c.out <- f:
+	case <-c.done:
+		putBuf(f.buf)
+	}
+}
+
+func (c *serverConn) writeLoop() {
+	bw := bufio.NewWriterSize(c.nc, 64<<10)
+	var hb [4 + respHeaderLen]byte
+	write := func(f outFrame) error {
+		f.h.encode(hb[:], respHeaderLen+len(f.payload))
+		_, err := bw.Write(hb[:])
+		if err == nil {
+			_, err = bw.Write(f.payload)
+		}
+		putBuf(f.buf)
+		return err
+	}
+	for {
+		var f outFrame
+		select {
+		case f = <-c.out:
+		case <-c.done:
+			return
+		}
+		if err := write(f); err != nil {
+			c.shutdown()
+			return
+		}
+		// Batch whatever is queued into one flush.
+	drain:
+		for {
+			select {
+			case f = <-c.out:
+				if err := write(f); err != nil {
+					c.shutdown()
+					return
+				}
+			default:
+				break drain
+			}
+		}
+		if err := bw.Flush(); err != nil {
+			c.shutdown()
+			return
+		}
+	}
+}
+
+func errorFrame(id uint64, err error) outFrame {
+	return outFrame{h: respHeader{id: id, status: statusOf(err)}, payload: []byte(err.Error())}
+}
+
+// replica returns the replica for this connection, acquiring it on first use.
+func (c *serverConn) replica(id string) (*replica, error) {
+	if id == "" {
+		return nil, fmt.Errorf("empty replica id: %w", ErrInvalid)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r := c.replicas[id]; r != nil {
+		return r, nil
+	}
+	if c.replicas == nil {
+		return nil, ErrClosed
+	}
+	r, err := c.s.acquire(id)
+	if err != nil {
+		return nil, err
+	}
+	c.replicas[id] = r
+	return r, nil
+}
+
+func (c *serverConn) handle(h reqHeader, id string, buf *[]byte) outFrame {
+	var payload []byte
+	if buf != nil {
+		payload = *buf
+		defer putBuf(buf)
+	}
+	if h.op == opPing {
+		return outFrame{h: respHeader{id: h.id}}
+	}
+	r, err := c.replica(id)
+	if err != nil {
+		return errorFrame(h.id, err)
+	}
+	f, err := c.do(r, h, payload)
+	if err != nil {
+		return errorFrame(h.id, fmt.Errorf("replica %s on node %s: %w", id, c.s.o.Node, err))
+	}
+	f.h.id = h.id
+	return f
+}
+
+func (c *serverConn) do(r *replica, h reqHeader, payload []byte) (outFrame, error) {
+	switch h.op {
+	case opWrite:
+		if r.owner.Load() != c {
+			return outFrame{}, ErrNoSession
+		}
+		return outFrame{}, r.writeAt(payload, h.offset, h.arg)
+
+	case opRead:
+		if h.arg > MaxPayload {
+			return outFrame{}, fmt.Errorf("read of %d bytes exceeds %d: %w", h.arg, MaxPayload, ErrTooLarge)
+		}
+		buf := getBuf(int(h.arg))
+		if err := r.readAt(*buf, h.offset); err != nil {
+			putBuf(buf)
+			return outFrame{}, err
+		}
+		return outFrame{payload: *buf, buf: buf}, nil
+
+	case opInfo:
+		return c.infoFrame(r)
+
+	case opOpen:
+		if err := c.open(r); err != nil {
+			return outFrame{}, err
+		}
+		return c.infoFrame(r)
+
+	case opFlush:
+		if r.owner.Load() != c {
+			return outFrame{}, ErrNoSession
+		}
+		return outFrame{}, r.flush(nil)
+
+	case opCloseSession:
+		if r.owner.Load() != c {
+			return outFrame{}, ErrNoSession
+		}
+		if err := r.flush(func(m *meta) { m.Dirty = false }); err != nil {
+			return outFrame{}, err
+		}
+		r.owner.CompareAndSwap(c, nil)
+		return outFrame{}, nil
+
+	case opExtents:
+		if h.offset < 0 {
+			return outFrame{}, fmt.Errorf("extents from offset %d: %w", h.offset, ErrInvalid)
+		}
+		if h.offset >= r.size {
+			return outFrame{}, nil
+		}
+		end := h.offset + int64(min(h.arg, uint64(r.size-h.offset)))
+		exts, more, err := r.extents(h.offset, end, MaxPayload/16)
+		if err != nil {
+			return outFrame{}, err
+		}
+		buf := getBuf(16 * len(exts))
+		for i, e := range exts {
+			binary.BigEndian.PutUint64((*buf)[16*i:], uint64(e.Offset))
+			binary.BigEndian.PutUint64((*buf)[16*i+8:], uint64(e.Length))
+		}
+		f := outFrame{payload: *buf, buf: buf}
+		if more {
+			f.h.arg = 1
+		}
+		return f, nil
+
+	case opRebuild:
+		addr, srcID, err := decodeRebuild(payload)
+		if err != nil {
+			return outFrame{}, err
+		}
+		return outFrame{}, c.s.startRebuild(r, addr, srcID)
+	}
+	return outFrame{}, fmt.Errorf("unknown operation %d: %w", h.op, ErrInvalid)
+}
+
+// open starts c's writer session on r. It is exclusive: another connection's session must
+// end first (CloseSession or disconnect). Dirty is durable before the session starts, so a
+// crash during the session is always detected.
+func (c *serverConn) open(r *replica) error {
+	if r.owner.Load() == c {
+		return nil
+	}
+	if !r.owner.CompareAndSwap(nil, c) {
+		return ErrBusy
+	}
+	if _, err := r.persist(func(m *meta) {
+		m.Dirty = true
+		m.Epoch++
+	}); err != nil {
+		r.owner.CompareAndSwap(c, nil)
+		return err
+	}
+	return nil
+}
+
+func (c *serverConn) infoFrame(r *replica) (outFrame, error) {
+	data, err := json.Marshal(c.s.info(r))
+	if err != nil {
+		return outFrame{}, err
+	}
+	return outFrame{payload: data}, nil
+}
+
+func (s *Server) info(r *replica) Info {
+	m := r.durable()
+	in := Info{
+		ID:         r.id,
+		Size:       r.size,
+		Revision:   r.rev.Load(),
+		Dirty:      m.Dirty,
+		Rebuilding: m.Rebuilding,
+		Allocated:  r.allocated(),
+		Epoch:      m.Epoch,
+		Session:    r.owner.Load() != nil,
+	}
+	s.mu.Lock()
+	st := s.rebuilds[r.id]
+	s.mu.Unlock()
+	if st != nil {
+		in.RebuildDone, in.RebuildTotal = st.done.Load(), st.total.Load()
+		if m.Rebuilding {
+			in.RebuildSource = st.source
+			if e := st.err.Load(); e != nil {
+				in.RebuildError = *e
+			}
+		}
+	}
+	return in
+}
+
+func encodeRebuild(addr, id string) ([]byte, error) {
+	if len(addr) > maxIDLen || len(id) > maxIDLen {
+		return nil, fmt.Errorf("rebuild source too long: %w", ErrInvalid)
+	}
+	b := make([]byte, 0, 4+len(addr)+len(id))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(addr)))
+	b = append(b, addr...)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(id)))
+	return append(b, id...), nil
+}
+
+func decodeRebuild(b []byte) (addr, id string, err error) {
+	field := func() (string, bool) {
+		if len(b) < 2 {
+			return "", false
+		}
+		n := int(binary.BigEndian.Uint16(b))
+		if len(b) < 2+n {
+			return "", false
+		}
+		s := string(b[2 : 2+n])
+		b = b[2+n:]
+		return s, true
+	}
+	addr, ok1 := field()
+	id, ok2 := field()
+	if !ok1 || !ok2 || len(b) != 0 || addr == "" || id == "" {
+		return "", "", fmt.Errorf("malformed rebuild request: %w", ErrInvalid)
+	}
+	return addr, id, nil
+}
+
+// rebuildState is the progress of a replica's current or last rebuild. It lives in the
+// server, not the replica, so it outlasts the replica file being closed and reopened.
+type rebuildState struct {
+	running bool   // guarded by Server.mu
+	source  string // addr + "/" + id
+	// epoch is the replica's writer-session epoch when the rebuild was asked for.
+	epoch  uint64
+	cancel context.CancelCauseFunc
+	// started is closed once Rebuilding is durable and the file punched, or the start
+	// failed with startErr; stopped once the copier let go of the replica.
+	started, stopped chan struct{}
+	startErr         error
+	done, total      atomic.Int64
+	err              atomic.Pointer[string]
+}

@@ -1,0 +1,380 @@
+package target
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/crdipc/crdipc/internal/storage/replica"
+)
+
+const itSize = 4 << 20
+
+// node is a real replica.Server on 127.0.0.1 serving files under dir; it can be stopped and
+// started again on the same address.
+type node struct {
+	t      *testing.T
+	name   string
+	dir    string
+	ca     replica.CA
+	addr   string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (n *node) path(id string) string {
+	ns, name, _ := strings.Cut(id, "/")
+	return filepath.Join(n.dir, ns, name+".img")
+}
+
+func (n *node) create(id string, size int64) {
+	n.t.Helper()
+	p := n.path(id)
+	if err := os.MkdirAll(filepath.Dir(p), 0o750); err != nil {
+		n.t.Fatal(err)
+	}
+	if err := os.WriteFile(p, nil, 0o640); err != nil {
+		n.t.Fatal(err)
+	}
+	if err := os.Truncate(p, size); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
+func (n *node) start() {
+	n.t.Helper()
+	cert, err := n.ca.Issue(n.name, []net.IP{net.ParseIP("127.0.0.1")}, nil)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	srv := replica.NewServer(replica.ServerOptions{
+		Node: n.name,
+		Lookup: func(id string) (replica.Location, error) {
+			return replica.Location{Data: n.path(id)}, nil
+		},
+		TLS: replica.ServerTLSConfig(n.ca.Pool(), cert),
+	})
+	addr := n.addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.addr = l.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel, n.done = cancel, make(chan error, 1)
+	go func() { n.done <- srv.Serve(ctx, l) }()
+}
+
+func (n *node) stop() {
+	n.t.Helper()
+	if n.cancel == nil {
+		return
+	}
+	n.cancel()
+	n.cancel = nil
+	select {
+	case err := <-n.done:
+		if err != nil {
+			n.t.Errorf("serve %s: %v", n.name, err)
+		}
+	case <-time.After(30 * time.Second):
+		n.t.Fatalf("serve %s did not return", n.name)
+	}
+}
+
+func (n *node) sha(id string) [32]byte {
+	n.t.Helper()
+	f, err := os.Open(n.path(id))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		n.t.Fatal(err)
+	}
+	return [32]byte(h.Sum(nil))
+}
+
+type cluster struct {
+	t       *testing.T
+	nodes   []*node
+	ids     []string
+	client  *tls.Config
+	members []Member
+	exp     []byte
+	e       *Engine
+	h       *harness // for waitStates
+}
+
+func newCluster(t *testing.T) *cluster {
+	ca, err := replica.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.Issue("target", []net.IP{net.ParseIP("127.0.0.1")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, client: replica.ClientTLSConfig(ca.Pool(), cert), exp: make([]byte, itSize)}
+	for i := range 3 {
+		n := &node{t: t, name: fmt.Sprintf("node-%d", i), dir: t.TempDir(), ca: ca}
+		id := fmt.Sprintf("ns/pvc-1-r%d", i)
+		n.create(id, itSize)
+		n.start()
+		t.Cleanup(n.stop)
+		c.nodes, c.ids = append(c.nodes, n), append(c.ids, id)
+		c.members = append(c.members, RemoteMember(id, n.addr, c.client, i == 0))
+	}
+	return c
+}
+
+func (c *cluster) startEngine() {
+	c.t.Helper()
+	e, err := New(context.Background(), Options{
+		Members:           c.members,
+		ConsistencyFactor: 2,
+		IOTimeout:         5 * time.Second,
+		RejoinInterval:    20 * time.Millisecond,
+	})
+	if err != nil {
+		c.t.Fatalf("New: %v", err)
+	}
+	c.e = e
+	c.h = &harness{t: c.t, e: e}
+	c.t.Cleanup(func() { _ = e.Close() })
+}
+
+// writers runs about n random writes spread over 4 goroutines, each in its own quarter of
+// the volume so the expected image is well defined. When half are done, mid runs while the
+// writes go on; each goroutine ends with 50 more writes after mid returned.
+func (c *cluster) writers(seed uint64, n int, mid func()) {
+	c.t.Helper()
+	const g = 4
+	quarter := int64(itSize / g)
+	var wg, half sync.WaitGroup
+	half.Add(g)
+	midDone, failed := make(chan struct{}), make(chan struct{})
+	var failOnce sync.Once
+	errs := make(chan error, g)
+	for w := range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(w)))
+			base := int64(w) * quarter
+			for i := 0; i < n/g+50; i++ {
+				switch i {
+				case n / g / 2:
+					half.Done()
+				case n / g:
+					select {
+					case <-midDone:
+					case <-failed:
+						return
+					}
+				}
+				size := 1 + rng.IntN(8192)
+				if rng.IntN(2) == 0 {
+					size = (1 + rng.IntN(32)) * SectorSize
+				}
+				off := base + rng.Int64N(quarter-int64(size))
+				if rng.IntN(2) == 0 {
+					off = off / SectorSize * SectorSize
+				}
+				p := make([]byte, size)
+				for j := range p {
+					p[j] = byte(rng.Uint32())
+				}
+				if _, err := c.e.WriteAt(p, off); err != nil {
+					errs <- fmt.Errorf("write %d of %d bytes at %d: %w", i, size, off, err)
+					failOnce.Do(func() { close(failed) })
+					if i < n/g/2 {
+						half.Done() // so mid still runs and returns
+					}
+					return
+				}
+				copy(c.exp[off:], p)
+			}
+		}()
+	}
+	go func() {
+		half.Wait()
+		if mid != nil {
+			mid()
+		}
+		close(midDone)
+	}()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *cluster) checkRead() {
+	c.t.Helper()
+	got := make([]byte, itSize)
+	if _, err := c.e.ReadAt(got, 0); err != nil {
+		c.t.Fatalf("read: %v", err)
+	}
+	if !bytes.Equal(got, c.exp) {
+		c.t.Fatal("volume read differs from the acknowledged writes")
+	}
+}
+
+func (c *cluster) checkFiles() {
+	c.t.Helper()
+	if err := c.e.Flush(); err != nil {
+		c.t.Fatalf("flush: %v", err)
+	}
+	want := sha256.Sum256(c.exp)
+	for i, n := range c.nodes {
+		if got := n.sha(c.ids[i]); got != want {
+			c.t.Errorf("replica file %s on %s: sha256 %x, want %x", c.ids[i], n.name, got[:8], want[:8])
+		}
+	}
+}
+
+func TestIntegrationReplicasOverTLS(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts replica servers")
+	}
+	c := newCluster(t)
+	c.startEngine()
+	c.h.waitAllHealthy()
+
+	// One replica service stops mid-stream: writes go on; it comes back and is rebuilt
+	// while they still go on.
+	c.writers(1, 2000, func() { c.nodes[2].stop() })
+	c.h.waitState(c.ids[2], Faulted)
+	c.writers(2, 1000, func() { c.nodes[2].start() })
+	c.h.waitAllHealthy()
+	c.checkRead()
+	c.checkFiles()
+
+	// Two of three stop: the next write fails, and nothing acknowledged is lost when
+	// they return.
+	c.nodes[1].stop()
+	c.nodes[2].stop()
+	p := bytes.Repeat([]byte{0xEE}, 4096)
+	if _, err := c.e.WriteAt(p, 8192); !errors.Is(err, ErrNoQuorum) {
+		t.Fatalf("write with two of three stopped: %v, want ErrNoQuorum", err)
+	}
+	// The failed write may have reached the surviving replica; the volume shows either
+	// the old or the new data, never a mix within a sector.
+	got := make([]byte, len(p))
+	if _, err := c.e.ReadAt(got, 8192); err != nil {
+		t.Fatal(err)
+	}
+	for s := 0; s < len(got); s += SectorSize {
+		if sec := got[s : s+SectorSize]; !bytes.Equal(sec, p[s:s+SectorSize]) && !bytes.Equal(sec, c.exp[8192+s:8192+s+SectorSize]) {
+			t.Fatalf("sector %d of the failed write holds neither old nor new data", s/SectorSize)
+		}
+	}
+	copy(c.exp[8192:], got)
+	c.nodes[1].start()
+	c.nodes[2].start()
+	c.h.waitAllHealthy()
+	c.checkRead()
+	c.writers(3, 400, nil)
+	c.checkRead()
+	c.checkFiles()
+
+	// The target dies mid-write: a new engine picks the freshest replica and rebuilds the
+	// others from it.
+	var wg sync.WaitGroup
+	type inflight struct {
+		off int64
+		p   []byte
+	}
+	var flights []inflight
+	started := make(chan struct{}, 8)
+	for g := range 8 {
+		f := inflight{off: int64(g) * 256 << 10, p: bytes.Repeat([]byte{byte(0x10 + g)}, 64<<10)}
+		flights = append(flights, f)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				if _, err := c.e.WriteAt(f.p, f.off); err != nil {
+					return
+				}
+				if i == 0 {
+					started <- struct{}{}
+				}
+			}
+		}()
+	}
+	for range 8 {
+		<-started // every writer is past its first write: the kill lands mid-stream
+	}
+	kill(c.e)
+	wg.Wait()
+
+	var infos []replica.Info
+	for i, n := range c.nodes {
+		conn, err := replica.Dial(context.Background(), n.addr, c.client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := conn.Replica(c.ids[i]).Info(context.Background())
+		conn.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		infos = append(infos, info)
+	}
+	src, ok := replica.ChooseSource(infos)
+	if !ok {
+		t.Fatalf("no source among %+v", infos)
+	}
+	t.Logf("after the kill: %+v; source %s", infos, c.ids[src])
+
+	c.startEngine()
+	if st := c.e.States(); st[c.ids[src]].State != Healthy {
+		t.Fatalf("freshest replica %s not healthy after restart: %v", c.ids[src], st)
+	}
+	if err := c.e.WaitQuorum(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	c.h.waitAllHealthy()
+	vol := make([]byte, itSize)
+	if _, err := c.e.ReadAt(vol, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Outside the writes in flight nothing changed; inside, each sector is old or new.
+	for _, f := range flights {
+		for s := int64(0); s < int64(len(f.p)); s += SectorSize {
+			o := f.off + s
+			if sec := vol[o : o+SectorSize]; !bytes.Equal(sec, f.p[s:s+SectorSize]) && !bytes.Equal(sec, c.exp[o:o+SectorSize]) {
+				t.Fatalf("sector at %d holds neither old nor new data", o)
+			}
+		}
+		copy(c.exp[f.off:], vol[f.off:f.off+int64(len(f.p))])
+	}
+	if !bytes.Equal(vol, c.exp) {
+		t.Fatal("volume differs from the acknowledged writes outside the writes in flight")
+	}
+	c.writers(4, 400, nil)
+	c.checkRead()
+	c.checkFiles()
+	if err := c.e.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,281 @@
+package target
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+)
+
+// ReadAt reads from a healthy replica, the local one first; a replica that fails is faulted
+// and the next one tried. Reads do not take the range lock: a read racing an overlapping
+// write may see either, as with any block device, but a read issued after a write was
+// acknowledged sees it, since every healthy replica applied it before the ack.
+func (e *Engine) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("read at negative offset %d", off)
+	}
+	if off >= e.size {
+		return 0, io.EOF
+	}
+	n, short := len(p), false
+	if int64(n) > e.size-off {
+		n, short = int(e.size-off), true
+	}
+	for done := 0; done < n; {
+		c := min(n-done, maxIO)
+		if err := e.read(p[done:done+c], off+int64(done)); err != nil {
+			return done, err
+		}
+		done += c
+	}
+	if short {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+type dest struct {
+	m       *member
+	r       Replica
+	gen     uint64
+	healthy bool
+}
+
+func (e *Engine) read(p []byte, off int64) error {
+	tried := map[*member]bool{}
+	var lastErr error
+	for {
+		t, ok, closed := e.readTarget(tried)
+		if closed {
+			return ErrClosed
+		}
+		if !ok {
+			if lastErr != nil {
+				return fmt.Errorf("%w to read %d bytes at %d (last error: %w)", ErrUnavailable, len(p), off, lastErr)
+			}
+			return fmt.Errorf("%w to read %d bytes at %d", ErrUnavailable, len(p), off)
+		}
+		tried[t.m] = true
+		ctx, cancel := context.WithTimeout(e.ioCtx, e.ioTimeout)
+		err := t.r.ReadAt(ctx, p, off)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		lastErr = fmt.Errorf("replica %s: read: %w", t.m.ID, err)
+		e.fault(t.m, t.gen, lastErr)
+	}
+}
+
+// readTarget picks a healthy replica not tried yet: the local one, else round robin.
+func (e *Engine) readTarget(tried map[*member]bool) (_ dest, ok, closed bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return dest{}, false, true
+	}
+	for _, m := range e.order {
+		if m.Local && m.state == Healthy && !tried[m] {
+			return dest{m: m, r: m.r, gen: m.gen}, true, false
+		}
+	}
+	for i := range e.order {
+		m := e.order[(e.next+i)%len(e.order)]
+		if m.state == Healthy && !tried[m] {
+			e.next = (e.next + i + 1) % len(e.order)
+			return dest{m: m, r: m.r, gen: m.gen}, true, false
+		}
+	}
+	return dest{}, false, false
+}
+
+// WriteAt writes p at off to every replica of the write set and returns once at least
+// ConsistencyFactor healthy replicas applied it and every other one answered or was
+// faulted. Writes that are not whole sectors are widened by read-modify-write. Overlapping
+// writes are serialized so that every replica applies them in the same order.
+func (e *Engine) WriteAt(p []byte, off int64) (int, error) {
+	if off < 0 || off+int64(len(p)) > e.size {
+		return 0, fmt.Errorf("write of %d bytes at %d outside the volume (%d bytes)", len(p), off, e.size)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	lo := off / SectorSize * SectorSize
+	hi := (off + int64(len(p)) + SectorSize - 1) / SectorSize * SectorSize
+	h := e.locks.lock(lo, hi)
+	defer e.locks.unlock(h)
+
+	buf := p
+	end := off + int64(len(p))
+	if lo != off || hi != end {
+		// The partial first and last sectors are read under the range lock, so no
+		// overlapping write can slip in between the read and the write.
+		buf = make([]byte, hi-lo)
+		if lo != off {
+			if err := e.read(buf[:SectorSize], lo); err != nil {
+				return 0, fmt.Errorf("read-modify-write: %w", err)
+			}
+		}
+		if last := hi - SectorSize; hi != end && !(lo != off && last == lo) {
+			if err := e.read(buf[last-lo:], last); err != nil {
+				return 0, fmt.Errorf("read-modify-write: %w", err)
+			}
+		}
+		copy(buf[off-lo:], p)
+	}
+	for done := 0; done < len(buf); {
+		c := min(len(buf)-done, maxIO)
+		if err := e.writeChunk(buf[done:done+c], lo+int64(done)); err != nil {
+			// Nothing of this call is acknowledged; a prefix may be on some replicas,
+			// which is what a torn write on a disk looks like too.
+			return 0, err
+		}
+		done += c
+	}
+	return len(p), nil
+}
+
+// writeChunk writes one request under the range lock. When a replica that was healthy
+// fails, the same data is written again under a new revision to the replicas that remain:
+// then every remaining replica has a revision above anything the faulted one can have
+// (it may have applied writes up to the last revision handed out), so after a crash it
+// can never be mistaken for the freshest.
+func (e *Engine) writeChunk(p []byte, off int64) error {
+	if e.quorumWait > 0 {
+		ctx, cancel := context.WithTimeout(e.ioCtx, e.quorumWait)
+		_ = e.WaitQuorum(ctx) // the fan-out below reports the shortfall
+		cancel()
+	}
+	for {
+		fence, err := e.fanOutWrite(p, off)
+		if err != nil || !fence {
+			return err
+		}
+	}
+}
+
+// fanOutWrite sends p to the write set under a fresh revision and waits for every replica.
+// fence reports that a healthy replica failed.
+func (e *Engine) fanOutWrite(p []byte, off int64) (fence bool, err error) {
+	e.barrier.RLock()
+	defer e.barrier.RUnlock()
+
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return false, ErrClosed
+	}
+	// The revision and the write set are taken together: a replica faulted before this
+	// point gets no write with this or a later revision.
+	var set []dest
+	healthy := 0
+	for _, m := range e.order {
+		if m.state == Healthy || m.state == Rebuilding {
+			set = append(set, dest{m: m, r: m.r, gen: m.gen, healthy: m.state == Healthy})
+			if m.state == Healthy {
+				healthy++
+			}
+		}
+	}
+	if healthy < e.cf {
+		e.mu.Unlock()
+		return false, fmt.Errorf("%w: %d healthy replicas, %d needed", ErrNoQuorum, healthy, e.cf)
+	}
+	e.rev++
+	rev := e.rev
+	e.mu.Unlock()
+
+	errs := make([]error, len(set))
+	var wg sync.WaitGroup
+	for i, t := range set {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(e.ioCtx, e.ioTimeout)
+			defer cancel()
+			errs[i] = t.r.WriteAt(ctx, p, off, rev)
+		}()
+	}
+	wg.Wait()
+
+	acked := 0
+	var failures []error
+	for i, t := range set {
+		if errs[i] == nil {
+			if t.healthy {
+				acked++
+			}
+			continue
+		}
+		err := fmt.Errorf("replica %s: write: %w", t.m.ID, errs[i])
+		failures = append(failures, err)
+		if e.fault(t.m, t.gen, err) {
+			fence = true
+		}
+	}
+	e.mu.Lock()
+	for i, t := range set {
+		if t.healthy && errs[i] == nil && t.m.removed {
+			// Its copy no longer counts: the replica is on its way out.
+			acked--
+		}
+	}
+	if acked >= e.cf && rev > e.ackedRev {
+		e.ackedRev = rev
+	}
+	e.mu.Unlock()
+	if acked < e.cf {
+		return false, fmt.Errorf("%w: write of %d bytes at %d applied on %d healthy replicas, %d needed: %w",
+			ErrNoQuorum, len(p), off, acked, e.cf, errors.Join(failures...))
+	}
+	return fence, nil
+}
+
+// Flush makes every acknowledged write durable on the replicas of the write set; it needs
+// ConsistencyFactor healthy replicas to succeed.
+func (e *Engine) Flush() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return ErrClosed
+	}
+	var set []dest
+	for _, m := range e.order {
+		if m.state == Healthy || m.state == Rebuilding {
+			set = append(set, dest{m: m, r: m.r, gen: m.gen, healthy: m.state == Healthy})
+		}
+	}
+	e.mu.Unlock()
+
+	errs := make([]error, len(set))
+	var wg sync.WaitGroup
+	for i, t := range set {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(e.ioCtx, e.ioTimeout)
+			defer cancel()
+			errs[i] = t.r.Flush(ctx)
+		}()
+	}
+	wg.Wait()
+	ok := 0
+	var failures []error
+	for i, t := range set {
+		if errs[i] == nil {
+			if t.healthy {
+				ok++
+			}
+			continue
+		}
+		err := fmt.Errorf("replica %s: flush: %w", t.m.ID, errs[i])
+		failures = append(failures, err)
+		e.fault(t.m, t.gen, err)
+	}
+	if ok < e.cf {
+		return fmt.Errorf("%w: flush succeeded on %d healthy replicas, %d needed: %w", ErrNoQuorum, ok, e.cf, errors.Join(failures...))
+	}
+	return nil
+}

@@ -1,0 +1,72 @@
+package target
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+
+	"github.com/crdipc/crdipc/internal/storage/replica"
+)
+
+// Info is a replica's state as its server reports it.
+type Info = replica.Info
+
+// Replica is one replica as the engine uses it: the client methods of the replica data
+// service. *replica.Client satisfies it; unit tests use an in-memory fake.
+type Replica interface {
+	ID() string
+	Info(ctx context.Context) (Info, error)
+	// Open starts the writer session (exclusive per replica; marks it Dirty durably).
+	Open(ctx context.Context) (Info, error)
+	// WriteAt applies p at off inside the writer session; Revision = max(Revision, rev).
+	WriteAt(ctx context.Context, p []byte, off int64, rev uint64) error
+	// ReadAt fills p completely or fails.
+	ReadAt(ctx context.Context, p []byte, off int64) error
+	Flush(ctx context.Context) error
+	// CloseSession flushes, clears Dirty durably and ends the writer session.
+	CloseSession(ctx context.Context) error
+	// Rebuild makes the replica copy itself from the replica sourceID served at sourceAddr
+	// in the background; it returns once the rebuild has begun (writes from then on are kept).
+	Rebuild(ctx context.Context, sourceAddr, sourceID string) error
+}
+
+// Member is a replica of the volume as placed by the control plane.
+type Member struct {
+	// ID is the replica's id (namespace/name) as its replica server knows it.
+	ID string
+	// Addr is the address of the replica server holding it; other replicas pull from it
+	// when they are rebuilt from this one.
+	Addr string
+	// Local marks the replica on the target's own node: reads prefer it.
+	Local bool
+	// Replica is the handle to use. It may be nil when Dial is set.
+	Replica Replica
+	// Dial, when set, opens a new handle; the engine calls it to reconnect a faulted
+	// replica. When Dial is set the engine owns every handle of this member and closes
+	// those that implement io.Closer; otherwise the caller owns Replica.
+	Dial func(ctx context.Context) (Replica, error)
+}
+
+// remote is a replica reached through its own connection, so closing it (when the engine
+// gives up on it) ends its writer session on the server.
+type remote struct {
+	*replica.Client
+	conn *replica.Conn
+}
+
+var _ Replica = remote{}
+
+func (r remote) Close() error { return r.conn.Close() }
+
+// RemoteMember is a Member for replica id on the replica server at addr, reached over mutual
+// TLS with tlsConf (replica.ClientTLSConfig). Each (re)connection is a fresh replica.Conn
+// owned by the engine.
+func RemoteMember(id, addr string, tlsConf *tls.Config, local bool) Member {
+	return Member{ID: id, Addr: addr, Local: local, Dial: func(ctx context.Context) (Replica, error) {
+		conn, err := replica.Dial(ctx, addr, tlsConf)
+		if err != nil {
+			return nil, fmt.Errorf("replica %s at %s: %w", id, addr, err)
+		}
+		return remote{Client: conn.Replica(id), conn: conn}, nil
+	}}
+}
