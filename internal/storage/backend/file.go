@@ -188,7 +188,7 @@ func (f *File) DeleteReplica(ctx context.Context, p Pool, r Replica) error {
 	}
 	removeTemporaries(path)
 	_ = os.Remove(path + MetaSuffix + ".tmp") // an interrupted metadata write
-	_ = os.Remove(filepath.Dir(path)) // the namespace directory, if now empty
+	_ = os.Remove(filepath.Dir(path))         // the namespace directory, if now empty
 	return nil
 }
 
