@@ -30,11 +30,13 @@ func newBenchCommand() *cobra.Command {
 (what the API server alone does with small custom resources on this machine,
 right now) and reports crdipc's figures as ratios to it, because absolute
 numbers on a shared machine drift from run to run while ratios do not.
+"bench volume" measures the data path instead, and its floor is a plain
+local file on the same disk, put through the same fio jobs.
 
 Without --kubeconfig, bench starts its own embedded control plane in a
 temporary directory and removes it afterwards.`,
 	}
-	cmd.AddCommand(newBenchFloorCommand(), newBenchRoundTripCommand(), newBenchWebhookCommand(), newBenchStorageCommand())
+	cmd.AddCommand(newBenchFloorCommand(), newBenchRoundTripCommand(), newBenchWebhookCommand(), newBenchStorageCommand(), newBenchVolumeCommand())
 	return cmd
 }
 

@@ -45,7 +45,7 @@ crdipc up does. With --kubeconfig, the operator and agents must already run
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runBench(cmd, &target, func(ctx context.Context, cfg *rest.Config) (*bench.Storage, error) {
 				if target.kubeconfig == "" {
-					stop, err := startStorage(ctx, cfg, nodes)
+					stop, err := startStorage(ctx, cfg, nodes, "")
 					if err != nil {
 						return nil, err
 					}
@@ -64,23 +64,28 @@ crdipc up does. With --kubeconfig, the operator and agents must already run
 	return cmd
 }
 
-// startStorage runs the operator and simulated nodes in this process, as `up` does.
-func startStorage(ctx context.Context, cfg *rest.Config, nodes int) (func(), error) {
-	root, err := os.MkdirTemp("", "crdipc-bench-storage-")
-	if err != nil {
-		return nil, err
+// startStorage runs the operator and simulated nodes in this process, as `up` does. The
+// nodes' pools live under root, or, when root is "", under a temporary directory that stop
+// removes.
+func startStorage(ctx context.Context, cfg *rest.Config, nodes int, root string) (stop func(), err error) {
+	cleanup := func() {}
+	if root == "" {
+		if root, err = os.MkdirTemp("", "crdipc-bench-storage-"); err != nil {
+			return nil, err
+		}
+		cleanup = func() { os.RemoveAll(root) }
 	}
 	mgr, err := newManager(cfg, "bench-storage", serviceOptions{metricsAddr: "0", healthAddr: "0"})
 	if err != nil {
-		os.RemoveAll(root)
+		cleanup()
 		return nil, err
 	}
 	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: -1}}); err != nil {
-		os.RemoveAll(root)
+		cleanup()
 		return nil, err
 	}
 	if _, err := agent.AddSupervisor(mgr, cfg, agent.SupervisorOptions{Nodes: nodes, Root: root}); err != nil {
-		os.RemoveAll(root)
+		cleanup()
 		return nil, err
 	}
 	mctx, cancel := context.WithCancel(context.Background())
@@ -88,13 +93,13 @@ func startStorage(ctx context.Context, cfg *rest.Config, nodes int) (func(), err
 	go func() { done <- mgr.Start(mctx) }()
 	if !mgr.GetCache().WaitForCacheSync(ctx) {
 		cancel()
-		os.RemoveAll(root)
+		cleanup()
 		return nil, fmt.Errorf("storage services: caches did not sync: %w", <-done)
 	}
 	return func() {
 		cancel()
 		<-done
-		os.RemoveAll(root)
+		cleanup()
 	}, nil
 }
 

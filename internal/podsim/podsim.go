@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -55,6 +56,14 @@ type Options struct {
 	// after SIGTERM before it kills them; a pod's shorter terminationGracePeriodSeconds
 	// wins. Default 10 s.
 	StopTimeout time.Duration
+
+	// CSI returns the Node service of the CSI driver CSIDriver on a node. With it, the
+	// runtime mounts a pod's PersistentVolumeClaims whose PersistentVolume is a CSI volume
+	// of CSIDriver, as kubelet does: NodeStageVolume once per node and volume,
+	// NodePublishVolume per pod, and the reverse when the pods are done. Without it, a pod
+	// with a PersistentVolumeClaim waits in ContainerCreating.
+	CSI       func(node string) (csi.NodeClient, error)
+	CSIDriver string
 }
 
 const (

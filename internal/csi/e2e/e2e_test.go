@@ -83,6 +83,8 @@ func TestCSI(t *testing.T) {
 	t.Run("ProvisionAttachDelete", w.testLifecycle)
 	t.Run("StageFormatOnce", w.testStageFormatOnce)
 	t.Run("Sanity", w.testSanity)
+	// Last: it deletes nodes, node-1 among them.
+	t.Run("DataPlane", w.testDataPlane)
 }
 
 func newWorld(t *testing.T) *world {

@@ -327,18 +327,34 @@ func TestIntegrationReplicasOverTLS(t *testing.T) {
 	kill(c.e)
 	wg.Wait()
 
+	// The dead target's connections are closed, but a server notices (and finishes the
+	// writes it had read) a moment later: the snapshot is taken once no session is left,
+	// as the next target's Open would find it.
 	var infos []replica.Info
-	for i, n := range c.nodes {
-		conn, err := replica.Dial(context.Background(), n.addr, c.client)
-		if err != nil {
-			t.Fatal(err)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		infos = infos[:0]
+		open := false
+		for i, n := range c.nodes {
+			conn, err := replica.Dial(context.Background(), n.addr, c.client)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := conn.Replica(c.ids[i]).Info(context.Background())
+			conn.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			open = open || info.Session
+			infos = append(infos, info)
 		}
-		info, err := conn.Replica(c.ids[i]).Info(context.Background())
-		conn.Close()
-		if err != nil {
-			t.Fatal(err)
+		if !open {
+			break
 		}
-		infos = append(infos, info)
+		if time.Now().After(deadline) {
+			t.Fatalf("writer sessions still open 10 s after the target was killed: %+v", infos)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the servers' state, with a deadline
 	}
 	src, ok := replica.ChooseSource(infos)
 	if !ok {

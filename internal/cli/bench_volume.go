@@ -1,0 +1,224 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/rest"
+
+	"github.com/crdipc/crdipc/internal/bench"
+	"github.com/crdipc/crdipc/internal/csi/driver"
+)
+
+func newBenchVolumeCommand() *cobra.Command {
+	var target benchTarget
+	o := bench.DefaultVolumeOptions
+	nodes := 3
+	dir := ""
+	cmd := &cobra.Command{
+		Use:   "volume",
+		Short: "Measure a replicated volume's data path against a local file, with fio",
+		Long: `volume measures the data path of a replicated volume — file system, loop
+device, FUSE file, volume target, replicas over mutual TLS — with fio, and runs
+the same fio jobs on a plain file in a plain directory of the same disk, in the
+same run; the figures are reported as ratios volume/local:
+
+  seq write    1 MiB writes, --seq-iodepth in flight, --seq-size, end_fsync
+               (the final fsync counts): goal ≥ 0.40
+  seq read     the same file read back, from the disk: goal ≥ 0.60
+  rand write   4 KiB writes over --rand-size, --rand-iodepth in flight, for
+               --rand-runtime: IOPS
+  rebuild      a second volume (--rebuild-size) gets --rebuild-data bytes
+               written to its block device and is unstaged; then one replica is
+               rebuilt from another: allocated MiB copied per second (goal ≥ 100)
+
+The volume is created with CreateVolume on the CSI driver's socket, staged
+(--fs-type) and published with NodeStageVolume and NodePublishVolume. Jobs use
+O_DIRECT (libaio) where the disk takes it; with --drop-caches (root) the page
+cache is emptied before reads and the rebuild, so that replicas read from the
+disk as the local file does. Goals are reported, not enforced.
+
+Without --kubeconfig, bench starts an embedded control plane plus, in this
+process, the operator, --nodes simulated nodes with their agents and the CSI
+driver serving node-1, with the pools and the local file under --dir. With
+--kubeconfig, --endpoint names a running driver's socket whose Node service
+serves a node of the cluster (crdipc up: <data-dir>/csi/csi.sock), and --dir
+should be on the disk of that node's pools. Needs fio (apt-get install fio),
+/dev/fuse, loop devices and mount privilege.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runBench(cmd, &target, func(ctx context.Context, cfg *rest.Config) (*bench.Volume, error) {
+				work, err := os.MkdirTemp(dir, "crdipc-bench-volume-")
+				if err != nil {
+					return nil, err
+				}
+				defer removeUnmounted(cmd.ErrOrStderr(), work)
+				o.Dir = work
+				if target.kubeconfig == "" {
+					stop, endpoint, err := startVolumeServices(ctx, cfg, nodes, work)
+					if err != nil {
+						return nil, err
+					}
+					defer func() { target.quiet(); stop() }()
+					o.Endpoint = endpoint
+				} else if o.Endpoint == "" {
+					return nil, errors.New("--endpoint is required with --kubeconfig: the socket of a CSI driver serving a node of that cluster")
+				}
+				return bench.MeasureVolume(ctx, cfg, o)
+			}, printVolume)
+		},
+	}
+	target.flags(cmd)
+	f := cmd.Flags()
+	f.StringVar(&o.Endpoint, "endpoint", "", "CSI driver socket (unix://…) to measure through (with --kubeconfig)")
+	f.StringVar(&dir, "dir", "", "directory for the local file, the mounts and, without --kubeconfig, the pools (default $TMPDIR)")
+	f.StringVar(&o.Fio, "fio", o.Fio, "fio binary")
+	f.StringVar(&o.FsType, "fs-type", o.FsType, "file system of the measured volume")
+	f.IntVar(&o.ReplicationFactor, "replicas", o.ReplicationFactor, "replication factor of the volumes")
+	f.IntVar(&nodes, "nodes", nodes, "simulated nodes to start (embedded control plane only)")
+	f.Var(bytesFlag{&o.VolumeSize}, "volume-size", "size of the measured volume")
+	f.Var(bytesFlag{&o.SeqSize}, "seq-size", "file size of the sequential jobs")
+	f.IntVar(&o.SeqIODepth, "seq-iodepth", o.SeqIODepth, "1 MiB requests in flight in the sequential jobs")
+	f.Var(bytesFlag{&o.RandSize}, "rand-size", "file size of the random-write job")
+	f.DurationVar(&o.RandRuntime, "rand-runtime", o.RandRuntime, "how long the random-write job runs")
+	f.IntVar(&o.RandIODepth, "rand-iodepth", o.RandIODepth, "4 KiB requests in flight in the random-write job")
+	f.Var(bytesFlag{&o.RebuildSize}, "rebuild-size", "size of the volume whose replica is rebuilt")
+	f.Var(bytesFlag{&o.RebuildData}, "rebuild-data", "bytes written to it before the rebuild")
+	f.BoolVar(&o.DropCaches, "drop-caches", o.DropCaches, "empty the page cache before reads and the rebuild (needs root)")
+	return cmd
+}
+
+// bytesFlag is a size in Kubernetes quantity notation (512Mi, 2Gi).
+type bytesFlag struct{ p *int64 }
+
+func (f bytesFlag) String() string {
+	if f.p == nil {
+		return "0"
+	}
+	return resource.NewQuantity(*f.p, resource.BinarySI).String()
+}
+
+func (f bytesFlag) Set(s string) error {
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return err
+	}
+	if q.Value() <= 0 {
+		return fmt.Errorf("%s: want a positive size", s)
+	}
+	*f.p = q.Value()
+	return nil
+}
+
+func (bytesFlag) Type() string { return "quantity" }
+
+// startVolumeServices runs in this process what bench storage runs, with the nodes' pools
+// under root (on the disk of the local-file baseline), and the CSI driver serving node-1 on
+// a socket under root.
+func startVolumeServices(ctx context.Context, cfg *rest.Config, nodes int, root string) (stop func(), endpoint string, err error) {
+	stopStorage, err := startStorage(ctx, cfg, nodes, filepath.Join(root, "nodes"))
+	if err != nil {
+		return nil, "", err
+	}
+	endpoint, err = driver.Endpoint(filepath.Join(root, "csi.sock"))
+	if err != nil {
+		stopStorage()
+		return nil, "", err
+	}
+	// A registry of its own: the driver's metrics are not served here.
+	d, err := driver.New(driver.Options{Config: cfg, NodeID: "node-1", TargetDir: filepath.Join(root, "targets"), Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		stopStorage()
+		return nil, "", err
+	}
+	l, err := driver.Listen(endpoint)
+	if err != nil {
+		stopStorage()
+		return nil, "", err
+	}
+	dctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.ServeListener(dctx, l) }()
+	return func() {
+		cancel()
+		<-done
+		stopStorage()
+	}, endpoint, nil
+}
+
+// removeUnmounted removes dir unless something is still mounted under it (a volume the
+// benchmark failed to unpublish): RemoveAll would descend into the mount.
+func removeUnmounted(warn io.Writer, dir string) {
+	if m := mountUnder(dir); m != "" {
+		fmt.Fprintf(warn, "bench: leaving %s: %s is still mounted\n", dir, m)
+		return
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		fmt.Fprintf(warn, "bench: %v\n", err)
+	}
+}
+
+// mountUnder returns a mount point under dir from this process's mount table, or "".
+func mountUnder(dir string) string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		// Field 5 is the mount point, with spaces and the like octal-escaped.
+		if len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
+			return fields[4]
+		}
+	}
+	return ""
+}
+
+func printVolume(out io.Writer, v *bench.Volume) {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	mode := "buffered"
+	if v.Direct {
+		mode = "O_DIRECT"
+	}
+	if v.CachesDropped {
+		mode += ", caches dropped"
+	}
+	fmt.Fprintf(tw, "volume (RF %d, %s, %s; fio %s, %s)\tvolume\tlocal file\tratio\tgoal\t\t\n",
+		v.ReplicationFactor, v.FsType, resource.NewQuantity(v.VolumeBytes, resource.BinarySI), v.Engine, mode)
+	for _, j := range v.Jobs {
+		value := func(r bench.FioResult) string {
+			if j.Metric == "IOPS" {
+				return fmt.Sprintf("%.0f", r.IOPS)
+			}
+			return fmt.Sprintf("%.1f", r.MiBPerSec)
+		}
+		goal, verdict := "", ""
+		if j.Goal > 0 {
+			goal, verdict = fmt.Sprintf("≥ %.2f", j.Goal), metOrMissed(j.Met)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t\n", j.Description, value(j.Volume), value(j.Local), j.Ratio, goal, verdict)
+	}
+	r := v.Rebuild
+	fmt.Fprintf(tw, "rebuild, %s allocated of %s (MiB/s)\t%.1f\t\t\t≥ %.0f\t%s\t\n",
+		resource.NewQuantity(r.AllocatedBytes, resource.BinarySI), resource.NewQuantity(r.VolumeBytes, resource.BinarySI), r.MiBPerSec, r.Goal, metOrMissed(r.Met))
+	tw.Flush()
+}
+
+func metOrMissed(met bool) string {
+	if met {
+		return "met"
+	}
+	return "missed"
+}
