@@ -33,6 +33,13 @@ again: after a restart the agent adopts what is on disk, and what has vanished i
 reported Offline. Deleting a pool or replica destroys its data (its finalizer);
 a pool that still holds replicas is not deleted.
 
+While it holds the node's Lease the agent also serves its replicas' data on
+--data-addr, over mutual TLS under the storage data CA (Secret
+crdipc-storage-data-ca, made by the operator): to the volume targets that write
+every replica, and to peers that rebuild from it. A replica that is new on the node
+or fell behind its peers while no target writes the volume is rebuilt from the
+freshest healthy peer (kubectl get cvr shows Rebuilding and its progress).
+
 Before acting the agent takes the node's Lease (pool-agent-<node> in
 crdipc-system): a second agent for the same node waits until the first is gone.
 On a real cluster, run it as a DaemonSet with --node from the downward API.`,
@@ -49,6 +56,9 @@ On a real cluster, run it as a DaemonSet with --node from the downward API.`,
 			if err := absolute(&o.Root); err != nil {
 				return err
 			}
+			if o.DataAdvertiseHost == "" {
+				o.DataAdvertiseHost = os.Getenv("POD_IP")
+			}
 			cfg, err := restConfig(kubeconfig)
 			if err != nil {
 				return err
@@ -63,6 +73,8 @@ On a real cluster, run it as a DaemonSet with --node from the downward API.`,
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then in-cluster)")
 	cmd.Flags().StringVar(&o.Node, "node", "", "the node this agent serves (default: $NODE_NAME)")
 	cmd.Flags().StringVar(&o.Root, "root", "/var/lib/crdipc", "directory for the node's pools")
+	cmd.Flags().StringVar(&o.DataAddr, "data-addr", ":9500", "address of the replica data service ('' disables it: nothing can read or rebuild this node's replicas)")
+	cmd.Flags().StringVar(&o.DataAdvertiseHost, "data-advertise-address", "", "address peers dial for --data-addr when it names no host (default: $POD_IP)")
 	cmd.Flags().DurationVar(&o.Resync, "resync", o.Resync, "how often every pool and replica is checked against the disk")
 	cmd.Flags().StringVar(&o.Identity, "identity", "", "name of this agent in the node Lease (default: hostname_uuid)")
 	cmd.Flags().StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "address for Prometheus /metrics ('0' disables)")
