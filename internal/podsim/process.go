@@ -69,10 +69,11 @@ func stopRuns(runs []*procRun, grace time.Duration) {
 
 // prepared is a process ready to start: its command, its forwarders listening.
 type prepared struct {
-	cmd  *exec.Cmd
-	fwd  map[int32]string
-	fwds []*forwarder
-	log  *os.File
+	cmd    *exec.Cmd
+	fwd    map[int32]string
+	fwds   []*forwarder
+	log    *os.File
+	mounts []bindMount // run in a mount namespace of its own with these, when any
 }
 
 func (p *prepared) discard() {
@@ -82,13 +83,29 @@ func (p *prepared) discard() {
 	p.log.Close()
 }
 
-// prepare builds container c's process: its environment, expanded command, the
-// image's command, forwarders and log file. A problem comes back as the waiting state
-// kubelet would report.
-func (r *runtime) prepare(ctx context.Context, pod *corev1.Pod, node *corev1.Node, c *ctr, ip, dir string) (*prepared, *corev1.ContainerStateWaiting) {
+// prepare builds container c's process: its environment, expanded command, volume
+// mounts, the image's command, forwarders and log file. A problem comes back as the
+// waiting state kubelet would report.
+func (r *runtime) prepare(ctx context.Context, pod *corev1.Pod, node *corev1.Node, c *ctr, ip, dir string, vols map[string]volPath) (*prepared, *corev1.ContainerStateWaiting) {
 	env, err := r.containerEnv(ctx, pod, &c.spec, ip, node)
 	if err != nil {
 		return nil, &corev1.ContainerStateWaiting{Reason: reasonConfigError, Message: err.Error()}
+	}
+	mounts, err := containerMounts(&c.spec, vols, env)
+	if err != nil {
+		return nil, &corev1.ContainerStateWaiting{Reason: reasonConfigError, Message: err.Error()}
+	}
+	if len(mounts) > 0 {
+		if err := mountNamespaces(); err != nil {
+			for _, m := range mounts {
+				if m.csi {
+					return nil, &corev1.ContainerStateWaiting{Reason: reasonRunError, Message: fmt.Sprintf("mounting volumes of container %s: %v", c.name, err)}
+				}
+			}
+			// Only emptyDirs: the container runs as it did before podsim mounted volumes,
+			// its emptyDirs under the pod's directory but not at their mountPath.
+			mounts = nil
+		}
 	}
 	spec := c.spec.DeepCopy()
 	spec.Command, spec.Args = expandCommand(&c.spec, env)
@@ -100,7 +117,7 @@ func (r *runtime) prepare(ctx context.Context, pod *corev1.Pod, node *corev1.Nod
 	if err != nil {
 		return nil, &corev1.ContainerStateWaiting{Reason: reasonRunError, Message: fmt.Sprintf("image %s: %v", c.spec.Image, err)}
 	}
-	p := &prepared{cmd: proc.Cmd, fwd: proc.Forward}
+	p := &prepared{cmd: proc.Cmd, fwd: proc.Forward, mounts: mounts}
 	ports := make([]int, 0, len(proc.Forward))
 	for port := range proc.Forward {
 		ports = append(ports, int(port))
@@ -151,6 +168,11 @@ func expandCommand(c *corev1.Container, env map[string]string) (command, args []
 	return command, args
 }
 
+// expandString expands $(VAR) in s as kubelet expands subPathExpr.
+func expandString(s string, env map[string]string) string {
+	return expansion.Expand(s, expansion.MappingFuncFor(env))
+}
+
 // processEnv is the environment of a process whose image left it to the runtime.
 func processEnv(env map[string]string, pod *corev1.Pod, dir string) []string {
 	all := map[string]string{"HOSTNAME": pod.Name, "HOME": dir, "PATH": os.Getenv("PATH")}
@@ -175,10 +197,22 @@ func (r *runtime) launchProcess(ps *podState, c *ctr, p *prepared, pod *corev1.P
 		p.discard()
 		return nil
 	}
-	if r.launch == nil {
-		r.launch = newLauncher()
+	done := make(chan struct{})
+	var err error
+	if len(p.mounts) > 0 {
+		var created []string
+		created, err = startInMountNamespace(p.cmd, p.mounts, done)
+		dsts := make([]string, 0, len(p.mounts))
+		for _, m := range p.mounts {
+			dsts = append(dsts, m.dst)
+		}
+		r.useHostDirs(ps.uid, created, dsts)
+	} else {
+		if r.launch == nil {
+			r.launch = newLauncher()
+		}
+		err = r.launch.start(p.cmd)
 	}
-	err := r.launch.start(p.cmd)
 	p.log.Close()
 	if err != nil {
 		for _, f := range p.fwds {
@@ -186,7 +220,7 @@ func (r *runtime) launchProcess(ps *podState, c *ctr, p *prepared, pod *corev1.P
 		}
 		return fmt.Errorf("starting %s: %w", p.cmd.Path, err)
 	}
-	run := &procRun{cmd: p.cmd, pid: p.cmd.Process.Pid, startedAt: now(), done: make(chan struct{})}
+	run := &procRun{cmd: p.cmd, pid: p.cmd.Process.Pid, startedAt: now(), done: done}
 	run.id = containerID(run.pid)
 	if c.ranBefore {
 		c.restarts++
