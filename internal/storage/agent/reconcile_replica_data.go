@@ -18,10 +18,10 @@ type dataState struct {
 
 // reconcileData brings the data path's view of replica r into its status — the endpoint
 // peers and targets dial, its revision, rebuild progress — and starts a rebuild when r is
-// behind a peer while no target writes the volume: a replica placed on a new node, or one
-// whose node was away while the others took writes. While a target writes (its writer
-// session leaves the replicas dirty) the target decides, since only it knows which writes
-// each replica has acknowledged.
+// behind a clean peer while no target writes it: a replica placed on a new node, one whose
+// node was away while the others took writes, or one a target left dirty. While a target
+// writes it (a writer session is open) the target decides, since only it knows which
+// writes each replica has acknowledged.
 func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica) (dataState, error) {
 	d := h.data
 	r.Status.Endpoint = d.endpoint
@@ -40,12 +40,18 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 		return h.rebuilding(r, info), nil
 	}
 	r.Status.Rebuild = nil
-	if info.Dirty {
-		return dataState{}, nil
+	if info.Session {
+		return dataState{}, nil // a target writes it: the target decides
 	}
 	source, sourceInfo, err := h.freshestPeer(ctx, r)
-	if err != nil || source == nil || sourceInfo.Revision <= info.Revision {
+	if err != nil || source == nil {
 		return dataState{}, err
+	}
+	// A clean replica is current when no clean peer is ahead of it. A dirty one with no
+	// writer (its target faulted it, or died) may hold writes the others never got, or miss
+	// some: a clean peer, closed by a target that counted it healthy, is the truth.
+	if !info.Dirty && sourceInfo.Revision <= info.Revision {
+		return dataState{}, nil
 	}
 	if err := self.Rebuild(ctx, source.Status.Endpoint, storagev1alpha1.ReplicaDataID(source.Namespace, source.Name)); err != nil {
 		return dataState{}, fmt.Errorf("starting a rebuild from %s: %w", source.Name, err)

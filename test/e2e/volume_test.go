@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/crdipc/crdipc/internal/storage/blockdev"
+)
+
+// TestReplicatedVolume is the storage data path as a user meets it on `crdipc up --nodes 3`:
+// a PVC of StorageClass crdipc and a busybox pod that writes a file to it; once the pod is
+// gone the three replica files under the data dir are byte-identical and hold the data; a
+// replica's Node is deleted and another added: the volume goes Degraded, then Healthy with a
+// rebuilt replica, byte-identical again; a pod on another node reads the file back intact.
+func TestReplicatedVolume(t *testing.T) {
+	if _, err := exec.LookPath("kubectl"); err != nil {
+		t.Skip("kubectl is not on PATH")
+	}
+	if err := blockdev.Available(); err != nil {
+		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
+			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot present block devices: %v", err)
+		}
+		t.Skip(err)
+	}
+	dataDir := t.TempDir()
+	up := startUp(t, dataDir, "--nodes", "3")
+	up.kubectl(t, "apply", "-f", "../../config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml")
+	up.kubectl(t, "apply", "-f", "../../config/samples/csi/pvc.yaml")
+	up.kubectl(t, "wait", "--for=jsonpath={.status.phase}=Bound", "pvc/data", "--timeout=60s")
+	volume := up.kubectl(t, "get", "pvc", "data", "-o", "jsonpath={.spec.volumeName}")
+
+	// A random line, so the replica files can be searched for it.
+	marker := fmt.Sprintf("crdipc-e2e-%d", time.Now().UnixNano())
+	sum := sha256.Sum256([]byte(marker + "\n"))
+	want := hex.EncodeToString(sum[:])
+	up.apply(t, busyboxPod("writer", "node-1", fmt.Sprintf(
+		"echo %s > /data/hello && sync && sha256sum /data/hello | cut -d' ' -f1 > /data/hello.sha256 && sync", marker)))
+	up.waitPodSucceeded(t, "writer")
+	up.kubectl(t, "delete", "pod", "writer", "--wait=true", "--timeout=60s")
+
+	// Unstaged: the replicas were closed cleanly, identical, holding the line.
+	up.eventually(t, "three identical replica files holding the data", time.Minute, func() (bool, string) {
+		return up.replicasIdentical(t, dataDir, volume, 3, marker)
+	})
+
+	// A replica's node goes; another joins.
+	var gone string
+	for _, n := range strings.Fields(up.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", "jsonpath={.status.replicas[*].node}")) {
+		if n != "node-1" {
+			gone = n
+		}
+	}
+	if gone == "" {
+		t.Fatalf("volume %s has no replica off node-1", volume)
+	}
+	up.kubectl(t, "delete", "node", gone)
+	up.eventually(t, "the volume Degraded", time.Minute, func() (bool, string) {
+		phase := up.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", "jsonpath={.status.phase}")
+		return phase == "Degraded", phase
+	})
+	up.apply(t, "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-4\n  labels:\n    storage.crdipc.io/simulated: \"true\"\n    kubernetes.io/hostname: node-4\n")
+	up.eventually(t, "the volume Healthy with a replica on node-4", 2*time.Minute, func() (bool, string) {
+		out := up.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", `jsonpath={.status.phase} {.status.replicas[*].node}`)
+		return strings.HasPrefix(out, "Healthy ") && strings.Contains(out, "node-4"), out
+	})
+	up.eventually(t, "three identical replica files after the rebuild", time.Minute, func() (bool, string) {
+		return up.replicasIdentical(t, dataDir, volume, 3, marker)
+	})
+
+	// Another node reads the file back.
+	reader := "node-4"
+	up.apply(t, busyboxPod("reader", reader, fmt.Sprintf(
+		"test \"$(cat /data/hello)\" = %s && test \"$(sha256sum /data/hello | cut -d' ' -f1)\" = \"$(cat /data/hello.sha256)\" && test \"$(cat /data/hello.sha256)\" = %s", marker, want)))
+	up.waitPodSucceeded(t, "reader")
+}
+
+// busyboxPod is a pod on node that runs script with the PVC data mounted at /data.
+func busyboxPod(name, node, script string) string {
+	pod := map[string]any{
+		"apiVersion": "v1", "kind": "Pod",
+		"metadata": map[string]any{"name": name, "namespace": "default"},
+		"spec": map[string]any{
+			"nodeSelector":  map[string]string{"kubernetes.io/hostname": node},
+			"restartPolicy": "Never",
+			"containers": []any{map[string]any{
+				"name": "main", "image": "busybox:1.36",
+				"command":      []string{"sh", "-c", script},
+				"volumeMounts": []any{map[string]any{"name": "data", "mountPath": "/data"}},
+			}},
+			"volumes": []any{map[string]any{"name": "data", "persistentVolumeClaim": map[string]any{"claimName": "data"}}},
+		},
+	}
+	b, _ := json.Marshal(pod)
+	return string(b)
+}
+
+// apply is kubectl apply -f - of manifest.
+func (p *upProcess) apply(t *testing.T, manifest string) {
+	t.Helper()
+	cmd := exec.Command("kubectl", "apply", "-f", "-")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+p.kubeconfig)
+	cmd.Stdin = strings.NewReader(manifest)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s\n%s", err, out, manifest)
+	}
+}
+
+// eventually polls cond every 200 ms until it holds or timeout passes.
+func (p *upProcess) eventually(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, seen := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: last seen %s\nup's output:\n%s", what, seen, p.output.String())
+		}
+		time.Sleep(200 * time.Millisecond) // polling kubectl, bounded by the deadline
+	}
+}
+
+// waitPodSucceeded waits for pod name to succeed, failing at once if it fails.
+func (p *upProcess) waitPodSucceeded(t *testing.T, name string) {
+	t.Helper()
+	p.eventually(t, "pod "+name+" Succeeded", 2*time.Minute, func() (bool, string) {
+		phase := p.kubectl(t, "get", "pod", name, "-o", "jsonpath={.status.phase}")
+		if phase == "Failed" {
+			t.Fatalf("pod %s failed:\n%s", name, p.kubectl(t, "get", "pod", name, "-o", "yaml"))
+		}
+		return phase == "Succeeded", phase + " " + p.kubectl(t, "get", "pod", name, "-o", "jsonpath={.status.containerStatuses[0].state}")
+	})
+}
+
+// replicasIdentical reports whether volume has n replica files under dataDir, all with the
+// same bytes, holding marker.
+func (p *upProcess) replicasIdentical(t *testing.T, dataDir, volume string, n int, marker string) (bool, string) {
+	t.Helper()
+	out := p.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", `jsonpath={range .status.replicas[*]}{.node}/pools/{.pool}/crdipc-system/{.name}.img{" "}{end}`)
+	files := strings.Fields(out)
+	if len(files) != n {
+		return false, fmt.Sprintf("%d replicas: %s", len(files), out)
+	}
+	sums := map[string][]string{}
+	for _, f := range files {
+		data, err := os.ReadFile(filepath.Join(dataDir, "nodes", f))
+		if err != nil {
+			return false, err.Error()
+		}
+		if !bytes.Contains(data, []byte(marker)) {
+			return false, f + " does not hold the data"
+		}
+		s := sha256.Sum256(data)
+		sums[hex.EncodeToString(s[:])] = append(sums[hex.EncodeToString(s[:])], f)
+	}
+	return len(sums) == 1, fmt.Sprintf("%v", sums)
+}
