@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
@@ -40,6 +41,24 @@ type dataServer struct {
 	ready     chan struct{} // closed once clientTLS is set
 	clientTLS *tls.Config
 	conns     map[string]*replica.Conn // by address: to this node and to its peers
+	// checked holds the replicas found current since this data service started.
+	checked map[types.UID]bool
+}
+
+// current reports whether replica uid was found current since the service started.
+func (d *dataServer) current(uid types.UID) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.checked[uid]
+}
+
+func (d *dataServer) setCurrent(uid types.UID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.checked == nil {
+		d.checked = map[types.UID]bool{}
+	}
+	d.checked[uid] = true
 }
 
 // newDataServer binds addr. A listen address with no host (":9500") is advertised with

@@ -36,21 +36,45 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 		return dataState{}, fmt.Errorf("replica data service: %w", err)
 	}
 	r.Status.Revision = int64(info.Revision)
-	if info.Rebuilding {
+	if info.Rebuilding && (info.RebuildError == "" || info.Session) {
 		return h.rebuilding(r, info), nil
+	}
+	if info.Rebuilding {
+		// The last copy failed (its source went away or changed) and no target is there to
+		// start another: start one from the freshest clean peer, or report the failure.
+		source, _, err := h.freshestPeer(ctx, r)
+		if err != nil || source == nil {
+			return h.rebuilding(r, info), err
+		}
+		if err := self.Rebuild(ctx, source.Status.Endpoint, storagev1alpha1.ReplicaDataID(source.Namespace, source.Name)); err != nil {
+			return dataState{}, fmt.Errorf("restarting the rebuild from %s: %w", source.Name, err)
+		}
+		r.Status.Rebuild = &storagev1alpha1.ReplicaRebuild{Source: source.Name, Progress: "0%"}
+		return dataState{rebuilding: true, message: fmt.Sprintf("rebuilding again from %s after: %s", source.Name, info.RebuildError)}, nil
 	}
 	r.Status.Rebuild = nil
 	if info.Session {
 		return dataState{}, nil // a target writes it: the target decides
 	}
+	// A replica falls behind its peers only while this agent is not serving it, or when a
+	// target drops it (leaving it dirty): the peers are asked then, and for a new replica,
+	// not on every resync.
+	if !info.Dirty && h.data.current(r.UID) {
+		return dataState{}, nil
+	}
 	source, sourceInfo, err := h.freshestPeer(ctx, r)
-	if err != nil || source == nil {
+	if err != nil {
 		return dataState{}, err
+	}
+	if source == nil {
+		h.data.setCurrent(r.UID)
+		return dataState{}, nil
 	}
 	// A clean replica is current when no clean peer is ahead of it. A dirty one with no
 	// writer (its target faulted it, or died) may hold writes the others never got, or miss
 	// some: a clean peer, closed by a target that counted it healthy, is the truth.
 	if !info.Dirty && sourceInfo.Revision <= info.Revision {
+		h.data.setCurrent(r.UID)
 		return dataState{}, nil
 	}
 	if err := self.Rebuild(ctx, source.Status.Endpoint, storagev1alpha1.ReplicaDataID(source.Namespace, source.Name)); err != nil {
