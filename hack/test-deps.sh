@@ -4,7 +4,9 @@
 #  - prometheus: the SCM end-to-end test scrapes the metrics agent with a real
 #    Prometheus server (without it that test skips, unless CRDIPC_REQUIRE_PROMETHEUS=1);
 #  - e2fsprogs (mkfs.ext4), util-linux (blkid, losetup) and mount: the CSI Node service
-#    formats replica files and loop-mounts them.
+#    formats replica files and loop-mounts them;
+#  - fio: `crdipc bench volume` and its test measure the volume data path with it (without
+#    it that test skips, unless CRDIPC_REQUIRE_FIO=1).
 # and, from the Go module proxy:
 #  - btcd, a Bitcoin full node in Go: the simulated nodes run BitcoinNetwork pods with it
 #    (without it the Bitcoin tests skip, unless CRDIPC_REQUIRE_BTCD=1).
@@ -21,6 +23,7 @@ command -v prometheus >/dev/null 2>&1 || pkgs+=(prometheus)
 command -v mkfs.ext4 >/dev/null 2>&1 || pkgs+=(e2fsprogs)
 command -v blkid >/dev/null 2>&1 || pkgs+=(util-linux)
 command -v mount >/dev/null 2>&1 || pkgs+=(mount)
+command -v fio >/dev/null 2>&1 || pkgs+=(fio)
 [ ${#pkgs[@]} -eq 0 ] && exit 0
 
 sudo_cmd=""

@@ -211,8 +211,8 @@ func printVolume(out io.Writer, v *bench.Volume) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t\n", j.Description, value(j.Volume), value(j.Local), j.Ratio, goal, verdict)
 	}
 	r := v.Rebuild
-	fmt.Fprintf(tw, "rebuild, %s allocated of %s (MiB/s)\t%.1f\t\t\t≥ %.0f\t%s\t\n",
-		resource.NewQuantity(r.AllocatedBytes, resource.BinarySI), resource.NewQuantity(r.VolumeBytes, resource.BinarySI), r.MiBPerSec, r.Goal, metOrMissed(r.Met))
+	fmt.Fprintf(tw, "rebuild, %.0f of %.0f MiB allocated (MiB/s)\t%.1f\t\t\t≥ %.0f\t%s\t\n",
+		float64(r.AllocatedBytes)/(1<<20), float64(r.VolumeBytes)/(1<<20), r.MiBPerSec, r.Goal, metOrMissed(r.Met))
 	tw.Flush()
 }
 

@@ -103,6 +103,8 @@ func Register(mgr manager.Manager, o Options) error {
 		// A pool appearing (or turning Healthy) places the replicas volumes wait for; a
 		// pool going Offline degrades the volumes with replicas on it.
 		{Object: &storagev1alpha1.CStorPool{}, Map: volumes.poolToVolumes, Predicates: []predicate.Predicate{poolChanged}},
+		// A node going NotReady, coming back or being deleted changes its replicas' state.
+		{Object: &corev1.Node{}, Map: volumes.nodeToVolumes, Predicates: []predicate.Predicate{nodeChanged}},
 	}
 	return ipc.Register(mgr, &storagev1alpha1.CStorVolume{}, ipc.Handler[*storagev1alpha1.CStorVolume](volumes), vo)
 }

@@ -143,11 +143,15 @@ func (c *cluster) startAgent(node string, opts ...agentOption) *proc {
 }
 
 // startOperator runs an operator on its own manager.
-func (c *cluster) startOperator() *proc {
+func (c *cluster) startOperator(opts ...func(*operator.Options)) *proc {
 	c.t.Helper()
 	k := &killer{}
 	mgr := c.newManager(k.wrap(c.env.Config))
-	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: -1}}); err != nil {
+	o := operator.Options{Receiver: ipc.Options{LeaseDuration: -1}}
+	for _, f := range opts {
+		f(&o)
+	}
+	if err := operator.Register(mgr, o); err != nil {
 		c.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

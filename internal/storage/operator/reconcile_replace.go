@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,10 +25,10 @@ const DefaultReplaceAfter = 5 * time.Minute
 // files. Replicas already being deleted are released if their node is gone and left out of
 // the count, so their replacements are placed meanwhile. It returns the replicas that
 // remain and, when a replica is Offline but not lost yet, when to look again.
-func (h *volumeHandler) replaceLost(ctx context.Context, vol *storagev1alpha1.CStorVolume, replicas []storagev1alpha1.CStorVolumeReplica, pools map[string]*storagev1alpha1.CStorPool) ([]storagev1alpha1.CStorVolumeReplica, time.Duration, error) {
+func (h *volumeHandler) replaceLost(ctx context.Context, vol *storagev1alpha1.CStorVolume, replicas []storagev1alpha1.CStorVolumeReplica, v placement) ([]storagev1alpha1.CStorVolumeReplica, time.Duration, error) {
 	healthy := 0
 	for i := range replicas {
-		if replicaPhase(&replicas[i], pools) == storagev1alpha1.ReplicaPhaseHealthy {
+		if replicaPhase(&replicas[i], v) == storagev1alpha1.ReplicaPhaseHealthy {
 			healthy++
 		}
 	}
@@ -43,11 +44,11 @@ func (h *volumeHandler) replaceLost(ctx context.Context, vol *storagev1alpha1.CS
 			}
 			continue
 		}
-		if healthy == 0 || replicaPhase(r, pools) != storagev1alpha1.ReplicaPhaseOffline {
+		if healthy == 0 || replicaPhase(r, v) != storagev1alpha1.ReplicaPhaseOffline {
 			kept = append(kept, *r)
 			continue
 		}
-		lost, wait, why, err := h.lost(ctx, r, pools)
+		lost, wait, why, err := h.lost(ctx, r, v)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -71,9 +72,10 @@ func (h *volumeHandler) replaceLost(ctx context.Context, vol *storagev1alpha1.CS
 }
 
 // lost says whether replica r, Offline, is lost for good: its node was deleted (and no agent
-// holds its Lease), or it has been Offline for h.replaceAfter. Otherwise wait is how long
+// holds its Lease), or it has been Offline (its node NotReady, its pool or itself Offline)
+// for h.replaceAfter. Otherwise wait is how long
 // until it will be.
-func (h *volumeHandler) lost(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica, pools map[string]*storagev1alpha1.CStorPool) (lost bool, wait time.Duration, why string, err error) {
+func (h *volumeHandler) lost(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica, v placement) (lost bool, wait time.Duration, why string, err error) {
 	gone, err := abandoned(ctx, h.c, h.live, r.Spec.NodeName)
 	if err != nil {
 		return false, 0, "", err
@@ -81,16 +83,37 @@ func (h *volumeHandler) lost(ctx context.Context, r *storagev1alpha1.CStorVolume
 	if gone {
 		return true, 0, fmt.Sprintf("node %s was deleted", r.Spec.NodeName), nil
 	}
-	// Offline since the later of the pool's and the replica's last Ready transition.
+	// Offline since the latest of what makes it so: its node's, pool's or own Ready
+	// condition turning.
 	var since time.Time
-	if p := pools[r.Spec.Pool]; p != nil {
-		if c := meta.FindStatusCondition(p.Status.Conditions, conditions.TypeReady); c != nil {
-			since = c.LastTransitionTime.Time
+	consider := func(t time.Time) {
+		if t.After(since) {
+			since = t
 		}
 	}
-	if c := meta.FindStatusCondition(r.Status.Conditions, conditions.TypeReady); c != nil && c.LastTransitionTime.After(since) {
-		since = c.LastTransitionTime.Time
+	if n := v.nodes[r.Spec.NodeName]; n != nil && !nodeIsReady(n) {
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				consider(c.LastTransitionTime.Time)
+			}
+		}
 	}
+	if p := v.pools[r.Spec.Pool]; p != nil && p.Status.Phase != storagev1alpha1.PoolPhaseHealthy && p.Status.Phase != storagev1alpha1.PoolPhaseDegraded {
+		if c := meta.FindStatusCondition(p.Status.Conditions, conditions.TypeReady); c != nil {
+			consider(c.LastTransitionTime.Time)
+		}
+	}
+	if r.Status.Phase == storagev1alpha1.ReplicaPhaseOffline {
+		if c := meta.FindStatusCondition(r.Status.Conditions, conditions.TypeReady); c != nil {
+			consider(c.LastTransitionTime.Time)
+		}
+	}
+	// Nor before the grace period has passed with this operator watching: after a restart
+	// (of `up`, or a leader hand-over) nodes may still be coming back from what happened
+	// while nobody looked.
+	h.mu.Lock()
+	consider(h.startedAt)
+	h.mu.Unlock()
 	if since.IsZero() {
 		return false, h.replaceAfter, "", nil
 	}

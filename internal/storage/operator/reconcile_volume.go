@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -149,10 +150,11 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 	if err := h.c.List(ctx, &pools); err != nil {
 		return ipc.Result{}, fmt.Errorf("listing pools: %w", err)
 	}
-	byName := make(map[string]*storagev1alpha1.CStorPool, len(pools.Items))
-	for i := range pools.Items {
-		byName[pools.Items[i].Name] = &pools.Items[i]
+	var nodes corev1.NodeList
+	if err := h.c.List(ctx, &nodes); err != nil {
+		return ipc.Result{}, fmt.Errorf("listing nodes: %w", err)
 	}
+	byName := newPlacement(pools.Items, nodes.Items)
 	replicas, again, err := h.replaceLost(ctx, vol, replicas, byName)
 	if err != nil {
 		return ipc.Result{}, err
@@ -263,18 +265,37 @@ func newReplica(vol *storagev1alpha1.CStorVolume, pool *storagev1alpha1.CStorPoo
 	}
 }
 
+// placement is what the volume handler knows of the cluster: pools and nodes by name.
+type placement struct {
+	pools map[string]*storagev1alpha1.CStorPool
+	nodes map[string]*corev1.Node
+}
+
+func newPlacement(pools []storagev1alpha1.CStorPool, nodes []corev1.Node) placement {
+	p := placement{pools: make(map[string]*storagev1alpha1.CStorPool, len(pools)), nodes: make(map[string]*corev1.Node, len(nodes))}
+	for i := range pools {
+		p.pools[pools[i].Name] = &pools[i]
+	}
+	for i := range nodes {
+		p.nodes[nodes[i].Name] = &nodes[i]
+	}
+	return p
+}
+
 // replicaPhase is a replica's phase as the volume counts it: a replica reported Healthy on
-// a pool that is not (its node was deleted, its directory vanished) is not serving, and
-// neither is one being deleted.
-func replicaPhase(r *storagev1alpha1.CStorVolumeReplica, pools map[string]*storagev1alpha1.CStorPool) storagev1alpha1.ReplicaPhase {
+// a pool that is not (its node was deleted, its directory vanished), or on a node that is
+// not Ready (its agent cannot say otherwise: it is down with the node), is not serving,
+// and neither is one being deleted.
+func replicaPhase(r *storagev1alpha1.CStorVolumeReplica, v placement) storagev1alpha1.ReplicaPhase {
 	phase := r.Status.Phase
 	if phase == "" {
 		phase = storagev1alpha1.ReplicaPhaseInit
 	}
-	if phase == storagev1alpha1.ReplicaPhaseHealthy {
-		p, ok := pools[r.Spec.Pool]
+	if phase == storagev1alpha1.ReplicaPhaseHealthy || phase == storagev1alpha1.ReplicaPhaseRebuilding {
+		p, ok := v.pools[r.Spec.Pool]
+		n := v.nodes[r.Spec.NodeName]
 		if !ok || (p.Status.Phase != storagev1alpha1.PoolPhaseHealthy && p.Status.Phase != storagev1alpha1.PoolPhaseDegraded) ||
-			!r.DeletionTimestamp.IsZero() {
+			n == nil || !nodeIsReady(n) || !r.DeletionTimestamp.IsZero() {
 			return storagev1alpha1.ReplicaPhaseOffline
 		}
 	}
@@ -282,14 +303,14 @@ func replicaPhase(r *storagev1alpha1.CStorVolumeReplica, pools map[string]*stora
 }
 
 // summarize writes the volume's status from its replicas and returns the verdict.
-func summarize(vol *storagev1alpha1.CStorVolume, rf int, replicas []storagev1alpha1.CStorVolumeReplica, pools map[string]*storagev1alpha1.CStorPool) ipc.Result {
+func summarize(vol *storagev1alpha1.CStorVolume, rf int, replicas []storagev1alpha1.CStorVolumeReplica, v placement) ipc.Result {
 	cf := int(vol.Spec.EffectiveConsistencyFactor())
 	entries := make([]storagev1alpha1.VolumeReplicaStatus, 0, len(replicas))
 	ready, waiting := 0, 0
 	var problems []string
 	for i := range replicas {
 		r := &replicas[i]
-		phase := replicaPhase(r, pools)
+		phase := replicaPhase(r, v)
 		entries = append(entries, storagev1alpha1.VolumeReplicaStatus{Name: r.Name, Pool: r.Spec.Pool, Node: r.Spec.NodeName, Phase: phase, Endpoint: r.Status.Endpoint})
 		switch phase {
 		case storagev1alpha1.ReplicaPhaseHealthy:
@@ -359,6 +380,25 @@ func (h *volumeHandler) poolToVolumes(ctx context.Context, o client.Object) []re
 		}
 		if concerned {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(v)})
+		}
+	}
+	return reqs
+}
+
+// nodeToVolumes maps a node change to the volumes with a replica on the node.
+func (h *volumeHandler) nodeToVolumes(ctx context.Context, o client.Object) []reconcile.Request {
+	var list storagev1alpha1.CStorVolumeList
+	if err := h.c.List(ctx, &list); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		v := &list.Items[i]
+		for _, r := range v.Status.Replicas {
+			if r.Node == o.GetName() {
+				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(v)})
+				break
+			}
 		}
 	}
 	return reqs

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -24,6 +25,13 @@ func TestSummarize(t *testing.T) {
 	}
 	downPool := pool("p4", "node-p4", storagev1alpha1.PoolPhaseOffline)
 	pools["p4"] = &downPool
+	p5 := pool("p5", "node-p5", storagev1alpha1.PoolPhaseHealthy)
+	pools["p5"] = &p5
+	nodes := map[string]*corev1.Node{}
+	for _, n := range []string{"p1", "p2", "p3", "p4", "p5"} {
+		nodes["node-"+n] = readyNode("node-"+n, n != "p5") // p5's node is NotReady
+	}
+	v := placement{pools: pools, nodes: nodes}
 	replicas := func(phases map[string]storagev1alpha1.ReplicaPhase) []storagev1alpha1.CStorVolumeReplica {
 		var rs []storagev1alpha1.CStorVolumeReplica
 		for p, phase := range phases {
@@ -62,6 +70,12 @@ func TestSummarize(t *testing.T) {
 		{name: "healthy replica on an offline pool counts as offline", phases: map[string]storagev1alpha1.ReplicaPhase{"p1": healthy, "p2": offline, "p4": healthy},
 			wantPhase: storagev1alpha1.VolumePhaseOffline, wantReady: 1, reason: conditions.ReasonDegraded,
 			message: "1 of 3 replicas healthy; v-p2 is Offline, v-p4 is Offline"},
+		{name: "a healthy replica on a NotReady node counts as offline", phases: map[string]storagev1alpha1.ReplicaPhase{"p1": healthy, "p2": healthy, "p5": healthy},
+			wantPhase: storagev1alpha1.VolumePhaseDegraded, wantReady: 2, reason: conditions.ReasonDegraded,
+			message: "2 of 3 replicas healthy; v-p5 is Offline"},
+		{name: "a rebuilding replica does not count", phases: map[string]storagev1alpha1.ReplicaPhase{"p1": healthy, "p2": healthy, "p3": storagev1alpha1.ReplicaPhaseRebuilding},
+			wantPhase: storagev1alpha1.VolumePhaseDegraded, wantReady: 2, reason: conditions.ReasonDegraded,
+			message: "2 of 3 replicas healthy; v-p3 is Rebuilding"},
 		{name: "a replica being deleted does not serve", phases: map[string]storagev1alpha1.ReplicaPhase{"p1": healthy, "p2": healthy, "p3": healthy},
 			deleting: "v-p3", wantPhase: storagev1alpha1.VolumePhaseDegraded, wantReady: 2, reason: conditions.ReasonDegraded,
 			message: "2 of 3 replicas healthy; v-p3 is Offline"},
@@ -74,7 +88,7 @@ func TestSummarize(t *testing.T) {
 					rs[i].DeletionTimestamp = &metav1.Time{Time: time.Now()}
 				}
 			}
-			res := summarize(vol, 3, rs, pools)
+			res := summarize(vol, 3, rs, v)
 			if vol.Status.Phase != tc.wantPhase || vol.Status.ReadyReplicas != tc.wantReady || vol.Status.DesiredReplicas != 3 {
 				t.Errorf("status %s %d/%d, want %s %d/3", vol.Status.Phase, vol.Status.ReadyReplicas, vol.Status.DesiredReplicas, tc.wantPhase, tc.wantReady)
 			}
@@ -90,6 +104,20 @@ func TestSummarize(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// readyNode is a Node whose Ready condition is ready, turned an hour ago.
+func readyNode(name string, ready bool) *corev1.Node {
+	s := corev1.ConditionTrue
+	if !ready {
+		s = corev1.ConditionFalse
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: s, LastTransitionTime: metav1.NewTime(time.Now().Add(-time.Hour)),
+		}}},
 	}
 }
 

@@ -1,0 +1,97 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/crdipc/crdipc/internal/bench"
+	"github.com/crdipc/crdipc/internal/storage/blockdev"
+)
+
+// TestBenchVolume runs `crdipc bench volume` at a tiny size, so the whole path — embedded
+// control plane, nodes, driver, staging, fio on both sides, the rebuild — is exercised. It
+// checks that every figure was measured, never how fast: speed goals are reported by the
+// full-size benchmark, and this machine may be busy.
+func TestBenchVolume(t *testing.T) {
+	if _, err := exec.LookPath("fio"); err != nil {
+		if os.Getenv("CRDIPC_REQUIRE_FIO") == "1" {
+			t.Fatalf("CRDIPC_REQUIRE_FIO=1 but fio is not installed (hack/test-deps.sh installs it): %v", err)
+		}
+		t.Skip("fio is not installed:", err)
+	}
+	if err := blockdev.Available(); err != nil {
+		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
+			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot present block devices: %v", err)
+		}
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	jsonPath := filepath.Join(dir, "volume.json")
+	cmd := newBenchCommand()
+	var out, stderr bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&stderr)
+	cmd.SetArgs([]string{
+		"volume", "--dir", dir, "--json", jsonPath,
+		"--volume-size", "64Mi", "--seq-size", "8Mi", "--seq-iodepth", "4",
+		"--rand-size", "4Mi", "--rand-runtime", "1s", "--rand-iodepth", "4",
+		"--rebuild-size", "32Mi", "--rebuild-data", "8Mi",
+		// Tests of other packages run alongside: leave their page cache alone.
+		"--drop-caches=false",
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		t.Fatalf("bench volume: %v\n%s%s", err, out.String(), stderr.String())
+	}
+	t.Logf("\n%s", out.String())
+
+	data, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v bench.Volume
+	if err := json.Unmarshal(data, &v); err != nil {
+		t.Fatalf("parsing %s: %v", jsonPath, err)
+	}
+	want := map[string]string{"seqWrite": "MiB/s", "seqRead": "MiB/s", "randWrite": "IOPS"}
+	if len(v.Jobs) != len(want) {
+		t.Fatalf("%d jobs, want %d: %+v", len(v.Jobs), len(want), v.Jobs)
+	}
+	for _, j := range v.Jobs {
+		if want[j.Name] != j.Metric {
+			t.Errorf("job %s measures %q, want %q", j.Name, j.Metric, want[j.Name])
+		}
+		for side, r := range map[string]bench.FioResult{"volume": j.Volume, "local": j.Local} {
+			if r.Bytes <= 0 || r.MiBPerSec <= 0 || r.IOPS <= 0 || r.ClatP50 <= 0 {
+				t.Errorf("job %s on the %s side: %+v, want every figure positive", j.Name, side, r)
+			}
+		}
+		if j.Ratio <= 0 {
+			t.Errorf("job %s: ratio %v", j.Name, j.Ratio)
+		}
+		if !strings.Contains(out.String(), j.Description) {
+			t.Errorf("table lacks job %s (%q)", j.Name, j.Description)
+		}
+	}
+	if r := v.Rebuild; r.AllocatedBytes < 8<<20 || r.Seconds <= 0 || r.MiBPerSec <= 0 {
+		t.Errorf("rebuild %+v: want at least the 8 MiB written allocated, and a positive time and rate", r)
+	}
+	// Nothing left behind: the benchmark's directory, the volumes' mounts.
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() != filepath.Base(jsonPath) {
+			t.Errorf("left in --dir: %s", e.Name())
+		}
+	}
+}

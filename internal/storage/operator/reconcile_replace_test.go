@@ -1,0 +1,95 @@
+package operator_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/storage/operator"
+)
+
+// A replica on a node that stays NotReady past the grace period, and one on a node that is
+// deleted, are replaced on the free node with no user action; the first one's data is
+// deleted by its agent once the node is back.
+func TestLostReplicasAreReplaced(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	agents := map[string]*proc{}
+	for i := 1; i <= 4; i++ {
+		c.addNode(c.nodeName(i))
+		agents[c.nodeName(i)] = c.startAgent(c.nodeName(i))
+	}
+	const grace = 2 * time.Second
+	c.startOperator(func(o *operator.Options) { o.ReplaceAfter = grace })
+	claim := c.createClaim("replace", nil)
+	c.waitPools(claim.Name, 4)
+	c.createVolume("vol", 3, 4*mib) // on 3 of the 4 nodes
+	v := c.waitVolume("vol", 20*time.Second, volumeReady)
+	nodesOf := func(v *storagev1alpha1.CStorVolume) map[string]bool {
+		m := map[string]bool{}
+		for _, r := range v.Status.Replicas {
+			m[r.Node] = true
+		}
+		return m
+	}
+
+	// A node goes NotReady (its agent with it): Degraded at once, replaced after the grace.
+	down := v.Status.Replicas[0].Node
+	agents[down].stop()
+	setNodeReady(t, c, down, corev1.ConditionFalse)
+	went := time.Now()
+	c.waitVolume("vol", 10*time.Second, func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
+		return v.Status.Phase == storagev1alpha1.VolumePhaseDegraded && v.Status.ReadyReplicas == 2
+	})
+	v = c.waitVolume("vol", 20*time.Second, func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool {
+		return volumeReady(v, ready) && !nodesOf(v)[down]
+	})
+	// Transition times are stored in whole seconds: the grace may end up to 1 s early.
+	if took := time.Since(went); took < grace-time.Second {
+		t.Fatalf("replica on NotReady %s replaced after %v, before the grace period %v", down, took, grace)
+	}
+	// The old replica waits, deleting, for its agent: its data is on the node.
+	var old storagev1alpha1.CStorVolumeReplica
+	oldKey := client.ObjectKey{Namespace: c.ns, Name: storagev1alpha1.ReplicaName("vol", storagev1alpha1.PoolName(claim.Name, down))}
+	if err := c.c.Get(ctx, oldKey, &old); err != nil || old.DeletionTimestamp.IsZero() {
+		t.Fatalf("replica on %s: %v, deletion %v; want it deleting", down, err, old.DeletionTimestamp)
+	}
+	setNodeReady(t, c, down, corev1.ConditionTrue)
+	agents[down] = c.startAgent(down)
+	c.eventually("the replaced replica gone once its agent is back", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+		err := c.c.Get(ctx, oldKey, &old)
+		return isNotFound(err), fmt.Sprintf("%v", err), nil
+	})
+
+	// A node is deleted: its replica is replaced at once, on the node that is free again.
+	gone := ""
+	for n := range nodesOf(v) {
+		gone = n
+	}
+	agents[gone].stop()
+	if err := c.c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: gone}}); err != nil {
+		t.Fatal(err)
+	}
+	v = c.waitVolume("vol", 20*time.Second, func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool {
+		return volumeReady(v, ready) && !nodesOf(v)[gone] && nodesOf(v)[down]
+	})
+}
+
+// setNodeReady sets node's Ready condition, as the node lifecycle controller would.
+func setNodeReady(t *testing.T, c *cluster, node string, s corev1.ConditionStatus) {
+	t.Helper()
+	var n corev1.Node
+	if err := c.c.Get(context.Background(), client.ObjectKey{Name: node}, &n); err != nil {
+		t.Fatal(err)
+	}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: s, Reason: "Test", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+	if err := c.c.Status().Update(context.Background(), &n); err != nil {
+		t.Fatal(err)
+	}
+}
