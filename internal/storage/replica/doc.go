@@ -41,22 +41,27 @@
 //
 //	{"revision": 12, "dirty": true, "rebuilding": false, "epoch": 3}
 //
-// replaced atomically (write a temporary file, fsync, rename, fsync the directory). Open
-// persists dirty=true (and epoch+1) before the writer session starts; Flush fdatasyncs the
-// data file and then persists the revision it had before the sync; CloseSession does the
-// same and clears dirty. A replica whose writer disappeared therefore stays dirty, and a
-// missing metadata file means a new, empty replica at revision 0.
+// (while rebuilding also "rebuildSource": "<addr>/<source id>", where the rebuild was last
+// started from), replaced atomically (write a temporary file, fsync, rename, fsync the
+// directory). Open persists dirty=true (and epoch+1) before the writer session starts;
+// Flush fdatasyncs the data file and then persists the revision it had before the sync;
+// CloseSession does the same and clears dirty. The server flushes a written replica too when it closes the file
+// (no connection or copier uses it any more, as after its writer died, or the server
+// stops), so the revision outlives a process restart as the page cache does. A replica
+// whose writer disappeared stays dirty, and a missing metadata file means a new, empty
+// replica at revision 0.
 //
 // # Rebuild
 //
 // Rebuild makes a replica a byte-for-byte copy of a source replica on another node while
-// the writer session keeps writing to both. In order: rebuilding=true is persisted (so the
-// replica is never a source again until the copy completes, even across a crash); the data
-// file is punched whole and an empty "fresh" set of 512-byte sectors starts, atomically
-// with respect to writes; a background copier lists the source's allocated extents
-// (SEEK_DATA/SEEK_HOLE) and pulls them in 1 MiB chunks, several in flight. Every write from
-// the writer session marks its sectors fresh. The copier applies a chunk under a lock that
-// excludes writes, and only to sectors not fresh. The rule that makes the result correct:
+// the writer session keeps writing to both. In order: rebuilding=true is persisted with the
+// source (so the replica is never a source again until the copy completes, even across a
+// crash, and still names its source after a restart); the data file is punched whole and
+// an empty "fresh" set of 512-byte sectors starts, atomically with respect to writes; a
+// background copier lists the source's allocated extents (SEEK_DATA/SEEK_HOLE) and pulls
+// them in 1 MiB chunks, several in flight. Every write from the writer session marks its
+// sectors fresh. The copier applies a chunk under a lock that excludes writes, and only to
+// sectors not fresh. The rule that makes the result correct:
 // a sector is either fresh, and then holds the writer's newest data (which the source got
 // too), or not, and then holds what the source held when the copier read it, the source's
 // holes remaining holes because nothing writes them. That needs the source to stay the
@@ -74,7 +79,7 @@
 // Any other Rebuild (another source, as a restarted target may choose, possibly even
 // rebuilding the old source; or the same one from a new writer session) cancels the copier,
 // waits until it has stopped, and starts over: punch, fresh set, copy. Rebuilding stays
-// true throughout. Info reports the source of the current rebuild (RebuildSource) and
-// whether a writer session is open (Session), which tells a replica being written from one
-// left dirty by a crash.
+// true throughout. Info reports the source of the current rebuild (RebuildSource, durable)
+// and whether a writer session is open (Session), which tells a replica being written from
+// one left dirty by a crash.
 package replica

@@ -73,7 +73,7 @@ func (s *Server) startRebuild(r *replica, sourceAddr, sourceID string) error {
 		s.endRebuild(r, st)
 		return err
 	}
-	if _, err := r.persist(func(m *meta) { m.Rebuilding = true }); err != nil {
+	if _, err := r.persist(func(m *meta) { m.Rebuilding, m.RebuildSource = true, st.source }); err != nil {
 		return fail(err)
 	}
 	r.applyMu.Lock()
@@ -227,7 +227,7 @@ func (s *Server) copyFrom(ctx context.Context, r *replica, st *rebuildState, add
 		}
 		r.bumpRevision(info.Revision)
 		m.Revision = max(m.Revision, info.Revision)
-		m.Rebuilding = false
+		m.Rebuilding, m.RebuildSource = false, ""
 	})
 	if err == nil && superseded {
 		err = context.Cause(ctx)

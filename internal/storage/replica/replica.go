@@ -37,8 +37,8 @@ type Info struct {
 	// Rebuilding: contents incomplete, never a source (durable).
 	Rebuilding bool `json:"rebuilding"`
 	// RebuildSource is where the current (or failed) rebuild copies from, as
-	// "<addr>/<replica id>" (split at the first "/"), while Rebuilding; empty when no
-	// rebuild ran since the server started.
+	// "<addr>/<replica id>" (split at the first "/"), while Rebuilding. It is durable: the
+	// source named when Rebuilding was last set, also after a restart.
 	RebuildSource string `json:"rebuildSource,omitempty"`
 	// RebuildDone and RebuildTotal are bytes of the source's allocated data copied and to
 	// copy by the current or last rebuild since the server started.
@@ -64,6 +64,8 @@ type meta struct {
 	Dirty      bool   `json:"dirty"`
 	Rebuilding bool   `json:"rebuilding"`
 	Epoch      uint64 `json:"epoch"`
+	// RebuildSource is the source of the rebuild that set Rebuilding ("<addr>/<id>").
+	RebuildSource string `json:"rebuildSource,omitempty"`
 }
 
 // replica is an open replica of this node. Server.mu guards refs; the fields below say
@@ -336,6 +338,16 @@ func (r *replica) extents(off, end int64, limit int) (exts []Extent, more bool, 
 		return nil, false, fmt.Errorf("listing extents of replica %s: %w", r.id, err)
 	}
 	return exts, more, nil
+}
+
+// deleted reports whether the data file was removed (its metadata must not be recreated).
+func (r *replica) deleted() bool {
+	st, err := r.f.Stat()
+	if err != nil {
+		return true
+	}
+	s, ok := st.Sys().(*syscall.Stat_t)
+	return ok && s.Nlink == 0
 }
 
 func (r *replica) allocated() int64 {

@@ -212,12 +212,22 @@ func (s *Server) acquire(id string) (*replica, error) {
 	return r, nil
 }
 
+// release drops a reference; the last one closes the file. A replica written since its
+// last flush is flushed first: the data stays in the file (the page cache outlives the
+// writer's disconnect and this server's restart), so reopening it at its older durable
+// revision would make it look staler than it is, and a replica that missed those writes
+// as fresh or fresher. Under mu, so no acquire reopens it before the revision is durable.
 func (s *Server) release(r *replica) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r.refs--
 	if r.refs == 0 && s.replicas[r.id] == r {
 		delete(s.replicas, r.id)
+		if r.rev.Load() > r.durable().Revision && !r.deleted() {
+			if err := r.flush(nil); err != nil {
+				s.log.Error(err, "flushing replica before closing it", "replica", r.id)
+			}
+		}
 		if err := r.close(); err != nil {
 			s.log.Error(err, "closing replica file", "replica", r.id)
 		}
@@ -587,13 +597,18 @@ func (s *Server) info(r *replica) Info {
 		Epoch:      m.Epoch,
 		Session:    r.owner.Load() != nil,
 	}
+	if m.Rebuilding {
+		in.RebuildSource = m.RebuildSource
+	}
 	s.mu.Lock()
 	st := s.rebuilds[r.id]
 	s.mu.Unlock()
 	if st != nil {
 		in.RebuildDone, in.RebuildTotal = st.done.Load(), st.total.Load()
 		if m.Rebuilding {
-			in.RebuildSource = st.source
+			if in.RebuildSource == "" {
+				in.RebuildSource = st.source // metadata written before it recorded the source
+			}
 			if e := st.err.Load(); e != nil {
 				in.RebuildError = *e
 			}

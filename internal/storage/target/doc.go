@@ -31,6 +31,14 @@
 // it is the only healthy replica until the rebuilds finish: writes then fail with
 // ErrNoQuorum (or wait, see Options.QuorumWait and WaitQuorum) while reads work.
 //
+// If that target dies too before the rebuilds finish, and their copiers stop (say the
+// nodes restart), fewer than CF replicas are complete. A replica records durably which one
+// it rebuilds from (Info.RebuildSource), and each rebuild began from a replica holding every
+// acknowledged write; so when every member answers and all but one are rebuilding from
+// that one, it holds every acknowledged write (nothing could be acknowledged without a
+// second complete replica since the last of those rebuilds began) and is taken as the
+// source. Any other shortfall still fails with ErrNoQuorum.
+//
 // # Failures
 //
 //   - A replica that fails or times out (IOTimeout) on a write, read or flush is faulted:
@@ -46,9 +54,9 @@
 //   - A rebuilding replica is polled: when it is no longer rebuilding and its revision
 //     reaches what was acknowledged when the rebuild began, it is healthy. If its copier
 //     failed (for instance its source died) the rebuild is restarted from a healthy one.
-//   - No healthy replica left: as soon as CF complete replicas are reachable again the
-//     freshest becomes the healthy one (the same rule as at start) and the others rebuild
-//     from it.
+//   - No healthy replica left: as soon as CF complete replicas are reachable again (or
+//     every other replica is rebuilding from one, as at start) the freshest becomes the
+//     healthy one (the same rule as at start) and the others rebuild from it.
 //   - The target dies: the replicas stay dirty, and the next New rebuilds them from the
 //     freshest.
 //

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -241,13 +242,18 @@ func (e *Engine) start(ctx context.Context) error {
 
 	var cands []Info
 	var candProbes []*probe
+	all := map[string]Info{} // every member's, if every one answered
 	for i := range probes {
 		p := &probes[i]
 		p.m.r = p.r
 		if p.err != nil {
 			p.m.err = p.err
 			e.log.Warn("replica unreachable at start", "replica", p.m.ID, "err", p.err)
+			all = nil
 			continue
+		}
+		if all != nil {
+			all[p.m.ID] = p.info
 		}
 		p.m.info = p.info
 		if p.info.Revision > e.rev {
@@ -258,10 +264,10 @@ func (e *Engine) start(ctx context.Context) error {
 			candProbes = append(candProbes, p)
 		}
 	}
-	if len(cands) < e.cf {
+	i, ok := replica.ChooseSource(cands)
+	if len(cands) < e.cf && !(ok && soleSource(all, candProbes[i].m.ID)) {
 		return fmt.Errorf("%w: %d of %d replicas reachable and complete, %d needed", ErrNoQuorum, len(cands), len(e.order), e.cf)
 	}
-	i, ok := replica.ChooseSource(cands)
 	if !ok {
 		return fmt.Errorf("%w: no replica can be a source", ErrNoQuorum)
 	}
@@ -334,6 +340,31 @@ func (e *Engine) start(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// soleSource reports whether replica src holds every acknowledged write although fewer than
+// ConsistencyFactor complete replicas are reachable: all, the Info of every member (nil if
+// one did not answer), shows every other member rebuilding from src. Each rebuild began
+// from a replica holding every acknowledged write, and from the start of the last one to
+// begin no other replica was complete, so none but src could count toward an ack since:
+// src held everything then, and nothing was acknowledged after (CF ≥ 2; CF 1 needs no
+// exception). Without this a crash while every other replica rebuilt, followed by restarts
+// that stop their copiers, would leave the volume without a source forever.
+func soleSource(all map[string]Info, src string) bool {
+	if len(all) == 0 {
+		return false
+	}
+	for id, in := range all {
+		if id == src {
+			continue
+		}
+		_, from, _ := strings.Cut(in.RebuildSource, "/")
+		if !in.Rebuilding || from != src {
+			return false
+		}
+	}
+	_, ok := all[src]
+	return ok
 }
 
 func (e *Engine) dial(ctx context.Context, m *member) (Replica, error) {

@@ -32,6 +32,7 @@ type node struct {
 	addr   string
 	cancel context.CancelFunc
 	done   chan error
+	opts   func(*replica.ServerOptions) // adjusts the server's options, if set
 }
 
 func (n *node) path(id string) string {
@@ -59,13 +60,17 @@ func (n *node) start() {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	srv := replica.NewServer(replica.ServerOptions{
+	o := replica.ServerOptions{
 		Node: n.name,
 		Lookup: func(id string) (replica.Location, error) {
 			return replica.Location{Data: n.path(id)}, nil
 		},
 		TLS: replica.ServerTLSConfig(n.ca.Pool(), cert),
-	})
+	}
+	if n.opts != nil {
+		n.opts(&o)
+	}
+	srv := replica.NewServer(o)
 	addr := n.addr
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -122,7 +127,9 @@ type cluster struct {
 	h       *harness // for waitStates
 }
 
-func newCluster(t *testing.T) *cluster {
+// newCluster starts three replica servers, each with an empty replica of itSize; opts, if
+// given, adjusts every server's options.
+func newCluster(t *testing.T, opts ...func(*replica.ServerOptions)) *cluster {
 	ca, err := replica.NewCA()
 	if err != nil {
 		t.Fatal(err)
@@ -134,6 +141,11 @@ func newCluster(t *testing.T) *cluster {
 	c := &cluster{t: t, client: replica.ClientTLSConfig(ca.Pool(), cert), exp: make([]byte, itSize)}
 	for i := range 3 {
 		n := &node{t: t, name: fmt.Sprintf("node-%d", i), dir: t.TempDir(), ca: ca}
+		n.opts = func(so *replica.ServerOptions) {
+			for _, o := range opts {
+				o(so)
+			}
+		}
 		id := fmt.Sprintf("ns/pvc-1-r%d", i)
 		n.create(id, itSize)
 		n.start()

@@ -259,7 +259,8 @@ func (e *Engine) recoverableLocked() bool {
 
 // recover runs source selection again after every healthy replica was lost: it needs
 // ConsistencyFactor reachable complete replicas (so, with a majority, the freshest is among
-// them, exactly as at start) and admits the freshest as the only healthy one; the others
+// them, exactly as at start), or one that every other replica is rebuilding from
+// (soleSource), and admits the freshest as the only healthy one; the others
 // then rejoin by rebuilding from it. Writes failed meanwhile, so nothing acknowledged is
 // missing from it.
 func (e *Engine) recover(members []*member) {
@@ -271,6 +272,7 @@ func (e *Engine) recover(members []*member) {
 	}
 	var cands []cand
 	var infos []Info
+	all := map[string]Info{} // every member's, if every one answered
 	for _, m := range members {
 		e.mu.Lock()
 		r, gen, removed := m.r, m.gen, m.removed
@@ -282,6 +284,7 @@ func (e *Engine) recover(members []*member) {
 		if r == nil {
 			var err error
 			if r, err = e.dial(e.ctx, m); err != nil {
+				all = nil
 				continue
 			}
 			dialed = true
@@ -291,6 +294,11 @@ func (e *Engine) recover(members []*member) {
 			e.mu.Lock()
 			e.rev = max(e.rev, info.Revision)
 			e.mu.Unlock()
+			if all != nil {
+				all[m.ID] = info
+			}
+		} else {
+			all = nil
 		}
 		if err != nil || info.Rebuilding || info.Size < e.size {
 			if dialed {
@@ -309,7 +317,7 @@ func (e *Engine) recover(members []*member) {
 			}
 		}
 	}
-	if len(cands) < e.cf || !ok {
+	if !ok || (len(cands) < e.cf && !soleSource(all, cands[i].m.ID)) {
 		e.log.Debug("no source to recover from", "complete", len(cands), "needed", e.cf)
 		closeOthers(-1)
 		return
