@@ -99,32 +99,34 @@ func csiStorageClass() *storagev1.StorageClass {
 // startCSI prepares the CSI driver and sidecar of `crdipc up`: it installs the StorageClass
 // crdipc, opens the driver's socket under dataDir/csi, and adds the sidecar (which dials
 // that socket) to mgr. The caller runs the returned function until shutdown, next to
-// mgr.Start. The driver serves Node calls for nodeID, staging volumes under dataDir/csi/targets.
-func startCSI(ctx context.Context, cfg *rest.Config, mgr manager.Manager, dataDir, nodeID string) (serveDriver func(context.Context) error, endpoint string, err error) {
+// mgr.Start. The driver serves Node calls for nodeID, staging volumes under
+// dataDir/csi/targets/<nodeID>; it is returned so that the node's own Node service socket
+// (package nodeservice) serves the same instance.
+func startCSI(ctx context.Context, cfg *rest.Config, mgr manager.Manager, dataDir, nodeID string) (d *driver.Driver, serveDriver func(context.Context) error, endpoint string, err error) {
 	c, err := client.New(cfg, client.Options{})
 	if err != nil {
-		return nil, "", fmt.Errorf("csi: %w", err)
+		return nil, nil, "", fmt.Errorf("csi: %w", err)
 	}
 	if err := c.Create(ctx, csiStorageClass()); err != nil && !apierrors.IsAlreadyExists(err) {
-		return nil, "", fmt.Errorf("csi: installing StorageClass %s: %w", StorageClassName, err)
+		return nil, nil, "", fmt.Errorf("csi: installing StorageClass %s: %w", StorageClassName, err)
 	}
 	endpoint, err = driver.Endpoint(filepath.Join(dataDir, "csi", "csi.sock"))
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
-	d, err := driver.New(driver.Options{Config: cfg, NodeID: nodeID, TargetDir: filepath.Join(dataDir, "csi", "targets", nodeID)})
+	d, err = driver.New(driver.Options{Config: cfg, NodeID: nodeID, TargetDir: filepath.Join(dataDir, "csi", "targets", nodeID)})
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	l, err := driver.Listen(endpoint)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	if err := sidecar.Add(mgr, sidecar.Options{DriverEndpoint: endpoint, DriverName: driver.Name}); err != nil {
 		l.Close()
-		return nil, "", err
+		return nil, nil, "", err
 	}
-	return func(ctx context.Context) error { return d.ServeListener(ctx, l) }, endpoint, nil
+	return d, func(ctx context.Context) error { return d.ServeListener(ctx, l) }, endpoint, nil
 }
 
 // serveHTTP serves h on addr until ctx ends.

@@ -43,8 +43,13 @@ There is no kubelet: --nodes simulated Nodes each run a pool agent (storage), an
 together a simulated kubelet that binds and runs their pods as local processes,
 each on its own loopback IP. It runs the images it can: bitcoin/bitcoin (the
 BitcoinNetwork operator's pods) as btcd, a Bitcoin node in Go
-(go install github.com/btcsuite/btcd@v0.26.2); other images wait with reason
-ImageNotSimulated.
+(go install github.com/btcsuite/btcd@v0.26.2), and busybox as the host's /bin/sh
+and tools; other images wait with reason ImageNotSimulated. It mounts a pod's
+PersistentVolumeClaims of StorageClass crdipc as kubelet does, through each node's
+CSI socket (<data-dir>/csi/nodes/<node>/csi.sock: NodeStage, then NodePublish),
+and runs a container with volumes in its own mount namespace, each volume at its
+mountPath (a missing mountPath such as /data is created on this machine, empty,
+while a pod uses it).
 
 Everything is kept in --data-dir: run up again on the same directory and every
 object is still there. Only one up may use a data directory at a time.

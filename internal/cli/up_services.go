@@ -19,7 +19,10 @@ import (
 	"github.com/crdipc/crdipc/internal/bitcoin"
 	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
 	"github.com/crdipc/crdipc/internal/books"
+	"github.com/crdipc/crdipc/internal/csi/driver"
+	"github.com/crdipc/crdipc/internal/csi/nodeservice"
 	"github.com/crdipc/crdipc/internal/podsim"
+	"github.com/crdipc/crdipc/internal/podsim/busybox"
 	"github.com/crdipc/crdipc/internal/scm/metricsagent"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
 	"github.com/crdipc/crdipc/internal/storage/agent"
@@ -35,15 +38,25 @@ type upServices struct {
 	lines  []string
 	cancel context.CancelFunc
 	done   []chan error
-	log    io.Closer
+	// first stop before the others, in order, each returning its service's error.
+	first []func() error
+	// after run once every service has stopped.
+	after []func()
+	log   io.Closer
 }
 
 // stop ends every service and waits for them.
 func (s *upServices) stop() error {
-	s.cancel()
 	var errs []error
+	for _, f := range s.first {
+		errs = append(errs, f())
+	}
+	s.cancel()
 	for _, d := range s.done {
 		errs = append(errs, <-d)
+	}
+	for _, f := range s.after {
+		f()
 	}
 	s.log.Close()
 	return errors.Join(errs...)
@@ -53,6 +66,14 @@ func (s *upServices) run(ctx context.Context, run func(context.Context) error) {
 	d := make(chan error, 1)
 	s.done = append(s.done, d)
 	go func() { d <- run(ctx) }()
+}
+
+// runFirst runs a service that stop ends, and waits for, before all the others.
+func (s *upServices) runFirst(run func(context.Context) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	d := make(chan error, 1)
+	go func() { d <- run(ctx) }()
+	s.first = append(s.first, func() error { cancel(); return <-d })
 }
 
 func startServices(ctx context.Context, cfg *rest.Config, o upOptions) (_ *upServices, err error) {
@@ -105,15 +126,44 @@ func startServices(ctx context.Context, cfg *rest.Config, o upOptions) (_ *upSer
 	svc.names = append(svc.names, "storage-operator", fmt.Sprintf("%d pool agents", o.nodes))
 	svc.lines = append(svc.lines, fmt.Sprintf("nodes    %d simulated (label a Node %s=true to add one), pools under %s", o.nodes, agent.SimulatedLabel, nodesRoot))
 
+	// CSI (seed 001): driver and sidecar in this process, over a real socket. The
+	// driver also serves node-1's Node service; every other simulated node gets an
+	// instance of its own, started when the simulated kubelet first mounts a volume there.
+	csiDriver, serveDriver, csiEndpoint, err := startCSI(ctx, cfg, mgr, o.dataDir, "node-1")
+	if err != nil {
+		return nil, err
+	}
+	svc.run(runCtx, serveDriver)
+	csiNodes, err := nodeservice.New(nodeservice.Options{Config: cfg, Dir: filepath.Join(o.dataDir, "csi"), Drivers: map[string]*driver.Driver{"node-1": csiDriver}})
+	if err != nil {
+		return nil, err
+	}
+	// After the manager: the kubelet unstages every volume when it stops, through these.
+	svc.after = append(svc.after, csiNodes.Stop)
+
 	// Bitcoin (seed 002): the operator, and the simulated nodes' kubelet that runs the
-	// pods of its StatefulSets, bitcoin/bitcoin as btcd processes.
+	// pods of its StatefulSets, bitcoin/bitcoin as btcd processes, busybox pods with the
+	// host's tools, and mounts their PersistentVolumeClaims through the CSI driver.
 	if err := bitcoin.Add(mgr, bitcoin.Options{}); err != nil {
 		return nil, err
 	}
 	btcdImage := btcd.Image{}
 	podsRoot := filepath.Join(o.dataDir, "pods")
+	// The kubelet has a manager of its own, stopped before the others: stopping, it
+	// unstages every volume, which closes the replicas through the pool agents' data
+	// services, so those must still run.
+	podMgr, err := newManager(cfg, "up-pods", serviceOptions{metricsAddr: "0", healthAddr: "0"})
+	if err != nil {
+		return nil, err
+	}
 	// Ctrl-C must end up within seconds: processes get 2 s after SIGTERM.
-	if err := podsim.Add(mgr, podsim.Options{Root: podsRoot, Images: map[string]podsim.Image{"bitcoin/bitcoin": btcdImage}, StopTimeout: 2 * time.Second}); err != nil {
+	if err := podsim.Add(podMgr, podsim.Options{
+		Root:        podsRoot,
+		Images:      map[string]podsim.Image{"bitcoin/bitcoin": btcdImage, busybox.Name: busybox.Image{}},
+		StopTimeout: 2 * time.Second,
+		CSI:         csiNodes.Client,
+		CSIDriver:   driver.Name,
+	}); err != nil {
 		return nil, err
 	}
 	svc.names = append(svc.names, "bitcoin-operator", "pod runtime")
@@ -121,17 +171,11 @@ func startServices(ctx context.Context, cfg *rest.Config, o upOptions) (_ *upSer
 	if _, err := btcdImage.Find(); err != nil {
 		podsNote = "bitcoin/bitcoin cannot run: btcd is not installed (go install " + btcd.Module + ")"
 	}
-	svc.lines = append(svc.lines, fmt.Sprintf("pods     run on the simulated nodes under %s; %s", podsRoot, podsNote))
-
-	// CSI (seed 001): driver and sidecar in this process, over a real socket.
-	serveDriver, csiEndpoint, err := startCSI(ctx, cfg, mgr, o.dataDir, "node-1")
-	if err != nil {
-		return nil, err
-	}
-	svc.run(runCtx, serveDriver)
+	svc.lines = append(svc.lines, fmt.Sprintf("pods     run on the simulated nodes under %s; %s; busybox runs the host's sh and tools", podsRoot, podsNote))
 	svc.names = append(svc.names, "csi-driver", "csi-sidecar")
 	svc.lines = append(svc.lines, "csi      "+csiEndpoint+"   (StorageClass "+StorageClassName+")")
 	svc.run(runCtx, mgr.Start)
+	svc.runFirst(podMgr.Start)
 
 	secretPath := filepath.Join(o.dataDir, "webhook-secret")
 	secret, created, err := webhook.EnsureSecretFile(secretPath)
@@ -163,7 +207,7 @@ func startServices(ctx context.Context, cfg *rest.Config, o upOptions) (_ *upSer
 	svc.names = append(svc.names, "metrics-agent")
 	svc.lines = append(svc.lines, fmt.Sprintf("scm      http://%s/metrics   (metrics agent: PullRequest/Branch Events and gauges)", agentLn.Addr()))
 
-	if !mgr.GetCache().WaitForCacheSync(ctx) {
+	if !mgr.GetCache().WaitForCacheSync(ctx) || !podMgr.GetCache().WaitForCacheSync(ctx) {
 		return nil, fmt.Errorf("services: informer caches did not sync")
 	}
 	return svc, nil

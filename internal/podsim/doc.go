@@ -52,6 +52,29 @@
 // up can run; the pod stays Pending. Missing Secrets or ConfigMaps give
 // CreateContainerConfigError, an Image error RunContainerError; both are retried.
 //
+// Volumes. Before a pod's containers start, the runtime sets up its volumes as kubelet's
+// volume manager does, and the containers wait in ContainerCreating until it has (the
+// message says why: "waiting for PersistentVolumeClaim "data" to be bound", or the
+// CSI error, with a FailedMount Event; retried, with back-off after failures). An
+// emptyDir is Root/<pod UID>/volumes/kubernetes.io~empty-dir/<name>. A
+// persistentVolumeClaim must be Bound to a CSI PersistentVolume of Options.CSIDriver;
+// the runtime calls that node's CSI Node service (Options.CSI): NodeStageVolume once per
+// node and volume at Root/nodes/<node>/plugins/kubernetes.io/csi/<driver>/<sha256 of
+// the volume handle>/globalmount, with the capability kubelet derives from the PV
+// (access mode, fsType, mountOptions) and its volume attributes, then NodePublishVolume
+// at Root/<pod UID>/volumes/kubernetes.io~csi/<pv>/mount, read-only when the volume
+// source or the PV says so. A container that mounts any of these runs in a mount
+// namespace of its own (private propagation) in which each volumeMount is bind-mounted
+// at its mountPath, honouring readOnly, subPath and subPathExpr; the node's file system
+// is otherwise the same. Directories are not namespaced: a mountPath missing on the
+// node, such as /data, is created there, empty, and removed (when still empty) once no
+// container that mounts there runs. When the pod is done or deleted and its processes
+// are gone, its volumes are unpublished, and unstaged when no other pod on that node
+// uses them; a deleted pod's object goes only after that, as with kubelet. Stopping the
+// runtime unpublishes and unstages every volume, so the volume targets close their
+// replicas cleanly; the next start mounts them again. A pod's directory is never
+// removed while something is mounted below it.
+//
 // Deletion. A pod being deleted gets SIGTERM (to its process groups), SIGKILL when its
 // grace period ends, and is then deleted for good (grace period 0, UID precondition), as
 // kubelet's final delete. Its directory is removed once the pod object is gone; the
@@ -73,13 +96,18 @@
 //
 // # What it does not simulate
 //
-// No container images: an Image decides which local program runs. No cgroups,
-// resource limits, OOM kills, users or capabilities; no namespaces, so no network
-// isolation beyond distinct loopback IPs (a process can still reach every other pod and
-// the host), no Services, DNS or service-link environment variables (and Endpoints
-// never include loopback pod IPs). No volumes other than the pod directory: volume
-// mounts, projected service-account tokens, ConfigMap and Secret volumes and PVCs are
-// ignored. No liveness or startup probes, lifecycle hooks, ephemeral containers,
+// No container images: an Image decides which local program runs (the busybox Image runs
+// the host's /bin/sh and tools). No cgroups, resource limits, OOM kills, users or
+// capabilities; no namespaces other than the mount namespace of a container with
+// volumes, so no network isolation beyond distinct loopback IPs (a process can still
+// reach every other pod and the host), no Services, DNS or service-link environment
+// variables (and Endpoints never include loopback pod IPs). Volumes are emptyDirs and
+// PVCs of CSI volumes only: projected service-account tokens, ConfigMap, Secret,
+// hostPath and other volume types are ignored; block volumes (volumeDevices), inline
+// CSI and generic ephemeral volumes are not run, and the runtime does not wait for a
+// VolumeAttachment. Where the process may not create mount namespaces
+// (no CAP_SYS_ADMIN), a container with only emptyDir mounts runs as if it had none, and
+// one that mounts a PVC does not start (RunContainerError). No liveness or startup probes, lifecycle hooks, ephemeral containers,
 // per-container restart rules, pod resize, or image changes of a running pod. No
 // exec, attach, port-forward or logs API: read Root/<pod UID>/<container>.log instead.
 // No pod (anti-)affinity or topology spread in scheduling, no preemption, no node

@@ -43,6 +43,7 @@ type podState struct {
 	launched    bool
 	terminating bool
 	killAt      time.Time
+	vols        podVolumes
 }
 
 // ctr is one container of a pod.
@@ -70,6 +71,7 @@ func newPodState(pod *corev1.Pod, root string, known func(string) bool) *podStat
 		dir:   filepath.Join(root, string(pod.UID)),
 		grace: gracePeriod(pod),
 		start: now(),
+		vols:  podVolumes{needed: needsVolumes(pod)},
 	}
 	if pod.Status.StartTime != nil {
 		ps.start = *pod.Status.StartTime
@@ -301,8 +303,16 @@ func (r *runtime) sync(ctx context.Context, ps *podState, pod *corev1.Pod, node 
 	}
 	r.reap(ps, pod, t)
 	if ps.finished {
+		// Kubelet unmounts the volumes of a pod that is done, as soon as nothing runs.
+		var next time.Time
+		if len(ps.liveRuns()) == 0 && r.needsTeardown(ps) {
+			r.unmountLater(ps, pod)
+			if !ps.vols.busy {
+				next = ps.vols.notBefore
+			}
+		}
 		r.mu.Unlock()
-		return time.Time{}
+		return next
 	}
 	if err := r.assignIP(ps, pod); err != nil {
 		for _, c := range ps.all() {
@@ -313,12 +323,17 @@ func (r *runtime) sync(ctx context.Context, ps *podState, pod *corev1.Pod, node 
 		r.mu.Unlock()
 		return t.Add(r.o.RestartBackoff)
 	}
+	if ps.vols.needed && !ps.vols.ready {
+		next := r.awaitVolumes(ps, pod, t)
+		r.mu.Unlock()
+		return next
+	}
 	start, next := r.plan(ps, pod, t)
-	ip, dir := ps.ip, ps.dir
+	ip, dir, vols := ps.ip, ps.dir, ps.vols.paths
 	r.mu.Unlock()
 
 	for _, c := range start {
-		p, waiting := r.prepare(ctx, pod, node, c, ip, dir)
+		p, waiting := r.prepare(ctx, pod, node, c, ip, dir, vols)
 		r.mu.Lock()
 		if waiting == nil {
 			if err := r.launchProcess(ps, c, p, pod, ip); err != nil {

@@ -54,6 +54,16 @@ type runtime struct {
 	// wg counts every goroutine the runtime starts; Add only under mu while !stopping,
 	// or from a goroutine wg already counts.
 	wg sync.WaitGroup
+	// hostDirs are the mount point directories the runtime created on the node, with the
+	// pods that mount there (see useHostDirs).
+	hostDirs map[string]map[types.UID]bool
+
+	// volOps serialises the setup and teardown of volumes, so that a volume is never
+	// unstaged from a node while another pod's setup stages it there.
+	volOps sync.Mutex
+	// volCtx ends when the runtime stops: setups in flight give up, and stopAll unmounts.
+	volCtx    context.Context
+	volCancel context.CancelFunc
 }
 
 func addRuntime(mgr manager.Manager, o Options, nodes labels.Selector, images map[string]Image, names []string) error {
@@ -70,6 +80,7 @@ func addRuntime(mgr manager.Manager, o Options, nodes labels.Selector, images ma
 		pods:   map[types.UID]*podState{},
 		ips:    map[string]types.UID{},
 	}
+	r.volCtx, r.volCancel = context.WithCancel(context.Background())
 	if err := mgr.Add(r); err != nil {
 		return err
 	}
@@ -240,6 +251,16 @@ func (r *runtime) terminate(ctx context.Context, ps *podState, pod *corev1.Pod) 
 		}
 		return reconcile.Result{}, nil
 	}
+	// As kubelet, the pod object goes only once its volumes are unmounted.
+	if r.needsTeardown(ps) {
+		r.unmountLater(ps, pod)
+		var res reconcile.Result
+		if !ps.vols.busy {
+			res.RequeueAfter = max(time.Until(ps.vols.notBefore), time.Millisecond)
+		}
+		r.mu.Unlock()
+		return res, nil // the teardown enqueues the pod when it is done
+	}
 	r.mu.Unlock()
 	err := r.c.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
@@ -323,7 +344,7 @@ func (r *runtime) forgetUID(uid types.UID, removeDir bool) {
 		runs = ps.liveRuns()
 		grace = min(grace, ps.grace)
 	}
-	if len(runs) == 0 && !removeDir {
+	if len(runs) == 0 && !removeDir && (ps == nil || !r.needsTeardown(ps)) {
 		r.mu.Unlock()
 		return
 	}
@@ -332,10 +353,21 @@ func (r *runtime) forgetUID(uid types.UID, removeDir bool) {
 	go func() {
 		defer r.wg.Done()
 		stopRuns(runs, grace)
-		if removeDir {
-			if err := os.RemoveAll(dir); err != nil {
-				r.log.Error(err, "removing pod directory", "dir", dir)
+		if ps != nil {
+			r.volOps.Lock()
+			ctx, cancel := context.WithTimeout(r.volCtx, volumeTimeout)
+			err := r.unmountVolumes(ctx, ps)
+			cancel()
+			r.volOps.Unlock()
+			if err != nil {
+				r.log.Error(err, "unmounting the volumes of a pod that is gone", "pod", ps.key)
 			}
+			r.mu.Lock()
+			r.releaseHostDirs(uid)
+			r.mu.Unlock()
+		}
+		if removeDir {
+			r.removePodDir(dir)
 		}
 	}()
 }
@@ -346,6 +378,7 @@ func (r *runtime) forgetUID(uid types.UID, removeDir bool) {
 func (r *runtime) stopAll() {
 	r.mu.Lock()
 	r.stopping = true
+	r.volCancel()
 	type group struct {
 		runs  []*procRun
 		grace time.Duration
@@ -367,6 +400,7 @@ func (r *runtime) stopAll() {
 	}
 	wg.Wait()
 	r.wg.Wait()
+	r.unmountAll()
 	r.mu.Lock()
 	l := r.launch
 	r.launch = nil
@@ -374,6 +408,32 @@ func (r *runtime) stopAll() {
 	if l != nil {
 		l.close()
 	}
+}
+
+// unmountAll unmounts every pod's volumes once every process is gone, so that the volume
+// targets close their replicas cleanly; the next start mounts them again. It also removes
+// the mount point directories the runtime created.
+func (r *runtime) unmountAll() {
+	r.mu.Lock()
+	pods := make([]*podState, 0, len(r.pods))
+	for _, ps := range r.pods {
+		pods = append(pods, ps)
+	}
+	r.mu.Unlock()
+	r.volOps.Lock()
+	defer r.volOps.Unlock()
+	for _, ps := range pods {
+		ctx, cancel := context.WithTimeout(context.Background(), volumeTimeout)
+		if err := r.unmountVolumes(ctx, ps); err != nil {
+			r.log.Error(err, "unmounting volumes at stop", "pod", ps.key)
+		}
+		cancel()
+	}
+	r.mu.Lock()
+	for _, ps := range pods {
+		r.releaseHostDirs(ps.uid)
+	}
+	r.mu.Unlock()
 }
 
 // sweep removes the directories of pods that no longer exist: pods deleted while up was
@@ -400,9 +460,7 @@ func (r *runtime) sweep(ctx context.Context) {
 		}
 		r.mu.Lock()
 		if r.pods[uid] == nil {
-			if err := os.RemoveAll(filepath.Join(r.o.Root, e.Name())); err != nil {
-				r.log.Error(err, "removing stale pod directory", "uid", uid)
-			}
+			r.removePodDir(filepath.Join(r.o.Root, e.Name()))
 		}
 		r.mu.Unlock()
 	}

@@ -1,0 +1,357 @@
+package podsim_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/csi/driver"
+	"github.com/crdipc/crdipc/internal/csi/nodeservice"
+	"github.com/crdipc/crdipc/internal/csi/sidecar"
+	"github.com/crdipc/crdipc/internal/install"
+	"github.com/crdipc/crdipc/internal/podsim"
+	"github.com/crdipc/crdipc/internal/podsim/busybox"
+	"github.com/crdipc/crdipc/internal/storage/agent"
+	"github.com/crdipc/crdipc/internal/storage/blockdev"
+	"github.com/crdipc/crdipc/internal/storage/operator"
+	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/ipc"
+)
+
+// TestPodVolumes runs what `kubectl apply` of a PVC and a busybox pod does on up: the pod
+// waits for its claim to be bound, its volume is staged and published through the node's
+// CSI socket and bind-mounted at /data in the container's own mount namespace; the pod
+// writes a file there and succeeds; deleting it unpublishes and unstages the volume; a pod
+// on the other node reads the file back. Stopping the kubelet with a pod running unmounts
+// its volume too, and every replica then holds the same bytes.
+func TestPodVolumes(t *testing.T) {
+	requireMounts(t)
+	env := testenv.Get(t)
+	ctx := context.Background()
+	c := env.Client
+	ns := env.Namespace(t)
+	storageRoot, podRoot := t.TempDir(), t.TempDir()
+	// Unix socket paths are short: not under the test's long temporary directory.
+	csiDir, err := os.MkdirTemp("", "podsim-csi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(csiDir) })
+	targets := filepath.Join(csiDir, "targets")
+
+	// The CSI driver (controller, and node-1's Node service) on a socket, as in up.
+	d, err := driver.New(driver.Options{Config: env.Config, NodeID: "node-1", TargetDir: filepath.Join(targets, "node-1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "unix://" + filepath.Join(csiDir, "csi.sock")
+	l, err := driver.Listen(endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Start(t, "csi driver", func(ctx context.Context) error { return d.ServeListener(ctx, l) })
+	nodes, err := nodeservice.New(nodeservice.Options{Config: env.Config, Dir: csiDir, Drivers: map[string]*driver.Driver{"node-1": d}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cleanups run last first: the node services stop after the manager, whose kubelet
+	// unmounts through them.
+	t.Cleanup(nodes.Stop)
+
+	mgr := testenv.NewManager(t, env.Config)
+	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: -1}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agent.AddSupervisor(mgr, env.Config, agent.SupervisorOptions{Nodes: 2, Root: storageRoot, Agent: agent.Options{Resync: 300 * time.Millisecond}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := sidecar.Add(mgr, sidecar.Options{DriverEndpoint: endpoint, DriverName: driver.Name, CallTimeout: 10 * time.Second, BackoffBase: 200 * time.Millisecond, BackoffMax: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Start(t, "storage", mgr.Start)
+	// The kubelet has a manager of its own, as in up, stopped first: unstaging closes the
+	// replicas through the pool agents, which must still run.
+	podMgr := testenv.NewManager(t, env.Config)
+	if err := podsim.Add(podMgr, podsim.Options{
+		Root:           podRoot,
+		Images:         map[string]podsim.Image{busybox.Name: busybox.Image{}},
+		RestartBackoff: time.Second,
+		StopTimeout:    5 * time.Second,
+		CSI:            nodes.Client,
+		CSIDriver:      driver.Name,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stopKubelet := testenv.Start(t, "kubelet", podMgr.Start)
+
+	if err := c.Create(ctx, &storagev1alpha1.StoragePoolClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "podsim-volumes"},
+		Spec: storagev1alpha1.StoragePoolClaimSpec{
+			MinPools: 1, Capacity: resource.MustParse("1Gi"), Backend: storagev1alpha1.BackendFile,
+			NodeSelector: map[string]string{agent.SimulatedLabel: "true"},
+		},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Delete(context.Background(), &storagev1alpha1.StoragePoolClaim{ObjectMeta: metav1.ObjectMeta{Name: "podsim-volumes"}})
+	})
+	if err := c.Create(ctx, &storagev1.StorageClass{
+		ObjectMeta:    metav1.ObjectMeta{Name: "podsim-volumes"},
+		Provisioner:   driver.Name,
+		Parameters:    map[string]string{driver.ParamReplicaCount: "2"},
+		ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Delete(context.Background(), &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podsim-volumes"}})
+	})
+	until(t, "the default ServiceAccount", 30*time.Second, func(ctx context.Context) (bool, string, error) {
+		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "default"}, &corev1.ServiceAccount{})
+		return err == nil, fmt.Sprint(err), client.IgnoreNotFound(err)
+	})
+
+	// The writer comes first: it waits for its claim, as a pod applied with it does.
+	script := `set -e; echo "written on $NODE" > /data/msg; sha256sum /data/msg > /data/msg.sha256; sync; cat /data/msg.sha256`
+	writer := volumePod(ns, "writer", "node-1", script)
+	if err := c.Create(ctx, writer); err != nil {
+		t.Fatal(err)
+	}
+	waitPodVolumes(t, c, writer, "waiting for claim data", func(p *corev1.Pod) bool {
+		w := waiting(p)
+		return p.Status.Phase == corev1.PodPending && w != nil && w.Reason == "ContainerCreating" && strings.Contains(w.Message, `PersistentVolumeClaim "data"`)
+	})
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "data"},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			StorageClassName: ptr.To("podsim-volumes"),
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("16Mi")}},
+		},
+	}
+	if err := c.Create(ctx, pvc); err != nil {
+		t.Fatal(err)
+	}
+	writer = waitPodVolumes(t, c, writer, "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	if err := c.Get(ctx, client.ObjectKeyFromObject(pvc), pvc); err != nil {
+		t.Fatal(err)
+	}
+	volume := pvc.Spec.VolumeName
+	logs := podLog(writer, podRoot)
+	if !strings.Contains(logs, "/data/msg") {
+		t.Fatalf("writer log: %q", logs)
+	}
+	// The volume was mounted in the container's namespace only: nothing at /data here.
+	if lines := mountLines(t, "/data"); len(lines) != 0 {
+		t.Errorf("/data is a mount point on the node: %v", lines)
+	}
+	// The pod is done: kubelet unmounts its volumes, and so does podsim.
+	assertUnmounted(t, volume, podRoot, targets)
+
+	deletePod(t, c, writer)
+	assertUnmounted(t, volume, podRoot, targets)
+	until(t, "the writer's directory removed", 30*time.Second, func(context.Context) (bool, string, error) {
+		_, err := os.Stat(filepath.Join(podRoot, string(writer.UID)))
+		return os.IsNotExist(err), fmt.Sprint(err), nil
+	})
+
+	reader := volumePod(ns, "reader", "node-2", `set -e; cd /data; sha256sum -c msg.sha256; cat msg`)
+	if err := c.Create(ctx, reader); err != nil {
+		t.Fatal(err)
+	}
+	reader = waitPodVolumes(t, c, reader, "Succeeded", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
+	if logs := podLog(reader, podRoot); !strings.Contains(logs, "msg: OK") || !strings.Contains(logs, "written on node-1") {
+		t.Fatalf("reader on node-2 did not read the writer's file back: %q", logs)
+	}
+	deletePod(t, c, reader)
+	assertUnmounted(t, volume, podRoot, targets)
+
+	// A pod still running when the kubelet stops (and ignoring SIGTERM for its grace
+	// period): its volume is unmounted all the same, once it is killed.
+	sleeper := volumePod(ns, "sleeper", "node-1", `trap '' TERM; echo up; sleep 3600`)
+	if err := c.Create(ctx, sleeper); err != nil {
+		t.Fatal(err)
+	}
+	waitPodVolumes(t, c, sleeper, "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	if lines := mountLines(t, filepath.Join(targets, "node-1")); len(lines) == 0 {
+		t.Fatal("the sleeper's volume is not staged on node-1")
+	}
+	stopKubelet()
+	assertUnmounted(t, volume, podRoot, targets)
+
+	// Unstaged cleanly: every replica holds the same bytes.
+	files, err := filepath.Glob(filepath.Join(storageRoot, "*", "pools", "*", install.SystemNamespace, volume+"-*.img"))
+	if err != nil || len(files) != 2 {
+		t.Fatalf("replica files of %s: %v, %v", volume, files, err)
+	}
+	if a, b := fileSum(t, files[0]), fileSum(t, files[1]); a != b {
+		t.Errorf("replica files differ after the kubelet stopped: %s %s, %s %s", files[0], a, files[1], b)
+	}
+}
+
+// volumePod is a busybox pod on node that runs script with claim data at /data.
+func volumePod(ns, name, node, script string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: ptr.To[int64](2),
+			NodeSelector:                  map[string]string{corev1.LabelHostname: node},
+			Containers: []corev1.Container{{
+				Name:    "main",
+				Image:   "busybox:1.36",
+				Command: []string{"sh", "-c", script},
+				Env: []corev1.EnvVar{{Name: "NODE", ValueFrom: &corev1.EnvVarSource{
+					FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"},
+				}}},
+				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
+			}},
+			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data"},
+			}}},
+		},
+	}
+}
+
+func waiting(p *corev1.Pod) *corev1.ContainerStateWaiting {
+	if len(p.Status.ContainerStatuses) == 0 {
+		return nil
+	}
+	return p.Status.ContainerStatuses[0].State.Waiting
+}
+
+func waitPodVolumes(t *testing.T, c client.Client, pod *corev1.Pod, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
+	var p corev1.Pod
+	until(t, "pod "+pod.Name+" "+what, 90*time.Second, func(ctx context.Context) (bool, string, error) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
+			return false, err.Error(), client.IgnoreNotFound(err)
+		}
+		b, _ := json.Marshal(p.Status.ContainerStatuses)
+		return cond(&p), fmt.Sprintf("phase %s on %q, containers %s", p.Status.Phase, p.Spec.NodeName, b), nil
+	})
+	return &p
+}
+
+func deletePod(t *testing.T, c client.Client, pod *corev1.Pod) {
+	t.Helper()
+	if err := c.Delete(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	until(t, "pod "+pod.Name+" deleted", 60*time.Second, func(ctx context.Context) (bool, string, error) {
+		err := c.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{})
+		if apierrors.IsNotFound(err) {
+			return true, "", nil
+		}
+		return false, fmt.Sprint(err), err
+	})
+}
+
+// assertUnmounted waits until nothing of the volume is mounted or attached any more: no
+// mount under the pods' or the targets' directories, no loop device of a target's file.
+func assertUnmounted(t *testing.T, volume, podRoot, targets string) {
+	t.Helper()
+	until(t, "volume "+volume+" unpublished and unstaged", 30*time.Second, func(context.Context) (bool, string, error) {
+		lines := append(mountLines(t, podRoot), mountLines(t, targets)...)
+		loops := loopDevicesUnder(t, targets)
+		return len(lines) == 0 && len(loops) == 0, fmt.Sprintf("mounts %v, loop devices %v", lines, loops), nil
+	})
+}
+
+// mountLines are the lines of this process's mount table whose mount point is path or
+// below it.
+func mountLines(t *testing.T, path string) []string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && (f[4] == path || strings.HasPrefix(f[4], path+"/")) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// loopDevicesUnder are the loop devices whose backing file lies under dir.
+func loopDevicesUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	backing, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devs []string
+	for _, b := range backing {
+		data, err := os.ReadFile(b)
+		if err == nil && strings.HasPrefix(strings.TrimSpace(string(data)), dir+"/") {
+			devs = append(devs, b)
+		}
+	}
+	return devs
+}
+
+func podLog(pod *corev1.Pod, root string) string {
+	data, _ := os.ReadFile(filepath.Join(root, string(pod.UID), pod.Spec.Containers[0].Name+".log"))
+	return string(data)
+}
+
+func fileSum(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// until polls cond until it holds or timeout passes; the description says what was last seen.
+func until(t *testing.T, what string, timeout time.Duration, cond func(context.Context) (bool, string, error)) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		ok, desc, err := cond(ctx)
+		last = desc
+		return ok, err
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s: %v; last seen: %s", what, err, last)
+	}
+}
+
+// requireMounts skips a test on a host that cannot present volumes as block devices (FUSE,
+// loop devices, mount privilege) — except where CRDIPC_REQUIRE_MOUNT=1 (CI) says it must.
+func requireMounts(t *testing.T) {
+	t.Helper()
+	if err := blockdev.Available(); err != nil {
+		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
+			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot present block devices: %v", err)
+		}
+		t.Skip(err)
+	}
+}
