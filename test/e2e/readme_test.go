@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/crdipc/crdipc/internal/storage/blockdev"
 )
 
 // readmeCommand is one line of a shell block in the README.
@@ -88,6 +90,14 @@ func findBlock(t *testing.T, blocks [][]readmeCommand, prefix string) []readmeCo
 func TestREADME(t *testing.T) {
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl is not on PATH")
+	}
+	// The walkthrough runs a pod with a volume: the data path needs FUSE, loop devices and
+	// mounts, which the README says.
+	if err := blockdev.Available(); err != nil {
+		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
+			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot present block devices: %v", err)
+		}
+		t.Skip(err)
 	}
 	blocks := readmeBlocks(t)
 	run := findBlock(t, blocks, "go run ./cmd/crdipc up")

@@ -67,7 +67,7 @@ func TestReplicatedVolume(t *testing.T) {
 		phase := up.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", "jsonpath={.status.phase}")
 		return phase == "Degraded", phase
 	})
-	up.apply(t, "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-4\n  labels:\n    storage.crdipc.io/simulated: \"true\"\n    kubernetes.io/hostname: node-4\n")
+	up.kubectl(t, "apply", "-f", "../../test/testdata/node-4.yaml") // as the README says
 	up.eventually(t, "the volume Healthy with a replica on node-4", 2*time.Minute, func() (bool, string) {
 		out := up.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", `jsonpath={.status.phase} {.status.replicas[*].node}`)
 		return strings.HasPrefix(out, "Healthy ") && strings.Contains(out, "node-4"), out
