@@ -42,7 +42,7 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 	if info.Rebuilding {
 		// The last copy failed (its source went away or changed) and no target is there to
 		// start another: start one from the freshest clean peer, or report the failure.
-		source, _, err := h.freshestPeer(ctx, r)
+		source, _, _, err := h.freshestPeer(ctx, r)
 		if err != nil || source == nil {
 			return h.rebuilding(r, info), err
 		}
@@ -62,9 +62,15 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 	if !info.Dirty && h.data.current(r.UID) {
 		return dataState{}, nil
 	}
-	source, sourceInfo, err := h.freshestPeer(ctx, r)
+	source, sourceInfo, writing, err := h.freshestPeer(ctx, r)
 	if err != nil {
 		return dataState{}, err
+	}
+	if writing {
+		// A target writes the volume without this replica (placed while the volume is in
+		// use, or dropped by the target): it misses those writes until the target takes it
+		// in and rebuilds it, which the target retries every few seconds.
+		return dataState{rebuilding: true, message: "not in the write set of the volume's target yet: waiting for the target to take it in and rebuild it"}, nil
 	}
 	if source == nil {
 		h.data.setCurrent(r.UID)
@@ -107,12 +113,13 @@ func (h *replicaHandler) rebuilding(r *storagev1alpha1.CStorVolumeReplica, info 
 }
 
 // freshestPeer returns the Healthy peer replica of r's volume that holds the most writes,
-// if it is clean (no target writing it now); nil when there is none.
-func (h *replicaHandler) freshestPeer(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica) (*storagev1alpha1.CStorVolumeReplica, replica.Info, error) {
+// if it is clean (no target writing it now); nil when there is none. writing says that a
+// target has a peer open for writing.
+func (h *replicaHandler) freshestPeer(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica) (_ *storagev1alpha1.CStorVolumeReplica, _ replica.Info, writing bool, _ error) {
 	// The agent's cache holds only its node's replicas: peers come from the API server.
 	var list storagev1alpha1.CStorVolumeReplicaList
 	if err := h.live.List(ctx, &list, client.InNamespace(r.Namespace), client.MatchingFields{storagev1alpha1.FieldVolume: r.Spec.Volume}); err != nil {
-		return nil, replica.Info{}, fmt.Errorf("listing the replicas of volume %s: %w", r.Spec.Volume, err)
+		return nil, replica.Info{}, false, fmt.Errorf("listing the replicas of volume %s: %w", r.Spec.Volume, err)
 	}
 	var (
 		peers []*storagev1alpha1.CStorVolumeReplica
@@ -133,10 +140,11 @@ func (h *replicaHandler) freshestPeer(ctx context.Context, r *storagev1alpha1.CS
 			continue
 		}
 		peers, infos = append(peers, p), append(infos, info)
+		writing = writing || info.Session
 	}
 	i, ok := replica.ChooseSource(infos)
 	if !ok || infos[i].Dirty {
-		return nil, replica.Info{}, nil
+		return nil, replica.Info{}, writing, nil
 	}
-	return peers[i], infos[i], nil
+	return peers[i], infos[i], writing, nil
 }
