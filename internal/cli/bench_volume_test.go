@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/crdipc/crdipc/internal/bench"
-	"github.com/crdipc/crdipc/internal/storage/blockdev"
+	"github.com/crdipc/crdipc/internal/testenv"
 )
 
 // TestBenchVolume runs `crdipc bench volume` at a tiny size, so the whole path — embedded
@@ -26,12 +26,7 @@ func TestBenchVolume(t *testing.T) {
 		}
 		t.Skip("fio is not installed:", err)
 	}
-	if err := blockdev.Available(); err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
-			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot present block devices: %v", err)
-		}
-		t.Skip(err)
-	}
+	testenv.RequireMounts(t)
 	dir := t.TempDir()
 	jsonPath := filepath.Join(dir, "volume.json")
 	cmd := newBenchCommand()

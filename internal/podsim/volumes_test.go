@@ -2,11 +2,8 @@ package podsim_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,7 +27,6 @@ import (
 	"github.com/crdipc/crdipc/internal/podsim"
 	"github.com/crdipc/crdipc/internal/podsim/busybox"
 	"github.com/crdipc/crdipc/internal/storage/agent"
-	"github.com/crdipc/crdipc/internal/storage/blockdev"
 	"github.com/crdipc/crdipc/internal/storage/operator"
 	"github.com/crdipc/crdipc/internal/testenv"
 	"github.com/crdipc/crdipc/ipc"
@@ -43,7 +39,7 @@ import (
 // on the other node reads the file back. Stopping the kubelet with a pod running unmounts
 // its volume too, and every replica then holds the same bytes.
 func TestPodVolumes(t *testing.T) {
-	requireMounts(t)
+	testenv.RequireMounts(t)
 	env := testenv.Get(t)
 	ctx := context.Background()
 	c := env.Client
@@ -203,7 +199,7 @@ func TestPodVolumes(t *testing.T) {
 	if err != nil || len(files) != 2 {
 		t.Fatalf("replica files of %s: %v, %v", volume, files, err)
 	}
-	if a, b := fileSum(t, files[0]), fileSum(t, files[1]); a != b {
+	if a, b := testenv.SHA256File(t, files[0]), testenv.SHA256File(t, files[1]); a != b {
 		t.Errorf("replica files differ after the kubelet stopped: %s %s, %s %s", files[0], a, files[1], b)
 	}
 }
@@ -316,20 +312,6 @@ func podLog(pod *corev1.Pod, root string) string {
 	return string(data)
 }
 
-func fileSum(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
-
 // until polls cond until it holds or timeout passes; the description says what was last seen.
 func until(t *testing.T, what string, timeout time.Duration, cond func(context.Context) (bool, string, error)) {
 	t.Helper()
@@ -341,17 +323,5 @@ func until(t *testing.T, what string, timeout time.Duration, cond func(context.C
 	})
 	if err != nil {
 		t.Fatalf("waiting for %s: %v; last seen: %s", what, err, last)
-	}
-}
-
-// requireMounts skips a test on a host that cannot present volumes as block devices (FUSE,
-// loop devices, mount privilege) — except where CRDIPC_REQUIRE_MOUNT=1 (CI) says it must.
-func requireMounts(t *testing.T) {
-	t.Helper()
-	if err := blockdev.Available(); err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
-			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot present block devices: %v", err)
-		}
-		t.Skip(err)
 	}
 }

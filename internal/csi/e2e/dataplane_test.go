@@ -22,6 +22,7 @@ import (
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/storage/backend"
+	"github.com/crdipc/crdipc/internal/testenv"
 )
 
 // nodePlugin is a CSI driver instance serving the Node service of one node, as the node
@@ -110,7 +111,7 @@ func (p *nodePlugin) mount(t *testing.T, id string) (string, func()) {
 // replica file holds the same bytes; another node reads every file back, and still does once
 // the node of the writer's own replica is gone too.
 func (w *world) testDataPlane(t *testing.T) {
-	requireMounts(t)
+	testenv.RequireMounts(t)
 	ctx := context.Background()
 	conn, err := sidecar.Dial(w.socket)
 	if err != nil {
@@ -249,7 +250,7 @@ func (w *world) sameReplicas(t *testing.T, id string) {
 	sums := map[string][]string{}
 	for _, r := range v.Status.Replicas {
 		f := backend.NewFile(filepath.Join(w.root, r.Node)).ReplicaPath(r.Pool, backend.Replica{Namespace: v.Namespace, Name: r.Name})
-		s := sha256File(t, f)
+		s := testenv.SHA256File(t, f)
 		sums[s] = append(sums[s], r.Name)
 	}
 	if len(sums) != 1 {

@@ -2,8 +2,6 @@ package e2e_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -656,7 +654,7 @@ func (w *world) testStageFormatOnce(t *testing.T) {
 	if replica, err = filepath.EvalSymlinks(replica); err != nil {
 		t.Fatal(err)
 	}
-	requireMounts(t)
+	testenv.RequireMounts(t)
 	volumeFile := filepath.Join(w.root, "targets", "node-1", id, blockdev.VolumeName)
 	dir := t.TempDir()
 	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "target")
@@ -713,7 +711,7 @@ func (w *world) testStageFormatOnce(t *testing.T) {
 		// Unstaged cleanly: every replica holds the same bytes.
 		sums := map[string]string{}
 		for _, f := range w.replicaFiles(id) {
-			sums[sha256File(t, f)] = f
+			sums[testenv.SHA256File(t, f)] = f
 		}
 		if len(sums) != 1 {
 			t.Fatalf("replica files of %s differ after NodeUnstageVolume: %v", id, sums)
@@ -769,33 +767,6 @@ func (w *world) testStageFormatOnce(t *testing.T) {
 		t.Fatalf("file system uuid %s, was %s: the replica was reformatted", u, uuid)
 	}
 	unpublishUnstage()
-}
-
-// requireMounts skips a test on a host that cannot present volumes as block devices (FUSE,
-// loop devices, mount privilege) — except where CRDIPC_REQUIRE_MOUNT=1 (CI) says it must.
-func requireMounts(t *testing.T) {
-	t.Helper()
-	if err := blockdev.Available(); err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
-			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot present block devices: %v", err)
-		}
-		t.Skip(err)
-	}
-}
-
-// sha256File is the hex sha256 of a file's content.
-func sha256File(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
 }
 
 // mountInfoLines are the lines of this process's mount table that mention any of paths.

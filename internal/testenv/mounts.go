@@ -1,0 +1,39 @@
+package testenv
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"os"
+	"testing"
+
+	"github.com/crdipc/crdipc/internal/storage/blockdev"
+)
+
+// RequireMounts skips t on a host that cannot present volumes as block devices (FUSE, loop
+// devices, mount privilege) — or fails it when CRDIPC_REQUIRE_MOUNT=1, as CI sets: there a
+// missing capability is a failure, never a silent skip.
+func RequireMounts(t testing.TB) {
+	t.Helper()
+	if err := blockdev.Available(); err != nil {
+		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
+			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot present block devices: %v", err)
+		}
+		t.Skip(err)
+	}
+}
+
+// SHA256File is the hex sha256 of a file's content.
+func SHA256File(t testing.TB, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
