@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
@@ -244,4 +245,43 @@ func TestReportsPodsThatCannotRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.waitNotReady(t, n, "ImageNotSimulated")
+}
+
+// A network with spec.storage gets a claim template instead of an emptyDir (so the
+// StatefulSet controller makes data-<network>-<n>), and the storage cannot be dropped or
+// changed afterwards: a StatefulSet's claim templates are fixed.
+func TestStorageIsAClaimTemplate(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	n := w.network("kept", 1)
+	n.Spec.Image = "example.com/not/bitcoind:1" // the StatefulSet is what is looked at
+	class := "fast"
+	n.Spec.Storage = &bitcoinv1alpha1.BitcoinStorage{StorageClassName: &class, Size: resource.MustParse("64Mi")}
+	if err := w.env.Client.Create(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	var sts appsv1.StatefulSet
+	w.eventually(t, "the statefulset", 30*time.Second, func(ctx context.Context) (bool, string, error) {
+		err := w.env.Client.Get(ctx, client.ObjectKeyFromObject(n), &sts)
+		return err == nil, fmt.Sprint(err), client.IgnoreNotFound(err)
+	})
+	if len(sts.Spec.VolumeClaimTemplates) != 1 {
+		t.Fatalf("claim templates %+v, want one named data", sts.Spec.VolumeClaimTemplates)
+	}
+	tmpl := sts.Spec.VolumeClaimTemplates[0]
+	if tmpl.Name != "data" || tmpl.Spec.StorageClassName == nil || *tmpl.Spec.StorageClassName != class ||
+		!tmpl.Spec.Resources.Requests.Storage().Equal(resource.MustParse("64Mi")) {
+		t.Fatalf("claim template %+v, want data of class %s, 64Mi", tmpl, class)
+	}
+	for _, v := range sts.Spec.Template.Spec.Volumes {
+		if v.Name == "data" {
+			t.Fatalf("pod template still has volume data (%+v): the claim template must provide it", v)
+		}
+	}
+	// A merge patch, not an update: the operator writes status meanwhile.
+	base := n.DeepCopy()
+	n.Spec.Storage = nil
+	if err := w.env.Client.Patch(ctx, n, client.MergeFrom(base)); err == nil || !strings.Contains(err.Error(), "storage cannot be added or removed") {
+		t.Fatalf("dropping spec.storage: got %v, want refused", err)
+	}
 }

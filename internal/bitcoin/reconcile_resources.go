@@ -167,20 +167,29 @@ func (h *handler) applyStatefulSet(ctx context.Context, n *bitcoinv1alpha1.Bitco
 			WithPeriodSeconds(2).WithFailureThreshold(3)).
 		WithVolumeMounts(corev1ac.VolumeMount().WithName("data").WithMountPath("/data")).
 		WithSecurityContext(corev1ac.SecurityContext().WithAllowPrivilegeEscalation(false).WithRunAsNonRoot(true).WithRunAsUser(1000))
+	pod := corev1ac.PodSpec().WithContainers(container)
+	spec := appsv1ac.StatefulSetSpec().
+		WithReplicas(n.Spec.Nodes).
+		WithServiceName(n.Name).
+		WithPodManagementPolicy("Parallel").
+		WithSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(n)))
+	if s := n.Spec.Storage; s != nil {
+		// One claim per node, made by the StatefulSet controller and kept when the pod is
+		// deleted: the chain survives restarts and moves with the pod.
+		claim := corev1ac.PersistentVolumeClaimSpec().
+			WithAccessModes(corev1.ReadWriteOnce).
+			WithResources(corev1ac.VolumeResourceRequirements().WithRequests(corev1.ResourceList{corev1.ResourceStorage: s.Size}))
+		if s.StorageClassName != nil {
+			claim.WithStorageClassName(*s.StorageClassName)
+		}
+		spec.WithVolumeClaimTemplates(corev1ac.PersistentVolumeClaim("data", "").WithSpec(claim))
+	} else {
+		// The chain of a test network is disposable unless spec.storage asks otherwise.
+		pod.WithVolumes(corev1ac.Volume().WithName("data").WithEmptyDir(corev1ac.EmptyDirVolumeSource()))
+	}
 	sts := appsv1ac.StatefulSet(n.Name, n.Namespace).
 		WithLabels(selectorLabels(n)).WithOwnerReferences(ownerRef(n)).
-		WithSpec(appsv1ac.StatefulSetSpec().
-			WithReplicas(n.Spec.Nodes).
-			WithServiceName(n.Name).
-			WithPodManagementPolicy("Parallel").
-			WithSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(n))).
-			WithTemplate(corev1ac.PodTemplateSpec().
-				WithLabels(selectorLabels(n)).
-				WithSpec(corev1ac.PodSpec().
-					WithContainers(container).
-					// The chain of a test network is disposable; a volumeClaimTemplate
-					// (e.g. StorageClass crdipc) would keep it across pod restarts.
-					WithVolumes(corev1ac.Volume().WithName("data").WithEmptyDir(corev1ac.EmptyDirVolumeSource())))))
+		WithSpec(spec.WithTemplate(corev1ac.PodTemplateSpec().WithLabels(selectorLabels(n)).WithSpec(pod)))
 	if err := h.c.Apply(ctx, sts, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying statefulset %s: %w", n.Name, err)
 	}

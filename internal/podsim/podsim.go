@@ -24,7 +24,8 @@ type Image interface {
 	// directory of the pod's own that outlives container restarts and restarts of up.
 	//
 	// c is a copy of the container whose command and args have had their $(VAR)
-	// references expanded from env, as kubelet expands them. The runtime sets the
+	// references expanded from env, as kubelet expands them, and whose volumeMounts are
+	// those the process really gets, each at its mountPath in its mount namespace. The runtime sets the
 	// process's stdout and stderr (appended to Root/<pod UID>/<container>.log) and puts
 	// it in a process group of its own; when Cmd.Dir is empty it runs in dir, and when
 	// Cmd.Env is nil it gets env plus HOSTNAME, HOME (dir) and up's PATH, unless env sets them.

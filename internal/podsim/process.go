@@ -109,6 +109,17 @@ func (r *runtime) prepare(ctx context.Context, pod *corev1.Pod, node *corev1.Nod
 	}
 	spec := c.spec.DeepCopy()
 	spec.Command, spec.Args = expandCommand(&c.spec, env)
+	// The image sees the volume mounts the process really gets: none where the node cannot
+	// make mount namespaces (only emptyDirs then, left unmounted).
+	spec.VolumeMounts = nil
+	for _, vm := range c.spec.VolumeMounts {
+		for _, m := range mounts {
+			if m.dst == vm.MountPath {
+				spec.VolumeMounts = append(spec.VolumeMounts, vm)
+				break
+			}
+		}
+	}
 	img := r.images[repository(c.spec.Image)]
 	proc, err := img.Command(pod, spec, ip, env, dir)
 	if err == nil && (proc == nil || proc.Cmd == nil) {

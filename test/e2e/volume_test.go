@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
 )
 
@@ -81,6 +82,25 @@ func TestReplicatedVolume(t *testing.T) {
 	up.apply(t, busyboxPod("reader", reader, fmt.Sprintf(
 		"test \"$(cat /data/hello)\" = %s && test \"$(sha256sum /data/hello | cut -d' ' -f1)\" = \"$(cat /data/hello.sha256)\" && test \"$(cat /data/hello.sha256)\" = %s", marker, want)))
 	up.waitPodSucceeded(t, "reader")
+
+	// A BitcoinNetwork keeps its chain on a claim of the same class: btcd runs with its
+	// datadir on the replicated volume.
+	if _, err := (btcd.Image{}).Find(); err != nil {
+		if os.Getenv("CRDIPC_REQUIRE_BTCD") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	up.apply(t, "apiVersion: bitcoin.crdipc.io/v1alpha1\nkind: BitcoinNetwork\nmetadata:\n  name: kept\n  namespace: default\n"+
+		"spec:\n  nodes: 1\n  storage:\n    storageClassName: crdipc\n    size: 64Mi\n")
+	up.kubectl(t, "wait", "--for=condition=Ready", "bitcoinnetwork/kept", "--timeout=120s")
+	if phase := up.kubectl(t, "get", "pvc", "data-kept-0", "-o", "jsonpath={.status.phase}"); phase != "Bound" {
+		t.Fatalf("the network's claim data-kept-0 is %q, want Bound", phase)
+	}
+	mounts := up.kubectl(t, "get", "pod", "kept-0", "-o", "jsonpath={.spec.volumes[?(@.name==\"data\")].persistentVolumeClaim.claimName}")
+	if mounts != "data-kept-0" {
+		t.Fatalf("pod kept-0 mounts %q at /data, want claim data-kept-0", mounts)
+	}
 }
 
 // busyboxPod is a pod on node that runs script with the PVC data mounted at /data.

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -19,7 +20,22 @@ const (
 	NetworkMainnet Network = "mainnet"
 )
 
+// BitcoinStorage asks for a PersistentVolumeClaim of its own for every node's chain.
+type BitcoinStorage struct {
+	// storageClassName of the claims; unset means the cluster's default class.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	StorageClassName *string `json:"storageClassName,omitempty"`
+
+	// size of each node's claim.
+	// +required
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="size must be greater than zero"
+	Size resource.Quantity `json:"size"`
+}
+
 // BitcoinNetworkSpec describes a small network of bitcoind nodes that know each other.
+// +kubebuilder:validation:XValidation:rule="has(self.storage) == has(oldSelf.storage)",message="storage cannot be added or removed: a StatefulSet's volumeClaimTemplates are fixed"
 type BitcoinNetworkSpec struct {
 	// nodes is how many bitcoind nodes to run.
 	// +optional
@@ -46,6 +62,14 @@ type BitcoinNetworkSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	SecretName string `json:"secretName,omitempty"`
+
+	// storage, when set, keeps each node's chain on a PersistentVolumeClaim of its own
+	// (data-<network>-<n>, from the StatefulSet's volumeClaimTemplates): it survives pod
+	// restarts and follows the pod to another node. Unset, the chain lives in an emptyDir
+	// and goes with the pod.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="storage is immutable: a StatefulSet's volumeClaimTemplates are fixed"
+	Storage *BitcoinStorage `json:"storage,omitempty"`
 }
 
 // BitcoinNodeStatus is one node of the network as the operator last saw it.

@@ -89,8 +89,19 @@ func (i Image) Command(p *corev1.Pod, c *corev1.Container, ip string, env map[st
 	if err != nil {
 		return nil, err
 	}
+	// The chain goes where bitcoind's -datadir says when a volume is mounted there (a
+	// PersistentVolumeClaim keeps it across pod restarts and nodes); else in the pod's
+	// directory.
+	datadir := filepath.Join(dir, "data")
+	if d := flags["datadir"]; d != "" {
+		for _, vm := range c.VolumeMounts {
+			if filepath.Clean(vm.MountPath) == filepath.Clean(d) {
+				datadir = d
+			}
+		}
+	}
 	args := []string{
-		"--datadir=" + filepath.Join(dir, "data"), "--logdir=" + filepath.Join(dir, "logs"),
+		"--datadir=" + datadir, "--logdir=" + filepath.Join(dir, "logs"),
 		"--configfile=" + filepath.Join(dir, "btcd.conf"),
 		"--listen=" + net.JoinHostPort(ip, p2p), "--externalip=" + ip,
 		"--rpclisten=" + local, "--notls",
