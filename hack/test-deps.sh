@@ -7,6 +7,8 @@
 #    formats replica files and loop-mounts them;
 #  - fio: `crdipc bench volume` and its test measure the volume data path with it (without
 #    it that test skips, unless CRDIPC_REQUIRE_FIO=1).
+#  - chromium: the console end-to-end test loads up's console page in headless Chromium and
+#    watches it update (without it that test skips, unless CRDIPC_REQUIRE_CHROMIUM=1).
 # and, from the Go module proxy:
 #  - btcd, a Bitcoin full node in Go: the simulated nodes run BitcoinNetwork pods with it
 #    (without it the Bitcoin tests skip, unless CRDIPC_REQUIRE_BTCD=1).
@@ -24,6 +26,7 @@ command -v mkfs.ext4 >/dev/null 2>&1 || pkgs+=(e2fsprogs)
 command -v blkid >/dev/null 2>&1 || pkgs+=(util-linux)
 command -v mount >/dev/null 2>&1 || pkgs+=(mount)
 command -v fio >/dev/null 2>&1 || pkgs+=(fio)
+command -v chromium >/dev/null 2>&1 || pkgs+=(chromium)
 [ ${#pkgs[@]} -eq 0 ] && exit 0
 
 sudo_cmd=""

@@ -8,6 +8,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/spf13/cobra"
+
+	"github.com/crdipc/crdipc"
 )
 
 // NewRoot returns the crdipc command with every subcommand.
@@ -43,6 +45,7 @@ KUBECONFIG it prints.`,
 		newWebhookListenerCommand(),
 		newMetricsAgentCommand(),
 		newBenchCommand(),
+		newVersionCommand(),
 	)
 	return root
 }
@@ -68,15 +71,14 @@ func ExitCode(err error) int {
 
 // version is the module version the binary was built from ("(devel)" for
 // a build from a checkout) and its VCS revision when known.
+// version is crdipc's release version and, when the build recorded it, the commit.
 func version() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	v := info.Main.Version
-	for _, s := range info.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			v += " " + s.Value[:12]
+	v := crdipc.Version()
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v += " (" + s.Value[:12] + ")"
+			}
 		}
 	}
 	return v

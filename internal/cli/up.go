@@ -26,6 +26,11 @@ type upOptions struct {
 	scmMetricsAddr string
 	scmNamespace   string
 	nodes          int
+	// explicit holds the address flags the user set: a taken port fails them, while a
+	// taken default falls back to a free port (up_ports.go).
+	explicit map[string]bool
+	// consoleAddr: the live console (up_console.go).
+	consoleAddr string
 }
 
 func newUpCommand() *cobra.Command {
@@ -60,6 +65,10 @@ Ctrl-C shuts everything down.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			o.explicit = map[string]bool{}
+			for _, f := range []string{"metrics-addr", "health-addr", "webhook-addr", "scm-metrics-addr", "console-addr"} {
+				o.explicit[f] = cmd.Flags().Changed(f)
+			}
 			return runUp(ctx, cmd.OutOrStdout(), o)
 		},
 	}
@@ -69,6 +78,7 @@ Ctrl-C shuts everything down.`,
 	cmd.Flags().StringVar(&o.webhookAddr, "webhook-addr", "127.0.0.1:8090", "address of the GitHub webhook listener (POST /webhook)")
 	cmd.Flags().StringVar(&o.scmMetricsAddr, "scm-metrics-addr", "127.0.0.1:9102", "address of the SCM metrics agent's /metrics")
 	cmd.Flags().StringVar(&o.scmNamespace, "scm-namespace", "default", "namespace for PullRequests, Branches and their Events")
+	cmd.Flags().StringVar(&o.consoleAddr, "console-addr", defaultConsoleAddr, "address of the live console, a web page of nodes, pools, replicas, volumes, requests, deliveries and networks (default taken: any free port on its host)")
 	cmd.Flags().IntVar(&o.nodes, "nodes", 3, "simulated nodes, each with a pool agent and a file-backed pool root under --data-dir, running pods as processes")
 	cmd.Flags().IntVar(&o.port, "port", 0, "API server port on 127.0.0.1 (0: the previous run's port if free, else any free port)")
 	return cmd
@@ -103,6 +113,12 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	step(fmt.Sprintf("%d CRDs established", len(names)), time.Since(t))
 
 	t = time.Now()
+	if o.metricsAddr, err = freeAddrOrAny("metrics", o.metricsAddr, o.explicit["metrics-addr"]); err != nil {
+		return err
+	}
+	if o.healthAddr, err = freeAddrOrAny("health probes", o.healthAddr, o.explicit["health-addr"]); err != nil {
+		return err
+	}
 	svc, err := startServices(ctx, cp.RESTConfig, o)
 	if err != nil {
 		return err

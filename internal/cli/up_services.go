@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -92,15 +91,16 @@ func startServices(ctx context.Context, cfg *rest.Config, o upOptions) (_ *upSer
 		}
 	}()
 
-	// Bind every port first: a port in use fails up at once, with its name.
-	webhookLn, err := net.Listen("tcp", o.webhookAddr)
+	// Bind every port first: a port the user chose that is in use fails up at once, with
+	// its name; a default one that is taken moves to a free port, which up prints.
+	webhookLn, err := listenOrAny("webhook listener", o.webhookAddr, o.explicit["webhook-addr"])
 	if err != nil {
-		return nil, fmt.Errorf("webhook listener: %w", err)
+		return nil, err
 	}
-	agentLn, err := net.Listen("tcp", o.scmMetricsAddr)
+	agentLn, err := listenOrAny("metrics agent", o.scmMetricsAddr, o.explicit["scm-metrics-addr"])
 	if err != nil {
 		webhookLn.Close()
-		return nil, fmt.Errorf("metrics agent: %w", err)
+		return nil, err
 	}
 
 	mgr, err := newManager(cfg, "up", serviceOptions{metricsAddr: o.metricsAddr, healthAddr: o.healthAddr})
@@ -206,6 +206,10 @@ func startServices(ctx context.Context, cfg *rest.Config, o upOptions) (_ *upSer
 	svc.run(runCtx, func(ctx context.Context) error { return agent.Serve(ctx, agentLn) })
 	svc.names = append(svc.names, "metrics-agent")
 	svc.lines = append(svc.lines, fmt.Sprintf("scm      http://%s/metrics   (metrics agent: PullRequest/Branch Events and gauges)", agentLn.Addr()))
+
+	if err := startConsole(runCtx, cfg, o, svc); err != nil {
+		return nil, err
+	}
 
 	if !mgr.GetCache().WaitForCacheSync(ctx) || !podMgr.GetCache().WaitForCacheSync(ctx) {
 		return nil, fmt.Errorf("services: informer caches did not sync")

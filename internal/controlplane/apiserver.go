@@ -18,6 +18,7 @@ import (
 // but runs it under ctx: app.NewAPIServerCommand installs its own signal
 // handler and can never be stopped, which an embedded server must be.
 func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki) (*component, error) {
+	registerVersion() // before the options register the default version
 	s := options.NewServerRunOptions()
 	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
 	for _, f := range s.Flags().FlagSets {

@@ -15,6 +15,7 @@ import (
 // in this process, without leader election (there is one) and without a
 // serving port (its health is the API server's concern here).
 func startControllerManager(ctx context.Context, kubeconfig string, p pki, controllers []string) (*component, error) {
+	registerVersion()
 	s, err := options.NewKubeControllerManagerOptions()
 	if err != nil {
 		return nil, fmt.Errorf("kube-controller-manager options: %w", err)

@@ -27,16 +27,14 @@ import (
 )
 
 // The driver's permissions: the storage kinds it needs and nothing else. In particular no
-// PersistentVolumeClaims, PersistentVolumes, VolumeAttachments or Secrets: the sidecar holds
+// PersistentVolumeClaims, PersistentVolumes, VolumeAttachments, nor any Secret but the
+// storage data CA (target.go): the sidecar holds
 // those, so a compromised driver cannot read or rebind other tenants' claims.
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumes,verbs=get;list;watch;create;delete;patch;update
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools,verbs=get;list;watch
 
 // Name is the driver's CSI name: the StorageClass provisioner and the VolumeAttachment attacher.
 const Name = "csi.crdipc.io"
-
-// Version is reported by GetPluginInfo.
-const Version = "0.1.0"
 
 // Annotations the driver keeps on a CStorVolume. They are metadata, not spec, so writing
 // them does not bump the generation the operator reconciles.

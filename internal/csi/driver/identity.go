@@ -8,12 +8,13 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/crdipc/crdipc"
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 )
 
 // GetPluginInfo implements csi.IdentityServer.
 func (d *Driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
-	return &csi.GetPluginInfoResponse{Name: Name, VendorVersion: Version}, nil
+	return &csi.GetPluginInfoResponse{Name: Name, VendorVersion: crdipc.Version()}, nil
 }
 
 // GetPluginCapabilities implements csi.IdentityServer.

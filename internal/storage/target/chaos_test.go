@@ -706,6 +706,32 @@ func TestCrashDuringRebuildsThenNodesRestart(t *testing.T) {
 			src = id
 		}
 	}
+	// The engine starts its rebuilds in the background: kill it once both copies run.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		copying := 0
+		for i, n := range c.nodes {
+			conn, err := replica.Dial(context.Background(), n.addr, c.client)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := conn.Replica(c.ids[i]).Info(context.Background())
+			conn.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.Rebuilding && info.RebuildDone < info.RebuildTotal {
+				copying++
+			}
+		}
+		if copying == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d copies running 10 s after the engine started, want 2", copying)
+		}
+		time.Sleep(time.Millisecond) // polling the servers, with a deadline
+	}
 	kill(c.e)
 	for _, n := range c.nodes {
 		n.stop()

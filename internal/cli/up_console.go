@@ -1,0 +1,53 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/crdipc/crdipc/internal/console"
+)
+
+// defaultConsoleAddr is where up serves its console unless --console-addr says otherwise.
+const defaultConsoleAddr = "127.0.0.1:8070"
+
+// startConsole serves up's live console (internal/console) on o.consoleAddr and adds its
+// address line. It reads with cfg, up's admin config: the console is up's own UI.
+func startConsole(ctx context.Context, cfg *rest.Config, o upOptions, svc *upServices) error {
+	ln, err := listenOrAny("console", o.consoleAddr, o.explicit["console-addr"])
+	if err != nil {
+		return err
+	}
+	con, err := console.New(console.Options{Config: cfg, Logger: ctrl.Log.WithName("console")})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	srv := &http.Server{
+		Handler:           con,
+		ReadHeaderTimeout: 10 * time.Second,
+		// Event streams end with ctx; Close below then has nothing to wait for.
+		BaseContext: func(net.Listener) context.Context { return ctx },
+	}
+	svc.run(ctx, con.Start)
+	svc.run(ctx, func(ctx context.Context) error {
+		errc := make(chan error, 1)
+		go func() { errc <- srv.Serve(ln) }()
+		select {
+		case err := <-errc:
+			return fmt.Errorf("console: %w", err)
+		case <-ctx.Done():
+			_ = srv.Close()
+			<-errc
+			return nil
+		}
+	})
+	svc.names = append(svc.names, "console")
+	svc.lines = append(svc.lines, fmt.Sprintf("console  http://%s/", ln.Addr()))
+	return nil
+}

@@ -1,0 +1,264 @@
+package console
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/crdipc/crdipc/api/conditions"
+	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/scheme"
+	"github.com/crdipc/crdipc/internal/scm/webhook"
+)
+
+var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+
+func book(uid string, gen, observed int64, status metav1.ConditionStatus, reason string, transition time.Time) *libraryv1alpha1.Book {
+	b := &libraryv1alpha1.Book{ObjectMeta: metav1.ObjectMeta{
+		Namespace: "default", Name: "b-" + uid, UID: types.UID(uid), Generation: gen, CreationTimestamp: metav1.NewTime(t0),
+	}}
+	if status != "" {
+		b.Status = libraryv1alpha1.BookStatus{ObservedGeneration: observed, Conditions: []metav1.Condition{{
+			Type: conditions.TypeReady, Status: status, Reason: reason, LastTransitionTime: metav1.NewTime(transition),
+		}}}
+	}
+	return b
+}
+
+func TestTrackerTimesWhatItSawStart(t *testing.T) {
+	tr := newTracker()
+	tr.observe("Book", book("a", 1, 0, "", "", t0), false, t0.Add(10*time.Millisecond))
+	if at, ok := tr.since("a"); !ok || !at.Equal(t0.Add(10*time.Millisecond)) {
+		t.Fatalf("since = %v %v, want the time it was first seen", at, ok)
+	}
+	tr.observe("Book", book("a", 1, 1, metav1.ConditionFalse, conditions.ReasonReconciling, t0), false, t0.Add(20*time.Millisecond))
+	done := book("a", 1, 1, metav1.ConditionTrue, conditions.ReasonSucceeded, t0.Add(time.Second))
+	tr.observe("Book", done, false, t0.Add(57*time.Millisecond))
+	tr.observe("Book", done, false, t0.Add(90*time.Millisecond)) // a later update: not a second completion
+	got := tr.recent()
+	if len(got) != 1 || got[0].LatencyMS != 47 || got[0].Approx || !got[0].Succeeded {
+		t.Fatalf("completions = %+v, want one of 47 ms, measured", got)
+	}
+}
+
+func TestTrackerFallsBackToTimestamps(t *testing.T) {
+	tr := newTracker()
+	// In the initial list, done: only the API's timestamps say how long it took.
+	tr.observe("Book", book("old", 1, 1, metav1.ConditionTrue, conditions.ReasonSucceeded, t0.Add(2*time.Second)), true, t0.Add(time.Hour))
+	// Stale status (observedGeneration behind): in flight, whatever Ready says.
+	tr.observe("Book", book("stale", 2, 1, metav1.ConditionTrue, conditions.ReasonSucceeded, t0), false, t0.Add(time.Hour))
+	// Terminal failure is a completion, not a success.
+	tr.observe("Book", book("bad", 1, 1, metav1.ConditionFalse, conditions.ReasonInvalidSpec, t0.Add(time.Second)), true, t0.Add(time.Hour))
+	got := tr.recent()
+	if len(got) != 2 {
+		t.Fatalf("completions = %+v, want old and bad", got)
+	}
+	if got[0].Name != "b-old" || got[0].LatencyMS != 2000 || !got[0].Approx || !got[0].At.Equal(t0.Add(2*time.Second)) {
+		t.Errorf("newest completion = %+v, want b-old, ≈2000 ms at its transition", got[0])
+	}
+	if got[1].Name != "b-bad" || got[1].Succeeded || got[1].Reason != conditions.ReasonInvalidSpec {
+		t.Errorf("second completion = %+v, want b-bad failed InvalidSpec", got[1])
+	}
+}
+
+func TestTrackerRegressionIsNewWork(t *testing.T) {
+	tr := newTracker()
+	healthy := book("v", 1, 1, metav1.ConditionTrue, conditions.ReasonSucceeded, t0)
+	tr.observe("CStorVolume", healthy, true, t0)
+	tr.observe("CStorVolume", book("v", 1, 1, metav1.ConditionFalse, conditions.ReasonDegraded, t0), false, t0.Add(time.Minute))
+	tr.observe("CStorVolume", healthy, false, t0.Add(time.Minute+3*time.Second))
+	got := tr.recent()
+	if len(got) != 2 || got[0].LatencyMS != 3000 || got[0].Approx {
+		t.Fatalf("completions = %+v, want the rebuild timed at 3 s", got)
+	}
+	tr.forget("v")
+	if _, ok := tr.since("v"); ok || len(tr.done) != 0 {
+		t.Fatal("forget kept state of a deleted request")
+	}
+}
+
+func TestTrackerIsBounded(t *testing.T) {
+	tr := newTracker()
+	for i := range 3 * maxCompletions {
+		tr.observe("Book", book(fmt.Sprint(i), 1, 1, metav1.ConditionTrue, conditions.ReasonSucceeded, t0.Add(time.Duration(i)*time.Second)), true, t0)
+	}
+	got := tr.recent()
+	if len(got) != maxCompletions || got[0].Name != fmt.Sprintf("b-%d", 3*maxCompletions-1) {
+		t.Fatalf("kept %d completions, newest %s; want %d, newest first", len(got), got[0].Name, maxCompletions)
+	}
+}
+
+func TestBuild(t *testing.T) {
+	ready := []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	objs := []client.Object{
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Labels: map[string]string{"storage.crdipc.io/simulated": "true"}}, Status: corev1.NodeStatus{Conditions: ready}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2"}},
+		&storagev1alpha1.CStorPool{ObjectMeta: metav1.ObjectMeta{Name: "c-node-1"}, Spec: storagev1alpha1.CStorPoolSpec{NodeName: "node-1", Claim: "c", Capacity: resource.MustParse("10Gi")},
+			Status: storagev1alpha1.CStorPoolStatus{Phase: storagev1alpha1.PoolPhaseHealthy}},
+		&storagev1alpha1.CStorPool{ObjectMeta: metav1.ObjectMeta{Name: "c-node-9"}, Spec: storagev1alpha1.CStorPoolSpec{NodeName: "node-9", Claim: "c"},
+			Status: storagev1alpha1.CStorPoolStatus{Phase: storagev1alpha1.PoolPhaseOffline}},
+		&storagev1alpha1.CStorVolumeReplica{ObjectMeta: metav1.ObjectMeta{Namespace: "crdipc-system", Name: "pvc-u1-c-node-1"},
+			Spec:   storagev1alpha1.CStorVolumeReplicaSpec{Volume: "pvc-u1", Pool: "c-node-1", NodeName: "node-1"},
+			Status: storagev1alpha1.CStorVolumeReplicaStatus{Phase: storagev1alpha1.ReplicaPhaseRebuilding, Rebuild: &storagev1alpha1.ReplicaRebuild{Source: "c-node-2", DoneBytes: 1, TotalBytes: 4}}},
+		&storagev1alpha1.CStorVolume{ObjectMeta: metav1.ObjectMeta{Namespace: "crdipc-system", Name: "pvc-u1", UID: "v1", Generation: 1, CreationTimestamp: metav1.NewTime(t0),
+			Annotations: map[string]string{"csi.crdipc.io/published": `{"node-1":"rw"}`}},
+			Spec: storagev1alpha1.CStorVolumeSpec{Capacity: resource.MustParse("64Mi"), ReplicationFactor: 3},
+			Status: storagev1alpha1.CStorVolumeStatus{ObservedGeneration: 1, Phase: storagev1alpha1.VolumePhaseDegraded, ReadyReplicas: 2, DesiredReplicas: 3,
+				Conditions: []metav1.Condition{{Type: conditions.TypeReady, Status: metav1.ConditionFalse, Reason: conditions.ReasonDegraded, Message: "2 of 3 replicas healthy"}}}},
+		&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "data", UID: "u1"}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "writer"},
+			Spec:   corev1.PodSpec{NodeName: "node-1", Volumes: []corev1.Volume{{Name: "d", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data"}}}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning}},
+		&corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "pr.d1", Annotations: map[string]string{webhook.DeliveryAnnotation: "d1"}},
+			Reason: "PullRequestOpened", InvolvedObject: corev1.ObjectReference{Kind: "PullRequest", Name: "pr"}, EventTime: metav1.NewMicroTime(t0)},
+		&corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "pr.d2", Annotations: map[string]string{webhook.DeliveryAnnotation: "d2"}},
+			Reason: "PullRequestClosed", InvolvedObject: corev1.ObjectReference{Kind: "PullRequest", Name: "pr"}, EventTime: metav1.NewMicroTime(t0.Add(time.Second))},
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...).Build()
+	s, err := build(context.Background(), c, newTracker(), t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Nodes) != 3 || s.Nodes[0].Name != "node-1" || !s.Nodes[0].Ready || !s.Nodes[0].Simulated || s.Nodes[1].Ready || !s.Nodes[2].Gone {
+		t.Errorf("nodes = %+v, want node-1 ready and simulated, node-2 not ready, node-9 gone", s.Nodes)
+	}
+	p := s.Nodes[0].Pools
+	if len(p) != 1 || p[0].Phase != "Healthy" || len(p[0].Replicas) != 1 {
+		t.Fatalf("node-1 pools = %+v, want c-node-1 with its replica", p)
+	}
+	if r := p[0].Replicas[0]; r.Phase != "Rebuilding" || r.Rebuild == nil || r.Rebuild.Percent != 25 {
+		t.Errorf("replica = %+v, want Rebuilding at 25%%", r)
+	}
+	if len(s.Volumes) != 1 {
+		t.Fatalf("volumes = %+v", s.Volumes)
+	}
+	v := s.Volumes[0]
+	if v.Claim != "default/data" || len(v.Users) != 1 || v.Users[0].Node != "node-1" || v.Ready != 2 || v.Desired != 3 || len(v.Published) != 1 {
+		t.Errorf("volume = %+v, want claim default/data used by writer on node-1, 2/3, published on node-1", v)
+	}
+	if len(s.InFlight) != 1 || s.InFlight[0].Kind != "CStorVolume" || s.InFlight[0].Reason != conditions.ReasonDegraded {
+		t.Errorf("in flight = %+v, want the degraded volume", s.InFlight)
+	}
+	if len(s.Deliveries) != 2 || s.Deliveries[0].Delivery != "d2" {
+		t.Errorf("deliveries = %+v, want d2 then d1", s.Deliveries)
+	}
+	if s.Completed == nil || s.PullRequests == nil || s.Networks == nil {
+		t.Error("empty lists must encode as [], not null: the page maps over them")
+	}
+}
+
+func TestHubKeepsOnlyTheNewest(t *testing.T) {
+	h := newHub()
+	h.publish([]byte("1"))
+	ch, cancel, ok := h.subscribe()
+	if !ok {
+		t.Fatal("subscribe refused")
+	}
+	defer cancel()
+	h.publish([]byte("2"))
+	h.publish([]byte("3"))
+	h.publish([]byte("3")) // unchanged: not sent again
+	if got := string(<-ch); got != "3" {
+		t.Fatalf("a slow subscriber got %q, want only the newest, 3", got)
+	}
+	select {
+	case b := <-ch:
+		t.Fatalf("unexpected %q", b)
+	default:
+	}
+	for range maxClients - 1 {
+		if _, _, ok := h.subscribe(); !ok {
+			t.Fatal("refused below maxClients")
+		}
+	}
+	if _, _, ok := h.subscribe(); ok {
+		t.Fatal("accepted beyond maxClients")
+	}
+}
+
+func testConsole(t *testing.T) (*Console, *httptest.Server) {
+	static, err := fs.Sub(assets, "assets")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Console{hub: newHub(), files: http.FileServerFS(static)}
+	srv := httptest.NewServer(c)
+	t.Cleanup(srv.Close)
+	return c, srv
+}
+
+func TestServesPageWithoutExternalResources(t *testing.T) {
+	_, srv := testConsole(t)
+	for _, path := range []string{"/", "/console.js", "/console.css"} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || len(body) == 0 {
+			t.Fatalf("GET %s: %s", path, resp.Status)
+		}
+		// Offline machines: nothing may be loaded from elsewhere.
+		if m := regexp.MustCompile(`(src|href|url)\s*[=(]\s*["']?(https?:)?//`).Find(body); m != nil {
+			t.Errorf("%s loads an external resource: %s", path, m)
+		}
+	}
+	resp, err := http.Get(srv.URL + "/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("GET /state before the first snapshot: %s, want 503", resp.Status)
+	}
+}
+
+func TestEventsStreamSnapshots(t *testing.T) {
+	c, srv := testConsole(t)
+	c.hub.publish([]byte(`{"n":1}`))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/events", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("Content-Type %q", ct)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	next := func() string {
+		for sc.Scan() {
+			if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				return d
+			}
+		}
+		t.Fatalf("stream ended: %v", sc.Err())
+		return ""
+	}
+	if got := next(); got != `{"n":1}` {
+		t.Fatalf("first message %q, want the snapshot at connect", got)
+	}
+	c.hub.publish([]byte(`{"n":2}`))
+	if got := next(); got != `{"n":2}` {
+		t.Fatalf("second message %q", got)
+	}
+}

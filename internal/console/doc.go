@@ -1,0 +1,15 @@
+// Package console is the live web console `crdipc up` serves: one page, embedded in the
+// binary, that shows the cluster as crdipc's services see it — nodes → pools → replicas with
+// phase and rebuild progress, volumes and the nodes that use them, requests in flight and
+// recent completions with their latency, webhook deliveries, and Bitcoin networks with their
+// peer links.
+//
+// The data comes from informers (a controller-runtime cache of its own), never from polling:
+// every change marks the state dirty, and at most five times a second the console renders a
+// snapshot and sends it to each browser over server-sent events (GET /events). A browser gets
+// the latest snapshot when it connects, and only the latest one if it falls behind, so a slow
+// client costs one buffered message. Every list in a snapshot is capped.
+//
+// The page (index.html, console.js, console.css) is plain HTML, CSS and JavaScript embedded
+// with go:embed: no framework, font or CDN is fetched, so it works on an offline machine.
+package console

@@ -1,0 +1,153 @@
+package console
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	bitcoinv1alpha1 "github.com/crdipc/crdipc/api/bitcoin/v1alpha1"
+	"github.com/crdipc/crdipc/api/conditions"
+	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+)
+
+// maxCompletions bounds the recent completions kept (and shown).
+const maxCompletions = 30
+
+// requestKind is a kind whose objects are requests: the status contract's Ready condition
+// says when one is done.
+type requestKind struct {
+	kind      string
+	newObject func() client.Object
+	newList   func() client.ObjectList
+}
+
+var requestKinds = []requestKind{
+	{"Book", func() client.Object { return &libraryv1alpha1.Book{} }, func() client.ObjectList { return &libraryv1alpha1.BookList{} }},
+	{"StoragePoolClaim", func() client.Object { return &storagev1alpha1.StoragePoolClaim{} }, func() client.ObjectList { return &storagev1alpha1.StoragePoolClaimList{} }},
+	{"CStorVolume", func() client.Object { return &storagev1alpha1.CStorVolume{} }, func() client.ObjectList { return &storagev1alpha1.CStorVolumeList{} }},
+	{"BitcoinNetwork", func() client.Object { return &bitcoinv1alpha1.BitcoinNetwork{} }, func() client.ObjectList { return &bitcoinv1alpha1.BitcoinNetworkList{} }},
+}
+
+// Completion is a request that became done: Ready=True (Succeeded) or a terminal reason.
+type Completion struct {
+	Kind      string `json:"kind"`
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name"`
+	Succeeded bool   `json:"succeeded"`
+	Reason    string `json:"reason,omitempty"`
+	Message   string `json:"message,omitempty"`
+	// LatencyMS is how long the request took, from when it was created (or its current
+	// generation or last regression was first seen) to done; -1 when unknown.
+	LatencyMS int64 `json:"latencyMs"`
+	// Approx is set when the latency comes from API timestamps (whole seconds) because the
+	// console did not see the request start: it was already in flight or done when it began.
+	Approx bool      `json:"approx,omitempty"`
+	At     time.Time `json:"at"`
+}
+
+// started is when the console first saw a request's current in-flight period.
+type started struct {
+	generation int64
+	at         time.Time
+	// live: seen as it happened, not in the informers' initial list.
+	live bool
+}
+
+// tracker times requests from the informers' events. Its maps hold one entry per request
+// in the cache (forget drops it on delete); its completions are capped.
+type tracker struct {
+	mu          sync.Mutex
+	started     map[types.UID]started
+	done        map[types.UID]int64 // generation recorded as complete
+	completions []Completion        // newest first
+}
+
+func newTracker() *tracker {
+	return &tracker{started: map[types.UID]started{}, done: map[types.UID]int64{}}
+}
+
+// readyState reads the status contract: whether o is done for its current generation, and
+// whether it succeeded.
+func readyState(o conditions.Object) (done, succeeded bool, ready *metav1.Condition) {
+	c := meta.FindStatusCondition(o.GetConditions(), conditions.TypeReady)
+	if c == nil || o.GetObservedGeneration() < o.GetGeneration() {
+		return false, false, c
+	}
+	switch {
+	case c.Status == metav1.ConditionTrue:
+		return true, true, c
+	case conditions.IsTerminal(c.Reason):
+		return true, false, c
+	}
+	return false, false, c
+}
+
+// observe records o's state as seen at now; initial is true for the informers' first list.
+func (t *tracker) observe(kind string, o conditions.Object, initial bool, now time.Time) {
+	done, ok, ready := readyState(o)
+	uid, gen := o.GetUID(), o.GetGeneration()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !done {
+		// Done before and not now (a volume lost a replica): a new period of work begins.
+		delete(t.done, uid)
+		if s, seen := t.started[uid]; !seen || s.generation != gen {
+			t.started[uid] = started{generation: gen, at: now, live: !initial}
+		}
+		return
+	}
+	if g, recorded := t.done[uid]; recorded && g == gen {
+		return
+	}
+	t.done[uid] = gen
+	c := Completion{Kind: kind, Namespace: o.GetNamespace(), Name: o.GetName(), Succeeded: ok, LatencyMS: -1, At: now}
+	if ready != nil {
+		c.Reason, c.Message = ready.Reason, ready.Message
+	}
+	if s, seen := t.started[uid]; seen && s.live {
+		c.LatencyMS = now.Sub(s.at).Milliseconds()
+	} else if ready != nil && gen <= 1 {
+		// Not seen starting: the API's timestamps, in whole seconds, are all there is.
+		c.At = ready.LastTransitionTime.Time
+		c.LatencyMS = max(0, ready.LastTransitionTime.Sub(o.GetCreationTimestamp().Time).Milliseconds())
+		c.Approx = true
+	} else if ready != nil {
+		c.At = ready.LastTransitionTime.Time
+	}
+	delete(t.started, uid)
+	t.completions = append(t.completions, c)
+	// Stable: the initial list delivers old completions in any order.
+	slices.SortStableFunc(t.completions, func(a, b Completion) int { return b.At.Compare(a.At) })
+	if len(t.completions) > maxCompletions {
+		t.completions = t.completions[:maxCompletions]
+	}
+}
+
+// forget drops what the tracker keeps about a deleted request; its completion stays listed.
+func (t *tracker) forget(uid types.UID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.started, uid)
+	delete(t.done, uid)
+}
+
+// since is when the request's current in-flight period began, if the console saw it.
+func (t *tracker) since(uid types.UID) (time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.started[uid]
+	return s.at, ok && s.live
+}
+
+func (t *tracker) recent() []Completion {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// Never nil: the page reads it as a list.
+	return append([]Completion{}, t.completions...)
+}

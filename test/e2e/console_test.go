@@ -1,0 +1,236 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
+)
+
+// TestConsole opens up's console in a real headless Chromium, creates objects with kubectl
+// and waits for the page — without a reload — to show them as they change: a volume's
+// replicas on their pools and nodes, a Book completed with its latency, a webhook delivery.
+// With CRDIPC_CONSOLE_SCREENSHOT=<file.png> it also applies every sample (and, with btcd,
+// waits for the Bitcoin network) and saves a screenshot of the page: docs/console.png.
+func TestConsole(t *testing.T) {
+	if _, err := exec.LookPath("kubectl"); err != nil {
+		t.Skip("kubectl is not on PATH")
+	}
+	chromium := findChromium(t)
+	dataDir := t.TempDir()
+	up := startUp(t, dataDir, "--console-addr", "127.0.0.1:0")
+	m := regexp.MustCompile(`(?m)^\s*console\s+(http://\S+/)\s*$`).FindStringSubmatch(up.output.String())
+	if m == nil {
+		t.Fatalf("up did not print the console address:\n%s", up.output.String())
+	}
+	page := openBrowser(t, chromium, 1360, 900)
+	if err := chromedp.Do(page.ctx, chromedp.Navigate(m[1])); err != nil {
+		t.Fatalf("opening %s: %v\n%s", m[1], err, page.log.String())
+	}
+	page.waitFor(t, "the page to connect and list up's 3 nodes", time.Minute,
+		`document.getElementById('conn').textContent === 'live' && document.querySelectorAll('[data-node]').length === 3`)
+	// A reload would drop this: every later update must arrive over the event stream.
+	page.eval(t, `window.crdipcConsoleTest = 'same page'; true`)
+
+	up.kubectl(t, "apply", "-f", "../../config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml")
+	page.waitFor(t, "a Healthy pool on each node", time.Minute,
+		`document.querySelectorAll('[data-pool^="sample-claim-node-"] > div > .phase.ok').length === 3`)
+
+	up.kubectl(t, "apply", "-f", "../../config/samples/storage_v1alpha1_cstorvolume.yaml")
+	page.waitFor(t, "the volume's 3 replicas Healthy, one under each node's pool", time.Minute, `(() => {
+		const rs = [...document.querySelectorAll('[data-replica^="default/sample-volume-"][data-phase="Healthy"]')];
+		return rs.length === 3 && new Set(rs.map((r) => r.closest('[data-node]').dataset.node)).size === 3;
+	})()`)
+	page.waitFor(t, "the volume Healthy 3/3", time.Minute, `(() => {
+		const v = document.querySelector('[data-volume="default/sample-volume"]');
+		return v !== null && v.dataset.phase === 'Healthy' && v.querySelector('.replicas').textContent === '3/3';
+	})()`)
+	page.waitFor(t, "the volume among the completions, with a latency", 30*time.Second,
+		`/\d/.test(document.querySelector('[data-completion="CStorVolume/default/sample-volume"] .latency')?.textContent ?? '')`)
+
+	up.kubectl(t, "apply", "-f", "../../config/samples/library_v1alpha1_book.yaml")
+	page.waitFor(t, "the Book completed, Succeeded, with a latency measured by the console", 30*time.Second, `(() => {
+		const r = document.querySelector('[data-completion="Book/default/david-copperfield"]');
+		return r !== null && r.textContent.includes('Succeeded') && Number(r.dataset.latencyMs) >= 0 &&
+			/^\d+(\.\d+)? (ms|s)$/.test(r.querySelector('.latency').textContent);
+	})()`)
+
+	delivery := "0f6a4a2e-5c1d-4e7b-9f0e-3b8c2d1a9e57"
+	sendDelivery(t, up, dataDir, delivery)
+	page.waitFor(t, "the webhook delivery", 30*time.Second,
+		fmt.Sprintf(`document.querySelector('[data-delivery=%q]')?.textContent.includes('PullRequestOpened') ?? false`, delivery))
+
+	if got := page.eval(t, `window.crdipcConsoleTest === 'same page'`); got != true {
+		t.Fatalf("the page reloaded (window state lost): %v", got)
+	}
+
+	if path := os.Getenv("CRDIPC_CONSOLE_SCREENSHOT"); path != "" {
+		screenshot(t, up, page, path)
+	}
+}
+
+// screenshot fills the page with the walkthrough's objects and saves it as a PNG.
+func screenshot(t *testing.T, up *upProcess, page *browserPage, path string) {
+	up.kubectl(t, "apply", "-f", "../../config/samples/")
+	up.kubectl(t, "apply", "-f", "../../config/samples/csi/")
+	up.waitPodSucceeded(t, "data-writer")
+	page.waitFor(t, "the claim's volume, with the node its pod ran on", time.Minute,
+		`[...document.querySelectorAll('[data-volume^="crdipc-system/pvc-"] [data-user="default/data-writer"]')].some((u) => /node-\d/.test(u.textContent))`)
+	if _, err := (btcd.Image{}).Find(); err == nil {
+		page.waitFor(t, "the Bitcoin network Ready with its peer link", 2*time.Minute,
+			`document.querySelector('[data-network="default/regtest"]')?.textContent.includes('1 peer link') ?? false`)
+	}
+	png, err := chromedp.Run(page.ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("console screenshot: %s (%d bytes)", path, len(png))
+}
+
+// findChromium returns Debian's chromium, skipping the test without it unless
+// CRDIPC_REQUIRE_CHROMIUM=1.
+func findChromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	msg := "chromium is not installed (apt-get install chromium; hack/test-deps.sh does)"
+	if os.Getenv("CRDIPC_REQUIRE_CHROMIUM") == "1" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// browserPage is one tab of a headless Chromium that the test drives over CDP.
+type browserPage struct {
+	ctx context.Context
+	log *syncBuffer
+}
+
+// openBrowser starts chromium headless with a fresh profile, nothing fetched in the
+// background, and one tab of width × height; the test's cleanup stops it.
+func openBrowser(t *testing.T, chromium string, width, height int) *browserPage {
+	t.Helper()
+	log := &syncBuffer{}
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(chromium),
+		chromedp.Headless,
+		chromedp.NoSandbox, // root in a container: the sandbox cannot start
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("no-default-browser-check", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("disable-dev-shm-usage", true), // containers have a small /dev/shm
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(width, height),
+		chromedp.CombinedOutput(log),
+	)
+	ctx, cancelTab := chromedp.NewContext(alloc)
+	// Registered after the profile's TempDir, so it runs first: the browser is gone
+	// before its profile is removed.
+	t.Cleanup(func() { cancelTab(); cancelAlloc() })
+	return &browserPage{ctx: ctx, log: log}
+}
+
+// eval evaluates a JavaScript expression in the page.
+func (p *browserPage) eval(t *testing.T, expr string) any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[any](expr))
+	if err != nil {
+		t.Fatalf("evaluating %s: %v", expr, err)
+	}
+	return v
+}
+
+// waitFor waits until the JavaScript expression is true in the page, failing with what
+// the page shows after timeout. The browser polls; nothing is reloaded.
+func (p *browserPage) waitFor(t *testing.T, what string, timeout time.Duration, expr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(p.ctx, timeout+5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(timeout), chromedp.WithPollingInterval(100*time.Millisecond)))
+	if err != nil {
+		text, _ := chromedp.Run(p.ctx, chromedp.Evaluate[string](`document.body.innerText`))
+		t.Fatalf("waiting %v for the console to show %s: %v\npage text:\n%s", time.Since(start).Round(time.Millisecond), what, err, text)
+	}
+	t.Logf("console shows %s after %v", what, time.Since(start).Round(time.Millisecond))
+}
+
+// sendDelivery posts a signed pull_request delivery to up's webhook listener.
+func sendDelivery(t *testing.T, up *upProcess, dataDir, delivery string) {
+	t.Helper()
+	m := regexp.MustCompile(`webhook\s+(http://\S+/webhook)`).FindStringSubmatch(up.output.String())
+	if m == nil {
+		t.Fatalf("up did not print the webhook address:\n%s", up.output.String())
+	}
+	secret, err := os.ReadFile(filepath.Join(dataDir, "webhook-secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := os.ReadFile("../../internal/scm/webhook/testdata/pull_request-opened.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mac := hmac.New(sha256.New, bytes.TrimSpace(secret))
+	mac.Write(body)
+	req, err := http.NewRequest(http.MethodPost, m[1], bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-GitHub-Event", "pull_request")
+	req.Header.Set("X-GitHub-Delivery", delivery)
+	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(mac.Sum(nil)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("webhook delivery answered %d", resp.StatusCode)
+	}
+}
+
+// syncBuffer collects the browser's output, written from chromedp's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

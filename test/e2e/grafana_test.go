@@ -1,0 +1,362 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/crdipc/crdipc/internal/testenv"
+)
+
+// The scrape jobs, named as in config/scm/prometheus-scrape-config.yaml (the dashboard's
+// $agent and $listener default to these).
+const (
+	grafanaServicesJob = "crdipc"
+	grafanaListenerJob = "crdipc-webhook-listener"
+	grafanaAgentJob    = "crdipc-metrics-agent"
+)
+
+// TestGrafanaDashboard runs every query of config/grafana/scm-dashboard.json against a real
+// Prometheus scraping `up`, after webhook traffic that gives every panel something to show:
+// each query must return at least one sample that is a number (not NaN).
+func TestGrafanaDashboard(t *testing.T) {
+	if _, err := exec.LookPath("prometheus"); err != nil && os.Getenv("CRDIPC_REQUIRE_PROMETHEUS") == "" {
+		t.Skip("prometheus binary not found; install it with: apt-get install -y prometheus")
+	}
+	queries := grafanaQueries(t, "../../config/grafana/scm-dashboard.json")
+	if len(queries) == 0 {
+		t.Fatal("the dashboard has no queries")
+	}
+
+	dataDir := t.TempDir()
+	up := startUp(t, dataDir)
+	printed := up.output.String()
+	webhookURL := regexp.MustCompile(`(?m)^\s*webhook\s+(http://(\S+)/webhook)`).FindStringSubmatch(printed)
+	agentAddr := regexp.MustCompile(`(?m)^\s*scm\s+http://(\S+)/metrics`).FindStringSubmatch(printed)
+	servicesAddr := regexp.MustCompile(`(?m)^\s*metrics\s+http://(\S+)/metrics`).FindStringSubmatch(printed)
+	if webhookURL == nil || agentAddr == nil || servicesAddr == nil {
+		t.Fatalf("up did not print the webhook, scm and metrics addresses:\n%s", printed)
+	}
+	targets := map[string]string{
+		grafanaListenerJob: webhookURL[2], // the listener serves /metrics next to /webhook
+		grafanaAgentJob:    agentAddr[1],
+	}
+	if strings.HasSuffix(servicesAddr[1], ":0") {
+		// Started with --metrics-addr 127.0.0.1:0, up must say which port it got.
+		t.Errorf("up printed the services' metrics address as %s, not the port it listens on: cannot scrape it\n%s", servicesAddr[1], printed)
+	} else {
+		targets[grafanaServicesJob] = servicesAddr[1]
+	}
+	secret, err := os.ReadFile(filepath.Join(dataDir, "webhook-secret"))
+	if err != nil {
+		t.Fatalf("up did not write the webhook secret: %v", err)
+	}
+	hook := grafanaWebhook{url: webhookURL[1], secret: bytes.TrimSpace(secret)}
+
+	prom := testenv.StartPrometheus(t, targets)
+	want := float64(len(targets))
+	grafanaWaitFor(t, prom, 2*time.Minute, "every target scraped", map[string]float64{
+		`count(up)`:      want,
+		`count(up == 1)`: want,
+	})
+
+	// Two rounds of traffic, each seen by a scrape: rate() and increase() need a counter to
+	// change between two samples, and a series appears only with its first increment.
+	// Round 1: pull requests 42 (opened, synchronized) and 43 (closed), a branch created, a
+	// ping, and a delivery with a wrong signature.
+	hook.send(t, "pull_request", "pull_request-opened.json", "grafana-1", http.StatusOK)
+	hook.send(t, "pull_request", "pull_request-synchronize.json", "grafana-2", http.StatusOK)
+	hook.send(t, "pull_request", "pull_request-closed.json", "grafana-3", http.StatusOK)
+	hook.send(t, "create", "create-branch.json", "grafana-4", http.StatusOK)
+	hook.send(t, "ping", "ping.json", "grafana-5", http.StatusOK)
+	hook.forged(t, "grafana-6")
+	grafanaWaitFor(t, prom, time.Minute, "round 1 scraped", map[string]float64{
+		`sum(crdipc_webhook_deliveries_total{job="` + grafanaListenerJob + `"})`: 6,
+		`sum(crdipc_scm_events_total{job="` + grafanaAgentJob + `"})`:            4,
+	})
+	// Round 2: 42 merged, 43 reopened, a push to the branch, a redelivery, a forged delivery
+	// again and a GET. The stat panels then show one open and one merged pull request and one
+	// pushed branch.
+	hook.send(t, "pull_request", "pull_request-closed-merged.json", "grafana-7", http.StatusOK)
+	hook.send(t, "pull_request", "pull_request-reopened.json", "grafana-8", http.StatusOK)
+	hook.send(t, "push", "push.json", "grafana-9", http.StatusOK)
+	hook.send(t, "pull_request", "pull_request-opened.json", "grafana-1", http.StatusOK) // duplicate
+	hook.forged(t, "grafana-10")
+	hook.get(t, http.StatusMethodNotAllowed)
+	grafanaWaitFor(t, prom, time.Minute, "round 2 scraped", map[string]float64{
+		`sum(crdipc_webhook_deliveries_total{job="` + grafanaListenerJob + `"})`:     12,
+		`sum(crdipc_scm_events_total{job="` + grafanaAgentJob + `"})`:                7,
+		`sum(crdipc_scm_pullrequests{job="` + grafanaAgentJob + `",state="open"})`:   1,
+		`sum(crdipc_scm_pullrequests{job="` + grafanaAgentJob + `",state="merged"})`: 1,
+		`sum(crdipc_scm_branches{job="` + grafanaAgentJob + `",state="pushed"})`:     1,
+	})
+
+	for _, q := range queries {
+		// Query answers one sample, so ask how many series the panel's expression returns,
+		// and how many of them are numbers (NaN fails every comparison).
+		count := fmt.Sprintf("count(%s)", q.expr)
+		numbers := fmt.Sprintf("count((%s) >= -Inf)", q.expr)
+		var n, m float64
+		var qerr error
+		err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			if n, qerr = prom.Query(count); qerr != nil {
+				qerr = fmt.Errorf("%s: %w", count, qerr)
+				return false, nil
+			}
+			if m, qerr = prom.Query(numbers); qerr != nil {
+				qerr = fmt.Errorf("%s: %w", numbers, qerr)
+				return false, nil
+			}
+			return n >= 1 && m >= 1, nil
+		})
+		if err != nil {
+			t.Errorf("panel %q, query %s: no data: %v (dashboard expression %s)", q.panel, q.refID, qerr, q.raw)
+			continue
+		}
+		t.Logf("panel %q, query %s: %v series (%s)", q.panel, q.refID, n, q.expr)
+	}
+}
+
+// grafanaQuery is one target of a dashboard panel.
+type grafanaQuery struct {
+	panel, refID string
+	// raw is the expression as written, expr with the template variables substituted.
+	raw, expr string
+}
+
+type grafanaPanel struct {
+	Title   string `json:"title"`
+	Type    string `json:"type"`
+	Targets []struct {
+		RefID string `json:"refId"`
+		Expr  string `json:"expr"`
+	} `json:"targets"`
+	Panels []grafanaPanel `json:"panels"` // a row's panels (collapsed rows keep them here)
+}
+
+// grafanaQueries reads a dashboard and returns every panel's query, in rows too, with the
+// template variables substituted as Grafana would for the dashboard's defaults.
+func grafanaQueries(t *testing.T, path string) []grafanaQuery {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Time struct {
+			From string `json:"from"`
+		} `json:"time"`
+		Templating struct {
+			List []struct {
+				Name    string `json:"name"`
+				Type    string `json:"type"`
+				Query   any    `json:"query"`
+				Current struct {
+					Value any `json:"value"`
+				} `json:"current"`
+			} `json:"list"`
+		} `json:"templating"`
+		Panels []grafanaPanel `json:"panels"`
+		Rows   []grafanaPanel `json:"rows"` // dashboards before schema 16
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+
+	// Grafana's built-in variables, for the dashboard's time range and a datasource with
+	// Grafana's default scrape interval of 15 s: $__interval is the step of a graph about
+	// 1,000 points wide, $__rate_interval = max($__interval + scrape interval, 4 × scrape interval).
+	rng := 6 * time.Hour
+	if r, ok := strings.CutPrefix(d.Time.From, "now-"); ok {
+		if dur, err := time.ParseDuration(r); err == nil {
+			rng = dur
+		}
+	}
+	interval := max(rng/1000, time.Second).Round(time.Second)
+	scrape := 15 * time.Second
+	vars := map[string]string{
+		"__interval":      promDuration(interval),
+		"__interval_ms":   fmt.Sprint(interval.Milliseconds()),
+		"__rate_interval": promDuration(max(interval+scrape, 4*scrape)),
+		"__range":         promDuration(rng),
+		"__range_s":       fmt.Sprint(int64(rng.Seconds())),
+		"__range_ms":      fmt.Sprint(rng.Milliseconds()),
+	}
+	for _, v := range d.Templating.List {
+		if v.Type == "datasource" {
+			continue
+		}
+		var value string
+		switch cur := v.Current.Value.(type) {
+		case string:
+			value = cur
+		case []any: // multi-value: Grafana substitutes (a|b)
+			var vs []string
+			for _, x := range cur {
+				vs = append(vs, regexp.QuoteMeta(fmt.Sprint(x)))
+			}
+			value = "(" + strings.Join(vs, "|") + ")"
+		}
+		if value == "" || value == "$__all" {
+			// No saved selection: a custom variable's first option.
+			if q, ok := v.Query.(string); ok && v.Type == "custom" {
+				value = strings.TrimSpace(strings.Split(q, ",")[0])
+			}
+		}
+		if value == "" {
+			t.Fatalf("%s: no value for template variable $%s", path, v.Name)
+		}
+		vars[v.Name] = value
+	}
+
+	// $name, ${name}, ${name:format} and the deprecated [[name]].
+	ref := regexp.MustCompile(`\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$(\w+)`)
+	var out []grafanaQuery
+	var walk func(ps []grafanaPanel)
+	walk = func(ps []grafanaPanel) {
+		for _, p := range ps {
+			for _, tg := range p.Targets {
+				if strings.TrimSpace(tg.Expr) == "" {
+					t.Errorf("panel %q, query %s: empty expression", p.Title, tg.RefID)
+					continue
+				}
+				expr := ref.ReplaceAllStringFunc(tg.Expr, func(m string) string {
+					s := ref.FindStringSubmatch(m)
+					name := s[1] + s[2] + s[3]
+					if v, ok := vars[name]; ok {
+						return v
+					}
+					t.Errorf("panel %q, query %s: unknown template variable %s in %s", p.Title, tg.RefID, m, tg.Expr)
+					return m
+				})
+				out = append(out, grafanaQuery{panel: p.Title, refID: tg.RefID, raw: tg.Expr, expr: expr})
+			}
+			if len(p.Targets) == 0 && p.Type != "row" && p.Type != "text" {
+				t.Errorf("panel %q (%s) has no query", p.Title, p.Type)
+			}
+			walk(p.Panels)
+		}
+	}
+	walk(d.Panels)
+	walk(d.Rows)
+	return out
+}
+
+// promDuration writes d as a PromQL duration: 60s → 1m, 6h → 6h.
+func promDuration(d time.Duration) string {
+	for _, u := range []struct {
+		unit string
+		d    time.Duration
+	}{{"h", time.Hour}, {"m", time.Minute}} {
+		if d%u.d == 0 {
+			return fmt.Sprintf("%d%s", d/u.d, u.unit)
+		}
+	}
+	return fmt.Sprintf("%ds", int64(math.Round(d.Seconds())))
+}
+
+// grafanaWaitFor polls until every query answers its value.
+func grafanaWaitFor(t *testing.T, prom *testenv.Prometheus, timeout time.Duration, what string, want map[string]float64) {
+	t.Helper()
+	got := map[string]string{}
+	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		done := true
+		for q, w := range want {
+			v, err := prom.Query(q)
+			if err != nil {
+				got[q] = err.Error()
+			} else {
+				got[q] = fmt.Sprint(v)
+			}
+			done = done && err == nil && v == w
+		}
+		return done, nil
+	})
+	if err != nil {
+		var b strings.Builder
+		for q, w := range want {
+			fmt.Fprintf(&b, "\n  %s = %s, want %v", q, got[q], w)
+		}
+		t.Fatalf("%s: not within %v:%s", what, timeout, b.String())
+	}
+}
+
+// grafanaWebhook sends deliveries to up's listener, as GitHub does.
+type grafanaWebhook struct {
+	url    string
+	secret []byte
+}
+
+// send posts testdata fixture as event with delivery id, signed, and checks the status.
+func (h grafanaWebhook) send(t *testing.T, event, fixture, delivery string, status int) {
+	t.Helper()
+	body, err := os.ReadFile(filepath.Join("../../internal/scm/webhook/testdata", fixture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mac := hmac.New(sha256.New, h.secret)
+	mac.Write(body)
+	h.post(t, event, delivery, body, "sha256="+hex.EncodeToString(mac.Sum(nil)), status)
+}
+
+// forged posts a delivery signed with another secret: refused, 401.
+func (h grafanaWebhook) forged(t *testing.T, delivery string) {
+	t.Helper()
+	body := []byte(`{"zen":"forged"}`)
+	mac := hmac.New(sha256.New, []byte("not the secret"))
+	mac.Write(body)
+	h.post(t, "ping", delivery, body, "sha256="+hex.EncodeToString(mac.Sum(nil)), http.StatusUnauthorized)
+}
+
+func (h grafanaWebhook) post(t *testing.T, event, delivery string, body []byte, signature string, status int) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, h.url, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-GitHub-Event", event)
+	req.Header.Set("X-GitHub-Delivery", delivery)
+	req.Header.Set("X-Hub-Signature-256", signature)
+	h.do(t, req, status)
+}
+
+// get sends a GET: refused, 405.
+func (h grafanaWebhook) get(t *testing.T, status int) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, h.url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.do(t, req, status)
+}
+
+func (h grafanaWebhook) do(t *testing.T, req *http.Request, status int) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != status {
+		t.Fatalf("%s %s (%s, delivery %q) answered %d, want %d: %s", req.Method, req.URL,
+			req.Header.Get("X-GitHub-Event"), req.Header.Get("X-GitHub-Delivery"), resp.StatusCode, status, b)
+	}
+}
