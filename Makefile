@@ -43,6 +43,13 @@ verify: generate ## Fail if generated files are stale or untracked, code is unfo
 build: ## Build bin/crdipc.
 	go build -o bin/crdipc ./cmd/crdipc
 
+# The crdipc version, from the file VERSION: the image tag, and config/default's newTag.
+VERSION := $(shell cat VERSION)
+IMAGE ?= crdipc/crdipc:$(VERSION)
+.PHONY: image
+image: ## docker build the image crdipc/crdipc:<contents of VERSION> (IMAGE=name:tag overrides). Needs a Docker engine: CI and the dev machines have only the docker client, so it does not run there.
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+
 .PHONY: up
 up: ## Run the control plane and every service (see `crdipc up --help`).
 	go run ./cmd/crdipc up $(ARGS)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -15,19 +16,24 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/crdipc/crdipc/config/crd"
+	"github.com/crdipc/crdipc/internal/install"
 )
 
 // TestManifests checks that the manifests shipped for a real cluster (config/storage,
-// config/csi, config/bitcoin, config/scm) are valid: a server-side dry run has the API server of `crdipc up`
-// decode, default, validate (strict: unknown or duplicate fields fail) and admit every object,
-// against the real schemas, without storing anything.
+// config/csi, config/bitcoin, config/scm, and config/default, which is all of them) are valid:
+// a server-side dry run has the API server of `crdipc up` decode, default, validate (strict:
+// unknown or duplicate fields fail) and admit every object, against the real schemas, without
+// storing anything. It also runs the commands that fill in and apply the VolumeAttachment
+// sample template.
 func TestManifests(t *testing.T) {
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl is not on PATH")
 	}
 	up := startUp(t, t.TempDir())
 
-	for _, dir := range []string{"storage", "csi", "bitcoin"} {
+	for _, dir := range []string{"storage", "csi", "books", "bitcoin"} {
 		t.Run("config/"+dir, func(t *testing.T) {
 			path := filepath.Join("../../config", dir)
 			objects := decodeDocuments(t, path, []byte(up.kubectl(t, "kustomize", path)))
@@ -116,6 +122,172 @@ func TestManifests(t *testing.T) {
 			checkServiceMonitor(t, m, services)
 		}
 	})
+
+	// Everything in one apply, as docs/deploy.md says: kubectl apply -k config/default.
+	// Its CRDs and the objects of the services go in one dry run; here up has installed the
+	// CRDs already, so theirs is an update. The real apply works in one go on a fresh cluster
+	// too: config/default holds no custom resources (which cannot be created, or dry-run,
+	// before their CRD is established); config/scm's ServiceMonitor, the one custom resource
+	// of the per-system directories, is left out of it (checkDefault checks both).
+	t.Run("config/default", func(t *testing.T) {
+		const dir = "../../config/default"
+		objects := decodeDocuments(t, dir, []byte(up.kubectl(t, "kustomize", dir)))
+		checkDefault(t, objects)
+		// A dry run creates nothing, and admission refuses objects in a namespace that does
+		// not exist: crdipc-system does (up creates it), crdipc-scm is created for real.
+		up.kubectl(t, "apply", "--validate=strict", "-f", "../../config/scm/namespace.yaml")
+		args := []string{"apply", "--dry-run=server", "--validate=strict", "-k", dir}
+		out, err := up.run(t, "kubectl", args...)
+		checkDryRun(t, args, out, err, len(objects))
+	})
+
+	// The VolumeAttachment sample needs the name of a provisioned PV, so it is a template
+	// whose comment gives the commands that fill it in and apply it: run them as written,
+	// from the repository root, after provisioning the claim they name.
+	t.Run("config/samples/csi/attach", func(t *testing.T) {
+		const file = "../../config/samples/csi/attach/volumeattachment.yaml.tmpl"
+		body, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var commands []string
+		for line := range strings.Lines(string(body)) {
+			c, ok := strings.CutPrefix(strings.TrimSpace(line), "#   ")
+			if ok && (strings.HasPrefix(c, "kubectl ") || strings.HasPrefix(c, "sed ")) {
+				commands = append(commands, c)
+			}
+		}
+		if len(commands) != 2 {
+			t.Fatalf("%s: %d commands in its comment (want kubectl wait, then sed | kubectl apply): %q", file, len(commands), commands)
+		}
+		up.kubectl(t, "apply", "--validate=strict",
+			"-f", "../../config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml",
+			"-f", "../../config/samples/csi/pvc.yaml")
+		for _, c := range commands {
+			out, err := up.runIn(t, "../..", "sh", "-c", c)
+			if err != nil {
+				t.Fatalf("%s: %v\n%s", c, err, out)
+			}
+			t.Logf("%s:\n%s", c, out)
+		}
+		up.kubectl(t, "wait", "--for=jsonpath={.status.attached}=true", "volumeattachment/data-node-1", "--timeout=60s")
+		// Detach, so nothing of this test holds the volume.
+		up.kubectl(t, "delete", "volumeattachment/data-node-1", "--wait=true", "--timeout=60s")
+	})
+}
+
+// defaultWorkloads are the workloads config/default must deploy: every service.
+var defaultWorkloads = []string{
+	"Deployment crdipc-system/crdipc-storage-operator",
+	"DaemonSet crdipc-system/crdipc-pool-agent",
+	"Deployment crdipc-system/crdipc-csi-controller",
+	"DaemonSet crdipc-system/crdipc-csi-node",
+	"Deployment crdipc-system/crdipc-books",
+	"Deployment crdipc-system/crdipc-bitcoin-operator",
+	"Deployment crdipc-scm/crdipc-webhook-listener",
+	"Deployment crdipc-scm/crdipc-metrics-agent",
+}
+
+// defaultObject is what checkDefault reads of an object of config/default.
+type defaultObject struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name      string            `json:"name"`
+		Namespace string            `json:"namespace"`
+		Labels    map[string]string `json:"labels"`
+	} `json:"metadata"`
+	Spec struct {
+		Template struct {
+			Spec struct {
+				ServiceAccountName string             `json:"serviceAccountName"`
+				InitContainers     []corev1.Container `json:"initContainers"`
+				Containers         []corev1.Container `json:"containers"`
+			} `json:"spec"`
+		} `json:"template"`
+	} `json:"spec"`
+}
+
+// checkDefault checks what a dry run does not: that config/default holds every CRD, every
+// service and the namespace crdipc needs, that every crdipc container runs the image of the
+// version in VERSION, that each workload's ServiceAccount is deployed with it, and that it
+// holds no object of a kind the cluster may not serve.
+func checkDefault(t *testing.T, docs [][]byte) {
+	t.Helper()
+	raw, err := os.ReadFile("../../VERSION")
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := strings.TrimSpace(string(raw))
+	if !regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$`).MatchString(version) {
+		t.Fatalf("VERSION holds %q, want a semantic version like 0.2.0", version)
+	}
+	image := "crdipc/crdipc:" + version
+
+	var (
+		objects  = map[string]defaultObject{} // "Kind namespace/name"
+		crdNames []string
+	)
+	for _, d := range docs {
+		var o defaultObject
+		if err := yaml.Unmarshal(d, &o); err != nil {
+			t.Fatal(err)
+		}
+		key := o.Kind + " " + o.Metadata.Name
+		if o.Metadata.Namespace != "" {
+			key = o.Kind + " " + o.Metadata.Namespace + "/" + o.Metadata.Name
+		}
+		objects[key] = o
+		if o.Metadata.Labels["app.kubernetes.io/part-of"] != "crdipc" {
+			t.Errorf("%s: no label app.kubernetes.io/part-of=crdipc", key)
+		}
+		switch {
+		case o.Kind == "CustomResourceDefinition":
+			crdNames = append(crdNames, o.Metadata.Name)
+		case strings.HasSuffix(o.APIVersion, ".crdipc.io/v1alpha1") || strings.HasPrefix(o.APIVersion, "monitoring.coreos.com/"):
+			// A custom resource cannot be dry-run (or applied) in the same apply as its
+			// CRD on a fresh cluster, and monitoring.coreos.com is served only where the
+			// Prometheus Operator runs.
+			t.Errorf("%s (%s): config/default must hold no custom resources", key, o.APIVersion)
+		}
+		pod := o.Spec.Template.Spec
+		for _, c := range slices.Concat(pod.InitContainers, pod.Containers) {
+			if c.Image != image && !strings.HasPrefix(c.Image, "registry.k8s.io/") {
+				t.Errorf("%s: container %s runs %s, want %s (config/default's images: newTag = VERSION)", key, c.Name, c.Image, image)
+			}
+		}
+	}
+	for key, o := range objects {
+		if sa := o.Spec.Template.Spec.ServiceAccountName; sa != "" {
+			if _, ok := objects["ServiceAccount "+o.Metadata.Namespace+"/"+sa]; !ok {
+				t.Errorf("%s: ServiceAccount %s/%s is not in config/default", key, o.Metadata.Namespace, sa)
+			}
+		}
+	}
+
+	embedded, err := crd.CRDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, c := range embedded {
+		want = append(want, c.Name)
+	}
+	slices.Sort(crdNames)
+	if !slices.Equal(crdNames, want) {
+		t.Errorf("config/default's CRDs %v, the binary's %v: list every file of config/crd/bases in config/crd/kustomization.yaml", crdNames, want)
+	}
+	for _, w := range append(slices.Clone(defaultWorkloads), "CSIDriver csi.crdipc.io") {
+		if _, ok := objects[w]; !ok {
+			t.Errorf("config/default has no %s", w)
+		}
+	}
+	ns, ok := objects["Namespace "+install.SystemNamespace]
+	if !ok {
+		t.Errorf("config/default has no Namespace %s", install.SystemNamespace)
+	} else if got := ns.Metadata.Labels[install.PodSecurityLabel]; got != "privileged" {
+		t.Errorf("Namespace %s: label %s=%q, want privileged (as crdipc install sets it)", install.SystemNamespace, install.PodSecurityLabel, got)
+	}
 }
 
 // checkDryRun checks the outcome of kubectl args (an apply --dry-run=server): no error, and

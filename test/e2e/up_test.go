@@ -161,6 +161,17 @@ func TestUp(t *testing.T) {
 		}
 	})
 
+	t.Run("kubectl version parses the server's", func(t *testing.T) {
+		out := up.kubectl(t, "version")
+		if !strings.Contains(out, "Server Version: v1.37.") {
+			t.Errorf("kubectl version does not show a v1.37 server:\n%s", out)
+		}
+		b, err := exec.Command(binary, "version").CombinedOutput()
+		if err != nil || !strings.Contains(string(b), "kubernetes v1.37.") {
+			t.Errorf("crdipc version: %v\n%s", err, b)
+		}
+	})
+
 	t.Run("kubectl get crdipc", func(t *testing.T) {
 		up.kubectl(t, "get", "crdipc", "-A")
 		// The system namespace admits the privileged CSI node plugin and host-path agents.

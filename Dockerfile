@@ -1,0 +1,39 @@
+# syntax=docker/dockerfile:1
+# The crdipc image: one binary, every service (`crdipc <command>`), for config/default.
+#   make image                      # docker build -t crdipc/crdipc:$(cat VERSION) .
+# See docs/deploy.md.
+
+# Build: a static binary. The only cgo in crdipc's dependency graph is the standard library's
+# (net, os/user), which has pure-Go fallbacks, so CGO_ENABLED=0 and no libc to match at run time.
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/go/pkg/mod \
+    go mod download
+COPY . .
+RUN --mount=type=cache,target=/go/pkg/mod \
+    --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/crdipc ./cmd/crdipc
+
+# Run: what the CSI node plugin executes on a node. mount (mount, umount, losetup),
+# util-linux (blkid, fsck), e2fsprogs (mkfs.ext4/ext3, fsck.ext4), xfsprogs (mkfs.xfs: without
+# it the node offers no xfs), fuse3 (fusermount3, used only when a direct FUSE mount is
+# refused). The other services need none of it; one image keeps one version to deploy.
+FROM debian:bookworm-slim
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends mount util-linux e2fsprogs xfsprogs fuse3 \
+    && rm -rf /var/lib/apt/lists/*
+# The binary's version comes from the file VERSION (embedded by the root package); this is
+# only the image's label. `make image` passes the same file's contents.
+ARG VERSION=dev
+LABEL org.opencontainers.image.title="crdipc" \
+      org.opencontainers.image.description="Kubernetes custom resources as the channel between services" \
+      org.opencontainers.image.source="https://github.com/crdipc/crdipc" \
+      org.opencontainers.image.version="${VERSION}"
+COPY --from=build /out/crdipc /usr/local/bin/crdipc
+# Non-root by default (the "nonroot" uid of distroless images). The manifests say which
+# containers run as root: the pool agent (host directory /var/lib/crdipc, no capabilities)
+# and the CSI node plugin (privileged: loop devices, FUSE, mounts).
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/crdipc"]
+CMD ["--help"]
