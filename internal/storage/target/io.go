@@ -187,34 +187,9 @@ func (e *Engine) fanOutWrite(p []byte, off int64) (fence bool, err error) {
 	rev := e.rev
 	e.mu.Unlock()
 
-	errs := make([]error, len(set))
-	var wg sync.WaitGroup
-	for i, t := range set {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(e.ioCtx, e.ioTimeout)
-			defer cancel()
-			errs[i] = t.r.WriteAt(ctx, p, off, rev)
-		}()
-	}
-	wg.Wait()
-
-	acked := 0
-	var failures []error
-	for i, t := range set {
-		if errs[i] == nil {
-			if t.healthy {
-				acked++
-			}
-			continue
-		}
-		err := fmt.Errorf("replica %s: write: %w", t.m.ID, errs[i])
-		failures = append(failures, err)
-		if e.fault(t.m, t.gen, err) {
-			fence = true
-		}
-	}
+	errs, acked, failures, fence := e.onEach(set, "write", func(ctx context.Context, r Replica) error {
+		return r.WriteAt(ctx, p, off, rev)
+	})
 	e.mu.Lock()
 	for i, t := range set {
 		if t.healthy && errs[i] == nil && t.m.removed {
@@ -249,7 +224,18 @@ func (e *Engine) Flush() error {
 	}
 	e.mu.Unlock()
 
-	errs := make([]error, len(set))
+	_, ok, failures, _ := e.onEach(set, "flush", func(ctx context.Context, r Replica) error { return r.Flush(ctx) })
+	if ok < e.cf {
+		return fmt.Errorf("%w: flush succeeded on %d healthy replicas, %d needed: %w", ErrNoQuorum, ok, e.cf, errors.Join(failures...))
+	}
+	return nil
+}
+
+// onEach runs call on every replica of set at once, each bounded by IOTimeout, and waits for
+// all of them. A replica that fails is faulted (fence: a healthy one was); ok counts the
+// healthy replicas that succeeded. what names the operation in errors.
+func (e *Engine) onEach(set []dest, what string, call func(context.Context, Replica) error) (errs []error, ok int, failures []error, fence bool) {
+	errs = make([]error, len(set))
 	var wg sync.WaitGroup
 	for i, t := range set {
 		wg.Add(1)
@@ -257,12 +243,10 @@ func (e *Engine) Flush() error {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(e.ioCtx, e.ioTimeout)
 			defer cancel()
-			errs[i] = t.r.Flush(ctx)
+			errs[i] = call(ctx, t.r)
 		}()
 	}
 	wg.Wait()
-	ok := 0
-	var failures []error
 	for i, t := range set {
 		if errs[i] == nil {
 			if t.healthy {
@@ -270,12 +254,11 @@ func (e *Engine) Flush() error {
 			}
 			continue
 		}
-		err := fmt.Errorf("replica %s: flush: %w", t.m.ID, errs[i])
+		err := fmt.Errorf("replica %s: %s: %w", t.m.ID, what, errs[i])
 		failures = append(failures, err)
-		e.fault(t.m, t.gen, err)
+		if e.fault(t.m, t.gen, err) {
+			fence = true
+		}
 	}
-	if ok < e.cf {
-		return fmt.Errorf("%w: flush succeeded on %d healthy replicas, %d needed: %w", ErrNoQuorum, ok, e.cf, errors.Join(failures...))
-	}
-	return nil
+	return errs, ok, failures, fence
 }
