@@ -75,7 +75,7 @@ func startStorage(ctx context.Context, cfg *rest.Config, nodes int, root string)
 		}
 		cleanup = func() { os.RemoveAll(root) }
 	}
-	mgr, err := newManager(cfg, "bench-storage", serviceOptions{metricsAddr: "0", healthAddr: "0"})
+	mgr, err := newManager(cfg, "bench-storage", serviceOptions{metricsAddr: "0", healthAddr: "0", repeatable: true})
 	if err != nil {
 		cleanup()
 		return nil, err

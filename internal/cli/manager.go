@@ -6,8 +6,10 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -24,6 +26,10 @@ type serviceOptions struct {
 	healthAddr  string
 	// cache narrows what the manager caches (not a flag: set by the service's command).
 	cache cache.Options
+	// repeatable lets the same controllers be built again in this process (bench, whose
+	// tests run it more than once): controller-runtime refuses duplicate controller names,
+	// which would report the same metrics.
+	repeatable bool
 }
 
 func (o *serviceOptions) flags(cmd *cobra.Command) {
@@ -45,6 +51,7 @@ func newManager(cfg *rest.Config, name string, o serviceOptions) (manager.Manage
 		LeaderElectionID:              name + ".crdipc.io",
 		LeaderElectionNamespace:       install.SystemNamespace,
 		LeaderElectionReleaseOnCancel: true,
+		Controller:                    config.Controller{SkipNameValidation: ptr.To(o.repeatable)},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating manager: %w", err)
