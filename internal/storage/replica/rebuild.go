@@ -42,6 +42,7 @@ func (s *Server) startRebuild(r *replica, sourceAddr, sourceID string) error {
 				running: true,
 				source:  sourceAddr + "/" + sourceID,
 				epoch:   epoch,
+				writer:  r.owner.Load(),
 				started: make(chan struct{}),
 				stopped: make(chan struct{}),
 			}
@@ -218,11 +219,18 @@ func (s *Server) copyFrom(ctx context.Context, r *replica, st *rebuildState, add
 		return fmt.Errorf("source had a new writer session during the copy (epoch %d, then %d)", startEpoch, info.Epoch)
 	}
 	// Checked under metaMu, so a superseding rebuild either sees rebuilding=false already
-	// persisted (and sets it again) or keeps this copier from ever clearing it.
-	superseded := false
+	// persisted (and sets it again) or keeps this copier from ever clearing it. A writer
+	// that dropped this replica during the copy (it faulted it) went on writing the source
+	// without it: what the copy took before those writes lacks them, so the copy claims the
+	// source's revision only if the writer that fed it is still the one.
+	superseded, dropped := false, false
 	err = r.flush(func(m *meta) {
 		if ctx.Err() != nil {
 			superseded = true
+			return
+		}
+		if st.writer != nil && r.owner.Load() != st.writer {
+			dropped = true
 			return
 		}
 		r.bumpRevision(info.Revision)
@@ -231,6 +239,9 @@ func (s *Server) copyFrom(ctx context.Context, r *replica, st *rebuildState, add
 	})
 	if err == nil && superseded {
 		err = context.Cause(ctx)
+	}
+	if err == nil && dropped {
+		err = errors.New("the writer session that fed this replica ended during the copy: writes may be missing")
 	}
 	return err
 }

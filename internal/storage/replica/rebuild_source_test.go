@@ -353,6 +353,48 @@ func TestRebuildFailsWhenSourceChanges(t *testing.T) {
 		}
 	})
 
+	t.Run("writer of the rebuilding replica gone", func(t *testing.T) {
+		a, g, _, _, _, ctx := setup(t)
+		// Another replica, on node-e, rebuilt while a writer session feeds it, as a target
+		// does; the writer drops it (closes its connection) mid-copy.
+		e := newTestNode(t, a.pki, "node-e")
+		e.create("ns/r", size)
+		ge := newGate()
+		e.tweak = func(s *Server) { s.testBeforeApply = ge.hook }
+		e.start()
+		writer := e.dial(t)
+		w := writer.Replica("ns/r")
+		if _, err := w.Open(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Rebuild(ctx, a.addr, "ns/r"); err != nil {
+			t.Fatal(err)
+		}
+		waitClosed(t, ge.held, "the copy to reach its first chunk")
+		writer.Close()
+		probe := e.dial(t).Replica("ns/r")
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			in, err := probe.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !in.Session {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the writer's session did not end with its connection")
+			}
+			time.Sleep(time.Millisecond) // polling the server, with a deadline
+		}
+		ge.open()
+		g.open()
+		in := waitRebuildError(t, ctx, probe)
+		if !strings.Contains(in.RebuildError, "writer session that fed this replica ended") || !in.Rebuilding {
+			t.Fatalf("after its writer dropped it mid-copy: %+v", in)
+		}
+	})
+
 	t.Run("new writer session on source", func(t *testing.T) {
 		_, g, _, dst, src, ctx := setup(t)
 		if _, err := src.Open(ctx); err != nil {

@@ -655,7 +655,10 @@ type rebuildState struct {
 	running bool   // guarded by Server.mu
 	source  string // addr + "/" + id
 	// epoch is the replica's writer-session epoch when the rebuild was asked for.
-	epoch  uint64
+	epoch uint64
+	// writer holds the replica's writer session when the rebuild started, nil if none: the
+	// copy is complete only if that writer fed the replica every write until the end.
+	writer *serverConn
 	cancel context.CancelCauseFunc
 	// started is closed once Rebuilding is durable and the file punched, or the start
 	// failed with startErr; stopped once the copier let go of the replica.
