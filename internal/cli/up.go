@@ -56,11 +56,20 @@ and runs a container with volumes in its own mount namespace, each volume at its
 mountPath (a missing mountPath such as /data is created on this machine, empty,
 while a pod uses it).
 
+Volumes hold replicated data: each node's agent serves its replicas on a loopback
+address of its own (mutual TLS), and a volume staged on a node is written to every
+replica through a loop device over a FUSE file, acknowledged once its consistency
+factor of replicas have it; a replica lost with its node is replaced and rebuilt.
+This needs root (FUSE, loop devices, mounts).
+
+Every address up serves is printed. A default address that is taken moves to a free
+port on the same host; an address given by flag that is taken stops up.
+
 Everything is kept in --data-dir: run up again on the same directory and every
 object is still there. Only one up may use a data directory at a time.
 Ctrl-C shuts everything down.`,
 		Example: `  crdipc up
-  crdipc up --data-dir /tmp/crdipc --port 6443`,
+  crdipc up --data-dir ~/.local/share/crdipc --port 6443 --nodes 4`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
