@@ -1,10 +1,12 @@
 package operator
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // choosePools picks up to need pools for new replicas of a volume of the given capacity
@@ -53,4 +55,33 @@ func choosePools(pools []storagev1alpha1.CStorPool, have []storagev1alpha1.CStor
 		candidates = slices.DeleteFunc(candidates, func(p *storagev1alpha1.CStorPool) bool { return p == best })
 	}
 	return picked
+}
+
+// shortfall says why the Healthy pools that hold no replica of a volume take none of
+// capacity: they are too small or too full. "" when no such pool is refused for its space,
+// so that "waiting for 1 more pool" never hides that three pools exist but none can hold
+// the volume.
+func shortfall(pools []storagev1alpha1.CStorPool, have []storagev1alpha1.CStorVolumeReplica, used map[string]int64, capacity int64) string {
+	onPool := map[string]bool{}
+	for _, r := range have {
+		onPool[r.Spec.Pool] = true
+	}
+	n, mostFree := 0, int64(0)
+	for i := range pools {
+		p := &pools[i]
+		if p.Status.Phase != storagev1alpha1.PoolPhaseHealthy || !p.DeletionTimestamp.IsZero() || onPool[p.Name] {
+			continue
+		}
+		free := p.Spec.Capacity.Value() - used[p.Name]
+		if free >= capacity {
+			continue
+		}
+		n++
+		mostFree = max(mostFree, free)
+	}
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d healthy %s without a replica of this volume cannot hold %s (the most free space left is %s)",
+		n, plural(n, "pool"), resource.NewQuantity(capacity, resource.BinarySI), resource.NewQuantity(max(mostFree, 0), resource.BinarySI))
 }

@@ -69,3 +69,22 @@ func TestChoosePools(t *testing.T) {
 		})
 	}
 }
+
+// A volume no pool can hold says so, instead of only "waiting for N more pools".
+func TestShortfallNamesPoolsTooSmall(t *testing.T) {
+	a, b, c := pool("a", "n1", storagev1alpha1.PoolPhaseHealthy), pool("b", "n2", storagev1alpha1.PoolPhaseHealthy), pool("c", "n3", storagev1alpha1.PoolPhaseOffline)
+	pools := []storagev1alpha1.CStorPool{a, b, c}
+	gi := int64(1 << 30)
+	if got := shortfall(pools, nil, map[string]int64{}, 4*gi); got != "" {
+		t.Errorf("4Gi on two empty 10Gi pools: %q, want nothing to say", got)
+	}
+	got := shortfall(pools, []storagev1alpha1.CStorVolumeReplica{replicaOn(a)}, map[string]int64{"b": 8 * gi}, 4*gi)
+	if want := "1 healthy pool without a replica of this volume cannot hold 4Gi (the most free space left is 2Gi)"; got != want {
+		t.Errorf("4Gi with b 8Gi used: %q, want %q", got, want)
+	}
+	huge := int64(7) << 60 // 7Ei, near the most an int64 holds
+	got = shortfall(pools, nil, map[string]int64{}, huge)
+	if want := "2 healthy pools without a replica of this volume cannot hold 7Ei (the most free space left is 10Gi)"; got != want {
+		t.Errorf("7Ei: %q, want %q", got, want)
+	}
+}

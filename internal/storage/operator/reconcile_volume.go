@@ -159,10 +159,12 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 	if err != nil {
 		return ipc.Result{}, err
 	}
-	var blocked []string
+	var (
+		blocked []string
+		used    map[string]int64
+	)
 	if len(replicas) < rf {
-		used, err := h.poolUsage(ctx)
-		if err != nil {
+		if used, err = h.poolUsage(ctx); err != nil {
 			return ipc.Result{}, err
 		}
 		// The replicas are independent: create them at once, one write latency for all.
@@ -204,6 +206,11 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 		}
 	}
 	res := summarize(vol, rf, replicas, byName)
+	if len(replicas) < rf {
+		if why := shortfall(pools.Items, replicas, used, vol.Spec.Capacity.Value()); why != "" {
+			res.Message += "; " + why
+		}
+	}
 	if len(blocked) > 0 && !res.Ready {
 		res.Message += fmt.Sprintf("; replica name(s) %s still taken by a replica being deleted", strings.Join(blocked, ", "))
 		res.RequeueAfter = time.Second
