@@ -710,16 +710,7 @@ func TestCrashDuringRebuildsThenNodesRestart(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		copying := 0
-		for i, n := range c.nodes {
-			conn, err := replica.Dial(context.Background(), n.addr, c.client)
-			if err != nil {
-				t.Fatal(err)
-			}
-			info, err := conn.Replica(c.ids[i]).Info(context.Background())
-			conn.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
+		for _, info := range c.infos(t) {
 			if info.Rebuilding && info.RebuildDone < info.RebuildTotal {
 				copying++
 			}
@@ -740,16 +731,7 @@ func TestCrashDuringRebuildsThenNodesRestart(t *testing.T) {
 		n.start()
 	}
 	rebuilding := 0
-	for i, n := range c.nodes {
-		conn, err := replica.Dial(context.Background(), n.addr, c.client)
-		if err != nil {
-			t.Fatal(err)
-		}
-		info, err := conn.Replica(c.ids[i]).Info(context.Background())
-		conn.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+	for i, info := range c.infos(t) {
 		if info.Rebuilding {
 			rebuilding++
 			if _, from, _ := strings.Cut(info.RebuildSource, "/"); from != src {

@@ -345,20 +345,10 @@ func TestIntegrationReplicasOverTLS(t *testing.T) {
 	var infos []replica.Info
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		infos = infos[:0]
+		infos = c.infos(t)
 		open := false
-		for i, n := range c.nodes {
-			conn, err := replica.Dial(context.Background(), n.addr, c.client)
-			if err != nil {
-				t.Fatal(err)
-			}
-			info, err := conn.Replica(c.ids[i]).Info(context.Background())
-			conn.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
+		for _, info := range infos {
 			open = open || info.Session
-			infos = append(infos, info)
 		}
 		if !open {
 			break
@@ -405,4 +395,23 @@ func TestIntegrationReplicasOverTLS(t *testing.T) {
 	if err := c.e.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// infos asks every node's server, over a connection of its own, for its replica's Info.
+func (c *cluster) infos(t *testing.T) []replica.Info {
+	t.Helper()
+	var infos []replica.Info
+	for i, n := range c.nodes {
+		conn, err := replica.Dial(context.Background(), n.addr, c.client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := conn.Replica(c.ids[i]).Info(context.Background())
+		conn.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		infos = append(infos, info)
+	}
+	return infos
 }
