@@ -6,6 +6,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -27,9 +28,7 @@ import (
 // With CRDIPC_CONSOLE_SCREENSHOT=<file.png> it also applies every sample (and, with btcd,
 // waits for the Bitcoin network) and saves a screenshot of the page: docs/console.png.
 func TestConsole(t *testing.T) {
-	if _, err := exec.LookPath("kubectl"); err != nil {
-		t.Skip("kubectl is not on PATH")
-	}
+	requireKubectl(t)
 	chromium := findChromium(t)
 	dataDir := t.TempDir()
 	up := startUp(t, dataDir, "--console-addr", "127.0.0.1:0")
@@ -113,11 +112,7 @@ func findChromium(t *testing.T) string {
 			return p
 		}
 	}
-	msg := "chromium is not installed (apt-get install chromium; hack/test-deps.sh does)"
-	if os.Getenv("CRDIPC_REQUIRE_CHROMIUM") == "1" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	require(t, "CRDIPC_REQUIRE_CHROMIUM", errors.New("chromium is not installed (apt-get install chromium; hack/test-deps.sh does)"))
 	return ""
 }
 

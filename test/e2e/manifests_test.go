@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -28,9 +27,7 @@ import (
 // storing anything. It also runs the commands that fill in and apply the VolumeAttachment
 // sample template.
 func TestManifests(t *testing.T) {
-	if _, err := exec.LookPath("kubectl"); err != nil {
-		t.Skip("kubectl is not on PATH")
-	}
+	requireKubectl(t)
 	up := startUp(t, t.TempDir())
 
 	for _, dir := range []string{"storage", "csi", "books", "bitcoin"} {

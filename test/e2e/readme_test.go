@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -88,17 +87,10 @@ func findBlock(t *testing.T, blocks [][]readmeCommand, prefix string) []readmeCo
 // working directory — and then the README's walkthrough, line by line, from the repository
 // root, as a user pasting it would.
 func TestREADME(t *testing.T) {
-	if _, err := exec.LookPath("kubectl"); err != nil {
-		t.Skip("kubectl is not on PATH")
-	}
+	requireKubectl(t)
 	// The walkthrough runs a pod with a volume: the data path needs FUSE, loop devices and
 	// mounts, which the README says.
-	if err := blockdev.Available(); err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
-			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot present block devices: %v", err)
-		}
-		t.Skip(err)
-	}
+	require(t, "CRDIPC_REQUIRE_MOUNT", blockdev.Available())
 	blocks := readmeBlocks(t)
 	run := findBlock(t, blocks, "go run ./cmd/crdipc up")
 	if len(run) != 1 {

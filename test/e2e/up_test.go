@@ -38,6 +38,26 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// require skips t when err says a capability is missing, or fails it when the environment
+// variable env is "1": CI sets it, so a missing capability never hides behind a skip there.
+func require(t *testing.T, env string, err error) {
+	t.Helper()
+	if err == nil {
+		return
+	}
+	if os.Getenv(env) == "1" {
+		t.Fatalf("%s=1 but: %v", env, err)
+	}
+	t.Skip(err)
+}
+
+// requireKubectl: every test here drives up with kubectl, as a user does.
+func requireKubectl(t *testing.T) {
+	t.Helper()
+	_, err := exec.LookPath("kubectl")
+	require(t, "CRDIPC_REQUIRE_KUBECTL", err)
+}
+
 // upProcess is a running `crdipc up`.
 type upProcess struct {
 	cmd        *exec.Cmd
@@ -145,9 +165,7 @@ func (p *upProcess) kubectl(t *testing.T, args ...string) string {
 
 // TestUp walks through what a new user does on the first day.
 func TestUp(t *testing.T) {
-	if _, err := exec.LookPath("kubectl"); err != nil {
-		t.Skip("kubectl is not on PATH")
-	}
+	requireKubectl(t)
 	dataDir := t.TempDir()
 	up := startUp(t, dataDir)
 	if !strings.Contains(up.output.String(), "crdipc is up in") {
@@ -232,12 +250,8 @@ func TestUp(t *testing.T) {
 	})
 
 	t.Run("the sample BitcoinNetwork runs real btcd nodes, linked", func(t *testing.T) {
-		if _, err := (btcd.Image{}).Find(); err != nil {
-			if os.Getenv("CRDIPC_REQUIRE_BTCD") != "" {
-				t.Fatal(err)
-			}
-			t.Skip(err)
-		}
+		_, err := (btcd.Image{}).Find()
+		require(t, "CRDIPC_REQUIRE_BTCD", err)
 		out, err := up.run(t, binary, "call", "-f", "../../config/samples/bitcoin_v1alpha1_bitcoinnetwork.yaml", "--apply", "--timeout", "90s")
 		if err != nil || !strings.Contains(out, "2 of 2 nodes ready, 1 of 1 peer links") {
 			t.Fatalf("crdipc call of the sample network: %v\n%s", err, out)

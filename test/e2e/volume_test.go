@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // TestReplicatedVolume is the storage data path as a user meets it on `crdipc up --nodes 3`:
@@ -23,15 +25,8 @@ import (
 // replica's Node is deleted and another added: the volume goes Degraded, then Healthy with a
 // rebuilt replica, byte-identical again; a pod on another node reads the file back intact.
 func TestReplicatedVolume(t *testing.T) {
-	if _, err := exec.LookPath("kubectl"); err != nil {
-		t.Skip("kubectl is not on PATH")
-	}
-	if err := blockdev.Available(); err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
-			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot present block devices: %v", err)
-		}
-		t.Skip(err)
-	}
+	requireKubectl(t)
+	require(t, "CRDIPC_REQUIRE_MOUNT", blockdev.Available())
 	dataDir := t.TempDir()
 	up := startUp(t, dataDir, "--nodes", "3")
 	up.kubectl(t, "apply", "-f", "../../config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml")
@@ -85,12 +80,8 @@ func TestReplicatedVolume(t *testing.T) {
 
 	// A BitcoinNetwork keeps its chain on a claim of the same class: btcd runs with its
 	// datadir on the replicated volume.
-	if _, err := (btcd.Image{}).Find(); err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_BTCD") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	_, err := (btcd.Image{}).Find()
+	require(t, "CRDIPC_REQUIRE_BTCD", err)
 	up.apply(t, "apiVersion: bitcoin.crdipc.io/v1alpha1\nkind: BitcoinNetwork\nmetadata:\n  name: kept\n  namespace: default\n"+
 		"spec:\n  nodes: 1\n  storage:\n    storageClassName: crdipc\n    size: 64Mi\n")
 	up.kubectl(t, "wait", "--for=condition=Ready", "bitcoinnetwork/kept", "--timeout=120s")
@@ -134,19 +125,17 @@ func (p *upProcess) apply(t *testing.T, manifest string) {
 	}
 }
 
-// eventually polls cond every 200 ms until it holds or timeout passes.
+// eventually polls cond every 200 ms until it holds, failing the test when timeout passes.
 func (p *upProcess) eventually(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, seen := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: last seen %s\nup's output:\n%s", what, seen, p.output.String())
-		}
-		time.Sleep(200 * time.Millisecond) // polling kubectl, bounded by the deadline
+	var seen string
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		var ok bool
+		ok, seen = cond()
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s: %v; last seen %s\nup's output:\n%s", what, err, seen, p.output.String())
 	}
 }
 

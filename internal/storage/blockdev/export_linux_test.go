@@ -274,13 +274,16 @@ func TestCloseWhileOpen(t *testing.T) {
 
 const helperEnv = "CRDIPC_BLOCKDEV_HELPER_DIR"
 
-// TestHelperExportProcess is not a test: TestCleanupStaleExport runs the test binary with
-// it as a process that exports and then gets killed.
-func TestHelperExportProcess(t *testing.T) {
-	dir := os.Getenv(helperEnv)
-	if dir == "" {
-		t.Skip("helper process for TestCleanupStaleExport")
+// TestMain runs the test binary as the helper process of TestCleanupStaleExport when
+// helperEnv names a directory: it exports there and serves until it is killed.
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(helperEnv); dir != "" {
+		exportUntilKilled(dir)
 	}
+	os.Exit(m.Run())
+}
+
+func exportUntilKilled(dir string) {
 	e, err := Export(context.Background(), &memDevice{buf: make([]byte, 4<<20)}, dir, Options{Logger: quietLogger()})
 	if err != nil {
 		fmt.Println("ERROR", err)
@@ -302,7 +305,7 @@ func TestCleanupStaleExport(t *testing.T) {
 
 func testCleanupStaleExport(t *testing.T, withFS bool) {
 	dir := filepath.Join(t.TempDir(), "export")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperExportProcess$", "-test.count=1")
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), helperEnv+"="+dir)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // gate is a testBeforeApply hook that holds every chunk until opened, or until its copier's
@@ -373,19 +375,11 @@ func TestRebuildFailsWhenSourceChanges(t *testing.T) {
 		waitClosed(t, ge.held, "the copy to reach its first chunk")
 		writer.Close()
 		probe := e.dial(t).Replica("ns/r")
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		if err := wait.PollUntilContextTimeout(ctx, time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
 			in, err := probe.Info(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !in.Session {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the writer's session did not end with its connection")
-			}
-			time.Sleep(time.Millisecond) // polling the server, with a deadline
+			return err == nil && !in.Session, err
+		}); err != nil {
+			t.Fatalf("the writer's session did not end with its connection: %v", err)
 		}
 		ge.open()
 		g.open()

@@ -247,9 +247,6 @@ func TestRebuildSourceGoesAway(t *testing.T) {
 }
 
 func TestRebuildThroughput(t *testing.T) {
-	if testing.Short() {
-		t.Skip("copies 256 MiB")
-	}
 	size := int64(512 << 20)
 	if raceEnabled {
 		size = 64 << 20

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/crdipc/crdipc/internal/storage/replica"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // TestStorageDataKillLoop is the storage kill loop on the data path: three real replica
@@ -38,9 +39,6 @@ import (
 //
 // The seed fixes the chaos actions and the written data, not the timing.
 func TestStorageDataKillLoop(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts replica servers")
-	}
 	trials := 3
 	if v := os.Getenv("STORAGE_DATA_KILL_TRIALS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -357,16 +355,15 @@ func (kt *killTrial) readBack(e *Engine, rng *rand.Rand, base int64) {
 // impossible for a while, e.g. right after a crash).
 func (kt *killTrial) waitAcks(n int64, limit time.Duration) {
 	want := kt.acks.Load() + n
-	deadline := time.Now().Add(limit)
-	for kt.acks.Load() < want && time.Now().Before(deadline) {
-		time.Sleep(2 * time.Millisecond) // polling a counter, within a deadline
-	}
+	_ = wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, limit, true, func(context.Context) (bool, error) {
+		return kt.acks.Load() >= want, nil
+	})
 }
 
-// pause lets the writers run for a random moment before the next chaos step. It orders
-// nothing; it only varies where the steps land.
+// pause lets the writers acknowledge a random number of writes (or try for a moment, when
+// they cannot) before the next chaos step. It orders nothing; it varies where steps land.
 func (kt *killTrial) pause() {
-	time.Sleep(time.Duration(kt.rng.IntN(40)) * time.Millisecond)
+	kt.waitAcks(int64(kt.rng.IntN(40)), 40*time.Millisecond)
 }
 
 // newEngine starts an engine on the three replicas. It retries while New finds fewer than
@@ -374,23 +371,27 @@ func (kt *killTrial) pause() {
 // may still be finishing.
 func (kt *killTrial) newEngine() *Engine {
 	kt.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		e, err := New(context.Background(), Options{
+	var (
+		e    *Engine
+		last error
+	)
+	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		e, last = New(context.Background(), Options{
 			Members:           kt.c.members,
 			ConsistencyFactor: 2,
 			IOTimeout:         5 * time.Second,
 			RejoinInterval:    20 * time.Millisecond,
 		})
-		if err == nil {
-			kt.t.Cleanup(func() { _ = e.Close() })
-			return e
+		if errors.Is(last, ErrNoQuorum) {
+			return false, nil // copiers may still be finishing
 		}
-		if !errors.Is(err, ErrNoQuorum) || time.Now().After(deadline) {
-			kt.t.Fatalf("starting an engine: %v; replicas: %s", err, kt.describe())
-		}
-		time.Sleep(20 * time.Millisecond) // polling the replicas through New, within a deadline
+		return last == nil, last
+	})
+	if err != nil {
+		kt.t.Fatalf("starting an engine: %v (last: %v); replicas: %s", err, last, kt.describe())
 	}
+	kt.t.Cleanup(func() { _ = e.Close() })
+	return e
 }
 
 // info asks server i directly for its replica's state.
@@ -681,9 +682,6 @@ func allHealthy(st map[string]Status) bool {
 // acknowledged write, so a new engine must start from it rather than wait for a quorum of
 // complete replicas that can never come.
 func TestCrashDuringRebuildsThenNodesRestart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts replica servers")
-	}
 	c := newCluster(t, func(o *replica.ServerOptions) {
 		o.RebuildChunk = 4 << 10 // a slow copy: the restarts below land in the middle of it
 		o.RebuildParallel = 1
@@ -707,22 +705,15 @@ func TestCrashDuringRebuildsThenNodesRestart(t *testing.T) {
 		}
 	}
 	// The engine starts its rebuilds in the background: kill it once both copies run.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	until(t, "both copies running", 10*time.Second, func() (bool, string) {
 		copying := 0
 		for _, info := range c.infos(t) {
 			if info.Rebuilding && info.RebuildDone < info.RebuildTotal {
 				copying++
 			}
 		}
-		if copying == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d copies running 10 s after the engine started, want 2", copying)
-		}
-		time.Sleep(time.Millisecond) // polling the servers, with a deadline
-	}
+		return copying == 2, fmt.Sprintf("%d copies running", copying)
+	})
 	kill(c.e)
 	for _, n := range c.nodes {
 		n.stop()
@@ -759,9 +750,6 @@ func TestCrashDuringRebuildsThenNodesRestart(t *testing.T) {
 // the two others rebuild from it; the source's node restarts (the copiers fail). No replica
 // is healthy and only one is complete: the engine must take it back as the source.
 func TestSourceRestartsWhileTheOthersRebuild(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts replica servers")
-	}
 	c := newCluster(t, func(o *replica.ServerOptions) {
 		o.RebuildChunk = 4 << 10
 		o.RebuildParallel = 1
@@ -806,9 +794,6 @@ func TestSourceRestartsWhileTheOthersRebuild(t *testing.T) {
 // restarts): the data stays, and an older revision would let a replica that missed it look
 // at least as fresh at the next start.
 func TestRevisionOutlivesTargetCrashAndServerRestart(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts replica servers")
-	}
 	c := newCluster(t)
 	c.startEngine()
 	c.h.waitAllHealthy()
@@ -821,28 +806,19 @@ func TestRevisionOutlivesTargetCrashAndServerRestart(t *testing.T) {
 	want := c.e.rev
 	c.e.mu.Unlock()
 	kill(c.e)
+	infos := c.infos(t)
+	until(t, "the dead target's sessions gone", 10*time.Second, func() (bool, string) {
+		infos = c.infos(t)
+		for _, info := range infos {
+			if info.Session {
+				return false, fmt.Sprintf("%+v", infos)
+			}
+		}
+		return true, ""
+	})
 	for i, n := range c.nodes {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			conn, err := replica.Dial(context.Background(), n.addr, c.client)
-			if err != nil {
-				t.Fatal(err)
-			}
-			info, err := conn.Replica(c.ids[i]).Info(context.Background())
-			conn.Close()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !info.Session { // the dead target's connection is gone
-				if info.Revision != want {
-					t.Errorf("%s at revision %d after its writer died, want %d", c.ids[i], info.Revision, want)
-				}
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: writer session still open 10 s after the target was killed", c.ids[i])
-			}
-			time.Sleep(10 * time.Millisecond) // polling the server's state, with a deadline
+		if infos[i].Revision != want {
+			t.Errorf("%s at revision %d after its writer died, want %d", c.ids[i], infos[i].Revision, want)
 		}
 		n.stop()
 		n.start()

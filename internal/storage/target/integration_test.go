@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/crdipc/crdipc/internal/storage/replica"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 const itSize = 4 << 20
@@ -264,9 +265,6 @@ func (c *cluster) checkFiles() {
 }
 
 func TestIntegrationReplicasOverTLS(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts replica servers")
-	}
 	c := newCluster(t)
 	c.startEngine()
 	c.h.waitAllHealthy()
@@ -343,21 +341,15 @@ func TestIntegrationReplicasOverTLS(t *testing.T) {
 	// writes it had read) a moment later: the snapshot is taken once no session is left,
 	// as the next target's Open would find it.
 	var infos []replica.Info
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	until(t, "no writer session left after the target was killed", 10*time.Second, func() (bool, string) {
 		infos = c.infos(t)
-		open := false
 		for _, info := range infos {
-			open = open || info.Session
+			if info.Session {
+				return false, fmt.Sprintf("%+v", infos)
+			}
 		}
-		if !open {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("writer sessions still open 10 s after the target was killed: %+v", infos)
-		}
-		time.Sleep(10 * time.Millisecond) // polling the servers' state, with a deadline
-	}
+		return true, ""
+	})
 	src, ok := replica.ChooseSource(infos)
 	if !ok {
 		t.Fatalf("no source among %+v", infos)
@@ -414,4 +406,19 @@ func (c *cluster) infos(t *testing.T) []replica.Info {
 		infos = append(infos, info)
 	}
 	return infos
+}
+
+// until polls cond until it holds, failing the test with what cond last described when
+// timeout passes.
+func until(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		ok, desc := cond()
+		last = desc
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s: %v; last seen: %s", what, err, last)
+	}
 }
