@@ -7,10 +7,10 @@ import (
 	"os/exec"
 	goruntime "runtime"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 
+	"github.com/crdipc/crdipc/internal/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -153,18 +153,13 @@ func mountNamespaces() error {
 // mountsUnder are the mount points at or below dir in this process's mount table, deepest
 // first.
 func mountsUnder(dir string) []string {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	entries, err := mountinfo.Read(mountinfo.Self)
 	if err != nil {
 		return nil
 	}
 	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		p := unescapeMountPath(f[4])
-		if p == dir || strings.HasPrefix(p, dir+"/") {
+	for _, e := range entries {
+		if p := e.MountPoint; p == dir || strings.HasPrefix(p, dir+"/") {
 			out = append(out, p)
 		}
 	}
@@ -188,23 +183,4 @@ func unmountDetach(path string) error {
 		return fmt.Errorf("unmounting %s: %w", path, err)
 	}
 	return nil
-}
-
-// unescapeMountPath undoes the mount table's octal escapes (space, tab, newline, backslash).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -268,7 +268,7 @@ func assertUnmounted(t *testing.T, volume, podRoot, targets string) {
 	t.Helper()
 	until(t, "volume "+volume+" unpublished and unstaged", 30*time.Second, func(context.Context) (bool, string, error) {
 		lines := append(mountLines(t, podRoot), mountLines(t, targets)...)
-		loops := loopDevicesUnder(t, targets)
+		loops := testenv.LoopDevices(t, func(f string) bool { return strings.HasPrefix(f, targets+"/") })
 		return len(lines) == 0 && len(loops) == 0, fmt.Sprintf("mounts %v, loop devices %v", lines, loops), nil
 	})
 }
@@ -288,23 +288,6 @@ func mountLines(t *testing.T, path string) []string {
 		}
 	}
 	return out
-}
-
-// loopDevicesUnder are the loop devices whose backing file lies under dir.
-func loopDevicesUnder(t *testing.T, dir string) []string {
-	t.Helper()
-	backing, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var devs []string
-	for _, b := range backing {
-		data, err := os.ReadFile(b)
-		if err == nil && strings.HasPrefix(strings.TrimSpace(string(data)), dir+"/") {
-			devs = append(devs, b)
-		}
-	}
-	return devs
 }
 
 func podLog(pod *corev1.Pod, root string) string {

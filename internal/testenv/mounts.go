@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
@@ -36,4 +38,25 @@ func SHA256File(t testing.TB, path string) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// LoopDevices are the loop devices (/dev/loopN) whose backing file satisfies match, read
+// from sysfs as `losetup -l` does.
+func LoopDevices(t testing.TB, match func(backingFile string) bool) []string {
+	t.Helper()
+	backing, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var devs []string
+	for _, b := range backing {
+		data, err := os.ReadFile(b)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		if match(strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)")) {
+			devs = append(devs, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(b))))
+		}
+	}
+	return devs
 }

@@ -3,15 +3,11 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"sync"
 	"testing"
@@ -69,7 +65,7 @@ func TestConsole(t *testing.T) {
 	})()`)
 
 	delivery := "0f6a4a2e-5c1d-4e7b-9f0e-3b8c2d1a9e57"
-	sendDelivery(t, up, dataDir, delivery)
+	newWebhookSender(t, up, dataDir).send(t, "pull_request", "pull_request-opened.json", delivery, http.StatusOK)
 	page.waitFor(t, "the webhook delivery", 30*time.Second,
 		fmt.Sprintf(`document.querySelector('[data-delivery=%q]')?.textContent.includes('PullRequestOpened') ?? false`, delivery))
 
@@ -175,41 +171,6 @@ func (p *browserPage) waitFor(t *testing.T, what string, timeout time.Duration, 
 		t.Fatalf("waiting %v for the console to show %s: %v\npage text:\n%s", time.Since(start).Round(time.Millisecond), what, err, text)
 	}
 	t.Logf("console shows %s after %v", what, time.Since(start).Round(time.Millisecond))
-}
-
-// sendDelivery posts a signed pull_request delivery to up's webhook listener.
-func sendDelivery(t *testing.T, up *upProcess, dataDir, delivery string) {
-	t.Helper()
-	m := regexp.MustCompile(`webhook\s+(http://\S+/webhook)`).FindStringSubmatch(up.output.String())
-	if m == nil {
-		t.Fatalf("up did not print the webhook address:\n%s", up.output.String())
-	}
-	secret, err := os.ReadFile(filepath.Join(dataDir, "webhook-secret"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := os.ReadFile("../../internal/scm/webhook/testdata/pull_request-opened.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mac := hmac.New(sha256.New, bytes.TrimSpace(secret))
-	mac.Write(body)
-	req, err := http.NewRequest(http.MethodPost, m[1], bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-GitHub-Event", "pull_request")
-	req.Header.Set("X-GitHub-Delivery", delivery)
-	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(mac.Sum(nil)))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("webhook delivery answered %d", resp.StatusCode)
-	}
 }
 
 // syncBuffer collects the browser's output, written from chromedp's goroutines.

@@ -1,19 +1,13 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -62,11 +56,7 @@ func TestGrafanaDashboard(t *testing.T) {
 	} else {
 		targets[grafanaServicesJob] = servicesAddr[1]
 	}
-	secret, err := os.ReadFile(filepath.Join(dataDir, "webhook-secret"))
-	if err != nil {
-		t.Fatalf("up did not write the webhook secret: %v", err)
-	}
-	hook := grafanaWebhook{url: webhookURL[1], secret: bytes.TrimSpace(secret)}
+	hook := newWebhookSender(t, up, dataDir)
 
 	prom := testenv.StartPrometheus(t, targets)
 	want := float64(len(targets))
@@ -293,69 +283,5 @@ func grafanaWaitFor(t *testing.T, prom *testenv.Prometheus, timeout time.Duratio
 			fmt.Fprintf(&b, "\n  %s = %s, want %v", q, got[q], w)
 		}
 		t.Fatalf("%s: not within %v:%s", what, timeout, b.String())
-	}
-}
-
-// grafanaWebhook sends deliveries to up's listener, as GitHub does.
-type grafanaWebhook struct {
-	url    string
-	secret []byte
-}
-
-// send posts testdata fixture as event with delivery id, signed, and checks the status.
-func (h grafanaWebhook) send(t *testing.T, event, fixture, delivery string, status int) {
-	t.Helper()
-	body, err := os.ReadFile(filepath.Join("../../internal/scm/webhook/testdata", fixture))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mac := hmac.New(sha256.New, h.secret)
-	mac.Write(body)
-	h.post(t, event, delivery, body, "sha256="+hex.EncodeToString(mac.Sum(nil)), status)
-}
-
-// forged posts a delivery signed with another secret: refused, 401.
-func (h grafanaWebhook) forged(t *testing.T, delivery string) {
-	t.Helper()
-	body := []byte(`{"zen":"forged"}`)
-	mac := hmac.New(sha256.New, []byte("not the secret"))
-	mac.Write(body)
-	h.post(t, "ping", delivery, body, "sha256="+hex.EncodeToString(mac.Sum(nil)), http.StatusUnauthorized)
-}
-
-func (h grafanaWebhook) post(t *testing.T, event, delivery string, body []byte, signature string, status int) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, h.url, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-GitHub-Event", event)
-	req.Header.Set("X-GitHub-Delivery", delivery)
-	req.Header.Set("X-Hub-Signature-256", signature)
-	h.do(t, req, status)
-}
-
-// get sends a GET: refused, 405.
-func (h grafanaWebhook) get(t *testing.T, status int) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, h.url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.do(t, req, status)
-}
-
-func (h grafanaWebhook) do(t *testing.T, req *http.Request, status int) {
-	t.Helper()
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != status {
-		t.Fatalf("%s %s (%s, delivery %q) answered %d, want %d: %s", req.Method, req.URL,
-			req.Header.Get("X-GitHub-Event"), req.Header.Get("X-GitHub-Delivery"), resp.StatusCode, status, b)
 	}
 }

@@ -1,14 +1,8 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"net/http"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -29,36 +23,9 @@ func TestSCMPipeline(t *testing.T) {
 	if webhookURL == nil || metricsURL == nil {
 		t.Fatalf("up did not print the webhook and metrics addresses:\n%s", up.output.String())
 	}
-	secret, err := os.ReadFile(filepath.Join(dataDir, "webhook-secret"))
-	if err != nil {
-		t.Fatalf("up did not write the webhook secret: %v", err)
-	}
-	body, err := os.ReadFile("../../internal/scm/webhook/testdata/pull_request-opened.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	send := func(delivery string) int {
-		mac := hmac.New(sha256.New, bytes.TrimSpace(secret))
-		mac.Write(body)
-		req, err := http.NewRequest(http.MethodPost, webhookURL[1], bytes.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-GitHub-Event", "pull_request")
-		req.Header.Set("X-GitHub-Delivery", delivery)
-		req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(mac.Sum(nil)))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	for range 3 { // a delivery and two redeliveries
-		if code := send("72d3162e-cc78-11e3-81ab-4c9367dc0958"); code/100 != 2 {
-			t.Fatalf("delivery answered %d", code)
-		}
+	hook := newWebhookSender(t, up, dataDir)
+	for range 3 { // a delivery and two redeliveries: 2xx each
+		hook.send(t, "pull_request", "pull_request-opened.json", "72d3162e-cc78-11e3-81ab-4c9367dc0958", http.StatusOK)
 	}
 	if prs := strings.Fields(up.kubectl(t, "get", "pullrequests", "-o", "name")); len(prs) != 1 {
 		t.Fatalf("pull requests after one delivery and two redeliveries: %v", prs)

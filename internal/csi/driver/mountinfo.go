@@ -4,12 +4,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
+
+	"github.com/crdipc/crdipc/internal/mountinfo"
 )
 
 // mountInfoPath is this process's mount table.
-const mountInfoPath = "/proc/self/mountinfo"
+const mountInfoPath = mountinfo.Self
 
 // mountEntry is one line of the mount table.
 type mountEntry struct {
@@ -44,60 +45,19 @@ func mountAt(path string) (mountEntry, bool, error) {
 	return found, ok, nil
 }
 
-// parseMountInfo parses one line of /proc/self/mountinfo:
-//
-//	36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
-//
-// that is id, parent id, major:minor, root, mount point, per-mount options, optional fields
-// up to "-", then file system type, source and super block options.
+// parseMountInfo parses one line of the mount table (package mountinfo).
 func parseMountInfo(line string) (mountEntry, bool) {
-	f := strings.Fields(line)
-	if len(f) < 6 {
+	e, ok := mountinfo.Parse(line)
+	if !ok {
 		return mountEntry{}, false
 	}
-	m := mountEntry{dev: f[2], root: unescapeMountPath(f[3]), point: unescapeMountPath(f[4])}
-	for _, o := range strings.Split(f[5], ",") {
-		if o == "ro" {
-			m.readonly = true
-		}
-	}
-	for i := 6; i < len(f); i++ {
-		if f[i] == "-" {
-			if i+1 < len(f) {
-				m.fstype = f[i+1]
-			}
-			if i+2 < len(f) {
-				m.source = unescapeMountPath(f[i+2])
-			}
-			break
-		}
-	}
-	return m, true
+	return mountEntry{dev: e.Dev, root: e.Root, point: e.MountPoint, readonly: e.ReadOnly, fstype: e.FSType, source: e.Source}, true
 }
 
 // isMountPoint reports whether path is a mount point; an unreadable table counts as no.
 func isMountPoint(path string) bool {
 	_, ok, err := mountAt(path)
 	return ok && err == nil
-}
-
-// unescapeMountPath undoes the table's octal escapes of space, tab, newline and backslash.
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // loopBackingFile is the file behind the loop device dev (such as /dev/loop3), or "" when dev

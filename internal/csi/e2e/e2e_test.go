@@ -705,7 +705,7 @@ func (w *world) testStageFormatOnce(t *testing.T) {
 			t.Fatalf("mount table after NodeUnstageVolume still holds ours:\n%s", strings.Join(lines, "\n"))
 		}
 		w.eventually(t, "the loop device released", 10*time.Second, func(context.Context) (bool, string, error) {
-			devs := loopDevicesOf(t, volumeFile)
+			devs := testenv.LoopDevices(t, func(f string) bool { return f == volumeFile })
 			return len(devs) == 0, fmt.Sprintf("%v still back %s", devs, volumeFile), nil
 		})
 		// Unstaged cleanly: every replica holds the same bytes.
@@ -726,7 +726,7 @@ func (w *world) testStageFormatOnce(t *testing.T) {
 	}
 	// The volume's target presents it as a FUSE file under the driver's target directory,
 	// loop-attached and mounted on the staging path.
-	if devs := loopDevicesOf(t, volumeFile); len(devs) != 1 || !mountedFrom(t, staging, devs[0]) {
+	if devs := testenv.LoopDevices(t, func(f string) bool { return f == volumeFile }); len(devs) != 1 || !mountedFrom(t, staging, devs[0]) {
 		t.Fatalf("staging path %s is not the mount of the loop device of %s: loop devices %v", staging, volumeFile, devs)
 	}
 	uuid := blkid(t, replica, "UUID")
@@ -811,26 +811,6 @@ func mountedFrom(t *testing.T, path, source string) bool {
 		}
 	}
 	return false
-}
-
-// loopDevicesOf are the loop devices bound to file, as `losetup -j file` lists them.
-func loopDevicesOf(t *testing.T, file string) []string {
-	t.Helper()
-	backing, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var devs []string
-	for _, b := range backing {
-		data, err := os.ReadFile(b)
-		if err != nil {
-			continue // detached meanwhile
-		}
-		if strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)") == file {
-			devs = append(devs, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(b))))
-		}
-	}
-	return devs
 }
 
 // blkid returns the value of tag (TYPE, UUID) of the file system in file, "" for none.

@@ -7,11 +7,12 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/crdipc/crdipc/internal/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
 // mountInfoPath is read for the mount table; a variable so tests can feed a fixture.
-var mountInfoPath = "/proc/self/mountinfo"
+var mountInfoPath = mountinfo.Self
 
 type mount struct {
 	dev        uint64 // st_dev of the mounted file system
@@ -42,22 +43,13 @@ func mountsAt(dir string) ([]mount, error) {
 	return out, nil
 }
 
-// parseMountInfo parses one line of /proc/<pid>/mountinfo (proc(5)):
-//
-//	36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
+// parseMountInfo parses one line of the mount table (package mountinfo).
 func parseMountInfo(line string) (mount, bool) {
-	fields := strings.Fields(line)
-	sep := -1
-	for i, f := range fields {
-		if f == "-" && i >= 6 {
-			sep = i
-			break
-		}
-	}
-	if sep < 0 || sep+1 >= len(fields) {
+	e, ok := mountinfo.Parse(line)
+	if !ok {
 		return mount{}, false
 	}
-	major, minor, ok := strings.Cut(fields[2], ":")
+	major, minor, ok := strings.Cut(e.Dev, ":")
 	if !ok {
 		return mount{}, false
 	}
@@ -66,30 +58,7 @@ func parseMountInfo(line string) (mount, bool) {
 	if err1 != nil || err2 != nil {
 		return mount{}, false
 	}
-	return mount{
-		dev:        unix.Mkdev(uint32(ma), uint32(mi)),
-		mountPoint: unescapeOctal(fields[4]),
-		fsType:     fields[sep+1],
-	}, true
-}
-
-// unescapeOctal undoes the kernel's \ooo escaping of space, tab, newline and backslash.
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return mount{dev: unix.Mkdev(uint32(ma), uint32(mi)), mountPoint: e.MountPoint, fsType: e.FSType}, true
 }
 
 func isFUSE(m mount) bool {
