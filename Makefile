@@ -18,6 +18,8 @@ generate: ## Regenerate deepcopy functions and CRD manifests from api/.
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-pool-agent paths=./internal/storage/agent/... output:rbac:artifacts:config=config/rbac/pool-agent
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-csi-driver paths=./internal/csi/driver/... output:rbac:artifacts:config=config/rbac/csi-driver
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-csi-sidecar paths=./internal/csi/sidecar/... output:rbac:artifacts:config=config/rbac/csi-sidecar
+	$(CONTROLLER_GEN) rbac:roleName=crdipc-webhook-listener paths=./internal/scm/webhook/... output:rbac:artifacts:config=config/rbac/webhook-listener
+	$(CONTROLLER_GEN) rbac:roleName=crdipc-metrics-agent paths=./internal/scm/metricsagent/... output:rbac:artifacts:config=config/rbac/metrics-agent
 
 .PHONY: verify
 verify: generate ## Fail if generated files are stale or untracked, code is unformatted, or vet complains.

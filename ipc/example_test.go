@@ -2,126 +2,101 @@ package ipc_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"sync"
+	"log"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crdipc/crdipc/api/conditions"
 	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
-	"github.com/crdipc/crdipc/internal/scheme"
-	"github.com/crdipc/crdipc/internal/testenv"
 	"github.com/crdipc/crdipc/ipc"
 )
 
-// exampleNamespace gives each example its own namespace on the package's
-// embedded API server.
-func exampleNamespace(ctx context.Context) string {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "example-"}}
-	if err := testenv.Current().Client.Create(ctx, ns); err != nil {
-		panic(err)
-	}
-	return ns.Name
+// The examples are programs to copy: they use only ipc, the API types and controller-runtime,
+// and talk to the cluster in KUBECONFIG (`crdipc up` prints one to export). They need a
+// running API server, so they are compiled but not run; call_test.go runs the same flows
+// against the embedded control plane.
+
+// exampleScheme knows the request kind and the built-in kinds a receiver writes (Events,
+// Leases).
+func exampleScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(libraryv1alpha1.AddToScheme(s))
+	return s
 }
 
-var receiverOnce sync.Once
-
-// startBookReceiver runs a receiver as a service would: a manager with one
-// handler. The examples share it; it stops with the test binary.
-func startBookReceiver() {
-	receiverOnce.Do(runBookReceiver)
-}
-
-func runBookReceiver() {
-	env := testenv.Current()
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 scheme.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-	})
+// A receiver is a handler for one kind, registered on a controller-runtime manager. ipc
+// does the rest: finalizer, observedGeneration, the Ready condition, an Event per outcome,
+// metrics, retries with backoff, and the Lease that ReceiverReady reads. This is a
+// receiver's whole main; it serves until interrupted.
+func ExampleRegister() {
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{Scheme: exampleScheme()})
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	err = ipc.Register(mgr, &libraryv1alpha1.Book{}, ipc.HandlerFunc[*libraryv1alpha1.Book](
 		func(ctx context.Context, b *libraryv1alpha1.Book) (ipc.Result, error) {
-			if b.Spec.Author == "" {
-				return ipc.Result{}, ipc.InvalidSpec("a book needs an author")
+			if b.Spec.ISBN == "" {
+				// Terminal: no retry until the spec changes; the sender gets a *TerminalError.
+				return ipc.Result{}, ipc.InvalidSpec("this library catalogues books with an ISBN only")
 			}
 			return ipc.Done(fmt.Sprintf("catalogued %q", b.Spec.Title)), nil
-		}), ipc.Options{Name: "example-book"})
+		}), ipc.Options{})
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
-	go func() { _ = mgr.Start(context.Background()) }()
+	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+		log.Fatal(err)
+	}
 }
 
-// A receiver is a handler for one kind, registered on a controller-runtime
-// manager; ipc writes observedGeneration, the Ready condition and an Event.
-// A sender sends with Call and gets the reply in the object's status.
-func ExampleRegister() {
-	startBookReceiver()
-
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	book := &libraryv1alpha1.Book{
-		ObjectMeta: metav1.ObjectMeta{Namespace: exampleNamespace(ctx), Name: "dune"},
-		Spec:       libraryv1alpha1.BookSpec{Title: "Dune", Author: "Frank Herbert"},
-	}
-	if err := ipc.Call(ctx, testenv.Current().Client, book, ipc.Ready); err != nil {
-		fmt.Println("call failed:", err)
-		return
-	}
-	ready := meta.FindStatusCondition(book.Status.Conditions, conditions.TypeReady)
-	fmt.Println(ready.Status, ready.Reason, ready.Message)
-	// Output: True Succeeded catalogued "Dune"
-}
-
-// Call creates the request and waits for the reply; Ready=False with a
-// terminal reason comes back as a *TerminalError.
+// Call sends a request and waits for the reply in its status. With server-side apply,
+// calling again with the same object is idempotent: same object, same reply.
 func ExampleCall() {
-	startBookReceiver()
-
+	c, err := client.NewWithWatch(ctrl.GetConfigOrDie(), client.Options{Scheme: exampleScheme()})
+	if err != nil {
+		log.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	env := testenv.Current()
 	book := &libraryv1alpha1.Book{
-		ObjectMeta: metav1.ObjectMeta{Namespace: exampleNamespace(ctx), Name: "emma"},
-		Spec:       libraryv1alpha1.BookSpec{Title: "Emma", Author: "Jane Austen"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "emma"},
+		Spec:       libraryv1alpha1.BookSpec{Title: "Emma", Author: "Jane Austen", ISBN: "978-0-14-143958-7"},
 	}
-	err := ipc.Call(ctx, env.Client, book, ipc.Ready, ipc.WithServerSideApply("example"))
-	fmt.Println("first call:", err)
-	// Applying the same request again is idempotent: same object, same reply.
-	err = ipc.Call(ctx, env.Client, book, ipc.Ready, ipc.WithServerSideApply("example"))
-	fmt.Println("second call:", err, "generation", book.Generation)
-	// Output:
-	// first call: <nil>
-	// second call: <nil> generation 1
+	err = ipc.Call(ctx, c, book, ipc.Ready, ipc.WithServerSideApply("example-sender"))
+	var refused *ipc.TerminalError
+	switch {
+	case errors.As(err, &refused):
+		fmt.Println("refused:", refused.Reason, refused.Message)
+	case err != nil:
+		log.Fatal(err) // no reply before ctx ended, or the request could not be written
+	default:
+		ready := meta.FindStatusCondition(book.Status.Conditions, conditions.TypeReady)
+		fmt.Println(ready.Reason, ready.Message)
+	}
 }
 
-// Await waits for an object someone else created: here the sender only
-// knows its name. The wait ends only on a status written for the object's
-// current generation.
+// Await waits for a request someone else sent: here the sender knows only its name. The
+// wait ends only on a status written for the object's current generation.
 func ExampleAwait() {
-	startBookReceiver()
-
+	c, err := client.NewWithWatch(ctrl.GetConfigOrDie(), client.Options{Scheme: exampleScheme()})
+	if err != nil {
+		log.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	env := testenv.Current()
-	ns := exampleNamespace(ctx)
-	if err := env.Client.Create(ctx, &libraryv1alpha1.Book{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ulysses"},
-		Spec:       libraryv1alpha1.BookSpec{Title: "Ulysses", Author: "James Joyce"},
-	}); err != nil {
-		panic(err)
+	book := &libraryv1alpha1.Book{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ulysses"}}
+	if err := ipc.Await(ctx, c, book, ipc.Ready); err != nil {
+		log.Fatal(err)
 	}
-
-	book := &libraryv1alpha1.Book{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ulysses"}}
-	err := ipc.Await(ctx, env.Client, book, ipc.Ready)
-	fmt.Println(err, book.Status.ObservedGeneration == book.Generation)
-	// Output: <nil> true
+	fmt.Println("done at generation", book.Status.ObservedGeneration)
 }

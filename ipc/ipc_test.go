@@ -3,6 +3,7 @@ package ipc_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,7 +14,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -104,6 +104,20 @@ func await(t *testing.T, obj client.Object, timeout time.Duration) error {
 	return ipc.Await(ctx, testenv.Get(t).Client, obj, ipc.Ready)
 }
 
+// gone holds once obj is deleted, and otherwise says what keeps it.
+func gone(t testing.TB, obj client.Object) func(context.Context) (bool, error) {
+	return func(ctx context.Context) (bool, error) {
+		err := testenv.Get(t).Client.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		return false, fmt.Errorf("%s still exists (deletionTimestamp %v, finalizers %v)", obj.GetName(), obj.GetDeletionTimestamp(), obj.GetFinalizers())
+	}
+}
+
 // writeStatus plays the receiver by hand, so a test controls exactly which
 // generation a status claims to describe.
 func writeStatus(t *testing.T, b *book, observed int64, status metav1.ConditionStatus, reason, msg string) {
@@ -174,12 +188,10 @@ func TestRequestCompletesWhenReceiverStartsLater(t *testing.T) {
 		errc <- ipc.Call(ctx, env.Client, b, ipc.Ready)
 	}()
 	// Only once the request is durably stored does the receiver start.
-	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+	testenv.Eventually(t, 10*time.Second, "the request stored", func(ctx context.Context) (bool, error) {
 		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "early"}, &book{})
-		return err == nil, client.IgnoreNotFound(err)
-	}); err != nil {
-		t.Fatal(err)
-	}
+		return err == nil, err
+	})
 	startReceiver(t, catalogue, ipc.Options{}, managerOptions{})
 	if err := <-errc; err != nil {
 		t.Fatalf("call: %v", err)
@@ -323,12 +335,7 @@ func TestTTLDeletesOnlyFinishedRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	observedReady := time.Now()
-	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(finished), &book{})
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	}); err != nil {
-		t.Fatalf("finished request with a 1 s TTL not deleted: %v", err)
-	}
+	testenv.Eventually(t, 20*time.Second, "finished request with a 1 s TTL deleted", gone(t, finished))
 	if since := time.Since(observedReady); since < time.Second {
 		t.Fatalf("finished request deleted %v after it became Ready, before its 1 s TTL", since)
 	}
@@ -420,11 +427,9 @@ func TestReceiverReadyFollowsHeartbeat(t *testing.T) {
 	ctx := context.Background()
 	gk := libraryv1alpha1.GroupVersion.WithKind("Book").GroupKind()
 	r := startReceiver(t, catalogue, ipc.Options{LeaseDuration: 3 * time.Second}, managerOptions{identity: "hb"})
-	if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+	testenv.Eventually(t, 10*time.Second, "a running receiver ready", func(ctx context.Context) (bool, error) {
 		return ipc.ReceiverReady(ctx, env.Client, gk, "")
-	}); err != nil {
-		t.Fatalf("receiver running but never ready: %v", err)
-	}
+	})
 	r.stop()
 	// A clean stop clears the holder at once: no need to wait for expiry.
 	if ok, err := ipc.ReceiverReady(ctx, env.Client, gk, ""); err != nil || ok {

@@ -2,6 +2,7 @@ package ipc_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -103,12 +103,13 @@ func TestWatchesWakeRequestsAndDeletingWaits(t *testing.T) {
 				return false, err
 			}
 			c := meta.FindStatusCondition(got.Status.Conditions, conditions.TypeReady)
-			return c != nil && c.Reason == reason && c.ObservedGeneration == got.Generation, nil
+			if c == nil || c.Reason != reason || c.ObservedGeneration != got.Generation {
+				return false, fmt.Errorf("Ready %+v at generation %d", c, got.Generation)
+			}
+			return true, nil
 		}
 	}
-	if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, readyReason(conditions.ReasonWaiting)); err != nil {
-		t.Fatalf("book not Waiting: %v", err)
-	}
+	testenv.Eventually(t, 10*time.Second, "book Waiting", readyReason(conditions.ReasonWaiting))
 
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "dune"}, Data: map[string]string{"shelf": "free"}}
 	if err := env.Client.Create(ctx, cm); err != nil {
@@ -123,17 +124,9 @@ func TestWatchesWakeRequestsAndDeletingWaits(t *testing.T) {
 	if err := env.Client.Delete(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, readyReason(conditions.ReasonDeleting)); err != nil {
-		t.Fatalf("deleted book does not report Deleting: %v", err)
-	}
+	testenv.Eventually(t, 10*time.Second, "deleted book reports Deleting", readyReason(conditions.ReasonDeleting))
 	if err := env.Client.Delete(ctx, cm); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(b), &libraryv1alpha1.Book{})
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	})
-	if err != nil {
-		t.Fatalf("book not released once its ConfigMap went: %v", err)
-	}
+	testenv.Eventually(t, 10*time.Second, "book released once its ConfigMap went", gone(t, b))
 }

@@ -24,6 +24,7 @@ import (
 	scmv1alpha1 "github.com/crdipc/crdipc/api/scm/v1alpha1"
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
+	"github.com/crdipc/crdipc/internal/services"
 )
 
 // WebhookOptions size the webhook benchmark.
@@ -94,8 +95,16 @@ func MeasureWebhook(ctx context.Context, cfg *rest.Config, o WebhookOptions) (*W
 		return nil, err
 	}
 	sctx, stop := context.WithCancel(ctx)
+	// The listener as crdipc runs it: its cache synced, then served by services.HTTPServer.
+	if err := l.Start(sctx); err != nil {
+		stop()
+		ln.Close()
+		return nil, err
+	}
 	served := make(chan error, 1)
-	go func() { served <- l.Serve(sctx, ln) }()
+	go func() {
+		served <- (&services.HTTPServer{Name: "webhook listener", Listener: ln, Handler: l.Handler()}).Start(sctx)
+	}()
 	defer func() { stop(); <-served }()
 	url := "http://" + ln.Addr().String() + "/webhook"
 

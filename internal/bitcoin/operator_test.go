@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -27,7 +26,7 @@ import (
 	"github.com/crdipc/crdipc/internal/bitcoin"
 	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
 	"github.com/crdipc/crdipc/internal/podsim"
-	"github.com/crdipc/crdipc/internal/storage/agent"
+	"github.com/crdipc/crdipc/internal/simnode"
 	"github.com/crdipc/crdipc/internal/testenv"
 	"github.com/crdipc/crdipc/ipc"
 )
@@ -54,7 +53,7 @@ func newWorld(t *testing.T) *world {
 	root := t.TempDir()
 	ctx := context.Background()
 	for i := 1; i <= 2; i++ {
-		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("btc-%d", i), Labels: map[string]string{agent.SimulatedLabel: "true"}}}
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("btc-%d", i), Labels: map[string]string{simnode.Label: "true"}}}
 		if err := env.Client.Create(ctx, n); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
@@ -93,28 +92,18 @@ func (w *world) network(name string, nodes int32) *bitcoinv1alpha1.BitcoinNetwor
 	}
 }
 
-func (w *world) eventually(t *testing.T, what string, timeout time.Duration, cond func(ctx context.Context) (bool, string, error)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		ok, state, err := cond(ctx)
-		last = state
-		return ok, err
-	})
-	if err != nil {
-		t.Fatalf("waiting for %s: %v (last: %s)", what, err, last)
-	}
-}
-
 // waitNotReady waits until the network reports Ready=False with a message containing why.
 func (w *world) waitNotReady(t *testing.T, n *bitcoinv1alpha1.BitcoinNetwork, why string) {
 	t.Helper()
-	w.eventually(t, "Ready=False saying "+why, 30*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 30*time.Second, "Ready=False saying "+why, func(ctx context.Context) (bool, error) {
 		if err := w.env.Client.Get(ctx, client.ObjectKeyFromObject(n), n); err != nil {
-			return false, "", err
+			return false, err
 		}
 		c := meta.FindStatusCondition(n.Status.Conditions, conditions.TypeReady)
-		return c != nil && c.Status == metav1.ConditionFalse && strings.Contains(c.Message, why), fmt.Sprintf("%+v", c), nil
+		if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, why) {
+			return false, fmt.Errorf("Ready condition %+v", c)
+		}
+		return true, nil
 	})
 }
 
@@ -193,10 +182,10 @@ func TestNetworkConnectsScalesAndDeletes(t *testing.T) {
 	if err := w.env.Client.Delete(ctx, n); err != nil {
 		t.Fatal(err)
 	}
-	w.eventually(t, "statefulset, service, secret and pods gone", 60*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 60*time.Second, "statefulset, service, secret and pods gone", func(ctx context.Context) (bool, error) {
 		var pods corev1.PodList
 		if err := w.env.Client.List(ctx, &pods, client.InNamespace(w.ns), client.MatchingLabels{bitcoin.NetworkLabel: n.Name}); err != nil {
-			return false, "", err
+			return false, err
 		}
 		left := []string{}
 		for _, o := range []client.Object{&appsv1.StatefulSet{}, &corev1.Service{}} {
@@ -207,7 +196,10 @@ func TestNetworkConnectsScalesAndDeletes(t *testing.T) {
 		if err := w.env.Client.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: bitcoin.SecretName(n)}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
 			left = append(left, "secret")
 		}
-		return len(left) == 0 && len(pods.Items) == 0, fmt.Sprintf("left %v, %d pods", left, len(pods.Items)), nil
+		if len(left) != 0 || len(pods.Items) != 0 {
+			return false, fmt.Errorf("left %v, %d pods", left, len(pods.Items))
+		}
+		return true, nil
 	})
 }
 
@@ -261,9 +253,9 @@ func TestStorageIsAClaimTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sts appsv1.StatefulSet
-	w.eventually(t, "the statefulset", 30*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 30*time.Second, "the statefulset", func(ctx context.Context) (bool, error) {
 		err := w.env.Client.Get(ctx, client.ObjectKeyFromObject(n), &sts)
-		return err == nil, fmt.Sprint(err), client.IgnoreNotFound(err)
+		return err == nil, err
 	})
 	if len(sts.Spec.VolumeClaimTemplates) != 1 {
 		t.Fatalf("claim templates %+v, want one named data", sts.Spec.VolumeClaimTemplates)

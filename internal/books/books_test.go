@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,16 +12,16 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/crdipc/crdipc/api/conditions"
 	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
 	"github.com/crdipc/crdipc/internal/books"
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/metrics"
 	"github.com/crdipc/crdipc/ipc"
 )
 
@@ -70,54 +71,42 @@ func TestBooksWithShippedRBAC(t *testing.T) {
 	// controller's own permissions.
 	for _, b := range []*libraryv1alpha1.Book{good, bad} {
 		sel := fields.OneTermEqualSelector("involvedObject.uid", string(b.UID))
-		if err := wait.PollUntilContextTimeout(callCtx, 20*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		testenv.Eventually(t, 10*time.Second, "one Event for Book "+b.Name, func(ctx context.Context) (bool, error) {
 			var evs corev1.EventList
-			err := env.Client.List(ctx, &evs, client.InNamespace(ns), client.MatchingFieldsSelector{Selector: sel})
-			return err == nil && len(evs.Items) == 1, err
-		}); err != nil {
-			t.Fatalf("Event for Book %s: %v", b.Name, err)
-		}
+			if err := env.Client.List(ctx, &evs, client.InNamespace(ns), client.MatchingFieldsSelector{Selector: sel}); err != nil {
+				return false, err
+			}
+			if len(evs.Items) != 1 {
+				return false, fmt.Errorf("%d Events", len(evs.Items))
+			}
+			return true, nil
+		})
 	}
 
 	// The receiver's metrics, read from the registry the manager serves. The receiver counts
 	// a request once its status is written, so the count may trail the reply a little.
-	want := map[string]float64{
-		`crdipc_requests_total{kind=Book,result=succeeded,}`: 1,
-		`crdipc_requests_total{kind=Book,result=failed,}`:    1,
-		`crdipc_request_duration_seconds_count{kind=Book,}`:  1,
-		`crdipc_requests_in_flight{kind=Book,}`:              0,
+	book := map[string]string{"kind": "Book"}
+	want := []struct {
+		name   string
+		labels map[string]string
+		value  float64
+	}{
+		{"crdipc_requests_total", map[string]string{"kind": "Book", "result": "succeeded"}, 1},
+		{"crdipc_requests_total", map[string]string{"kind": "Book", "result": "failed"}, 1},
+		{"crdipc_request_duration_seconds_count", book, 1},
+		{"crdipc_requests_in_flight", book, 0},
 	}
-	var wrong []string
-	if err := wait.PollUntilContextTimeout(callCtx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		families, err := metrics.Registry.Gather()
-		if err != nil {
-			return false, err
-		}
-		got := map[string]float64{}
-		for _, f := range families {
-			for _, m := range f.GetMetric() {
-				labels := ""
-				for _, l := range m.GetLabel() {
-					labels += l.GetName() + "=" + l.GetValue() + ","
-				}
-				switch {
-				case m.GetCounter() != nil:
-					got[f.GetName()+"{"+labels+"}"] = m.GetCounter().GetValue()
-				case m.GetGauge() != nil:
-					got[f.GetName()+"{"+labels+"}"] = m.GetGauge().GetValue()
-				case m.GetHistogram() != nil:
-					got[f.GetName()+"_count{"+labels+"}"] = float64(m.GetHistogram().GetSampleCount())
-				}
+	testenv.Eventually(t, 10*time.Second, "receiver metrics", func(context.Context) (bool, error) {
+		mfs := metrics.Gather(t, crmetrics.Registry)
+		var wrong []string
+		for _, w := range want {
+			if v, ok := mfs.Sample(w.name, w.labels); !ok || v != w.value {
+				wrong = append(wrong, fmt.Sprintf("%s%v = %v (present %v), want %v", w.name, w.labels, v, ok, w.value))
 			}
 		}
-		wrong = wrong[:0]
-		for name, w := range want {
-			if v, ok := got[name]; !ok || v != w {
-				wrong = append(wrong, fmt.Sprintf("%s = %v (present %v), want %v", name, v, ok, w))
-			}
+		if len(wrong) > 0 {
+			return false, errors.New(strings.Join(wrong, "; "))
 		}
-		return len(wrong) == 0, nil
-	}); err != nil {
-		t.Fatalf("receiver metrics: %v: %v", err, wrong)
-	}
+		return true, nil
+	})
 }

@@ -19,7 +19,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/bench"
 	"github.com/crdipc/crdipc/internal/controlplane"
-	"github.com/crdipc/crdipc/internal/install"
+	"github.com/crdipc/crdipc/internal/services"
 )
 
 func newBenchCommand() *cobra.Command {
@@ -62,7 +62,7 @@ func (b *benchTarget) cluster(ctx context.Context, out io.Writer) (*rest.Config,
 	b.logLevel = uberzap.NewAtomicLevelAt(zapcore.ErrorLevel)
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(b.logLevel)))
 	if b.kubeconfig != "" {
-		cfg, err := restConfig(b.kubeconfig)
+		cfg, err := (&services.ClusterFlags{Kubeconfig: b.kubeconfig}).Config()
 		return cfg, func() {}, err
 	}
 	dir, err := os.MkdirTemp("", "crdipc-bench-")
@@ -70,7 +70,7 @@ func (b *benchTarget) cluster(ctx context.Context, out io.Writer) (*rest.Config,
 		return nil, nil, err
 	}
 	t := time.Now()
-	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: dir})
+	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: dir, CRDs: true})
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, nil, err
@@ -78,10 +78,6 @@ func (b *benchTarget) cluster(ctx context.Context, out io.Writer) (*rest.Config,
 	release := func() {
 		_ = cp.Stop()
 		os.RemoveAll(dir)
-	}
-	if _, err := install.Apply(ctx, cp.RESTConfig); err != nil {
-		release()
-		return nil, nil, err
 	}
 	fmt.Fprintf(out, "embedded control plane ready in %.2f s\n", time.Since(t).Seconds())
 	return cp.RESTConfig, release, nil

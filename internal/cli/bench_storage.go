@@ -11,9 +11,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/crdipc/crdipc/internal/bench"
-	"github.com/crdipc/crdipc/internal/storage/agent"
-	"github.com/crdipc/crdipc/internal/storage/operator"
-	"github.com/crdipc/crdipc/ipc"
+	"github.com/crdipc/crdipc/internal/services"
+	"github.com/crdipc/crdipc/internal/simnode"
 )
 
 func newBenchStorageCommand() *cobra.Command {
@@ -75,18 +74,25 @@ func startStorage(ctx context.Context, cfg *rest.Config, nodes int, root string)
 		}
 		cleanup = func() { os.RemoveAll(root) }
 	}
-	mgr, err := newManager(cfg, "bench-storage", serviceOptions{metricsAddr: "0", healthAddr: "0", repeatable: true})
+	// The same entries as up and the standalone commands run, on one manager: the
+	// operator, and a pool agent per simulated node with its pools under root.
+	mgr, err := services.NewManager(cfg, "bench-storage", services.ManagerOptions{Repeatable: true})
 	if err != nil {
 		cleanup()
 		return nil, err
 	}
-	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: -1}}); err != nil {
+	if err := simnode.Add(mgr, simnode.Options{Nodes: nodes}); err != nil {
 		cleanup()
 		return nil, err
 	}
-	if _, err := agent.AddSupervisor(mgr, cfg, agent.SupervisorOptions{Nodes: nodes, Root: root}); err != nil {
-		cleanup()
-		return nil, err
+	// One identity for everything here: bench measures speed, not permissions.
+	local := &services.Local{DataDir: root, Nodes: nodes, Config: func(string) (*rest.Config, error) { return cfg, nil }}
+	for _, name := range []string{"storage-operator", "pool-agent"} {
+		e, _ := services.Lookup(name)
+		if err := e.New().Setup(mgr, services.Env{Config: cfg, Local: local}); err != nil {
+			cleanup()
+			return nil, err
+		}
 	}
 	mctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -19,16 +19,17 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/crdipc/crdipc/internal/scheme"
+	"github.com/crdipc/crdipc/internal/services"
 	"github.com/crdipc/crdipc/ipc"
 )
 
 type callOptions struct {
-	file       string
-	forCond    string
-	timeout    time.Duration
-	kubeconfig string
-	namespace  string
-	apply      bool
+	file      string
+	forCond   string
+	timeout   time.Duration
+	cluster   services.ClusterFlags
+	namespace string
+	apply     bool
 }
 
 func newCallCommand() *cobra.Command {
@@ -56,7 +57,7 @@ Exit codes: 0 the condition holds; 1 the receiver reported a terminal failure
 	cmd.Flags().StringVarP(&o.file, "filename", "f", "", "file with the request object ('-' for stdin)")
 	cmd.Flags().StringVar(&o.forCond, "for", o.forCond, "what to wait for: condition=<Type>, e.g. condition=Ready")
 	cmd.Flags().DurationVar(&o.timeout, "timeout", o.timeout, "give up after this long (exit code 2)")
-	cmd.Flags().StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+	o.cluster.AddFlags(cmd.Flags())
 	cmd.Flags().StringVarP(&o.namespace, "namespace", "n", "", "namespace for a namespaced object that names none (default: the kubeconfig's)")
 	cmd.Flags().BoolVar(&o.apply, "apply", false, "server-side apply instead of create, so repeating the call is idempotent")
 	_ = cmd.MarkFlagRequired("filename")
@@ -104,7 +105,7 @@ func runCall(ctx context.Context, out io.Writer, o callOptions) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := restConfig(o.kubeconfig)
+	cfg, err := o.cluster.Config()
 	if err != nil {
 		return err
 	}
@@ -120,7 +121,7 @@ func runCall(ctx context.Context, out io.Writer, o callOptions) error {
 		ns := o.namespace
 		if ns == "" {
 			rules := clientcmd.NewDefaultClientConfigLoadingRules()
-			rules.ExplicitPath = o.kubeconfig
+			rules.ExplicitPath = o.cluster.Kubeconfig
 			ns, _, _ = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).Namespace()
 		}
 		obj.SetNamespace(ns)

@@ -6,10 +6,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/crdipc/crdipc/internal/install"
+	"github.com/crdipc/crdipc/internal/services"
 )
 
 func newInstallCommand() *cobra.Command {
-	var kubeconfig string
+	var cluster services.ClusterFlags
 	cmd := &cobra.Command{
 		Use:   "install",
 		Short: "Apply crdipc's CRDs to the cluster in KUBECONFIG and wait until they are served",
@@ -19,7 +20,7 @@ changes nothing and a newer binary updates the schemas. It returns when every
 CRD is Established.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := restConfig(kubeconfig)
+			cfg, err := cluster.Config()
 			if err != nil {
 				return err
 			}
@@ -33,6 +34,6 @@ CRD is Established.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+	cluster.AddFlags(cmd.Flags())
 	return cmd
 }

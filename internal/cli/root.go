@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/crdipc/crdipc"
+	"github.com/crdipc/crdipc/internal/services"
 )
 
 // NewRoot returns the crdipc command with every subcommand.
@@ -36,17 +37,12 @@ KUBECONFIG it prints.`,
 		newUpCommand(),
 		newInstallCommand(),
 		newCallCommand(),
-		newBooksCommand(),
-		newBitcoinOperatorCommand(),
-		newOperatorCommand(),
-		newPoolAgentCommand(),
-		newCSIDriverCommand(),
-		newCSISidecarCommand(),
-		newWebhookListenerCommand(),
-		newMetricsAgentCommand(),
 		newBenchCommand(),
 		newVersionCommand(),
 	)
+	for _, e := range services.Table() {
+		root.AddCommand(newServiceCommand(e))
+	}
 	return root
 }
 

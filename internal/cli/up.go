@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/crdipc/crdipc/internal/controlplane"
-	"github.com/crdipc/crdipc/internal/install"
+	"github.com/crdipc/crdipc/internal/services"
 )
 
 type upOptions struct {
@@ -31,6 +31,8 @@ type upOptions struct {
 	explicit map[string]bool
 	// consoleAddr: the live console (up_console.go).
 	consoleAddr string
+	// services and disable pick entries of the service table.
+	services, disable string
 }
 
 func newUpCommand() *cobra.Command {
@@ -43,6 +45,16 @@ kube-controller-manager controllers crdipc needs (garbage collector, namespace,
 service accounts, PV binder, StatefulSet), installs crdipc's CRDs, and starts
 crdipc's services. It prints one line per step with its duration, then the
 "export KUBECONFIG=..." line to paste into another terminal.
+
+Every service is an entry of one table (--services picks entries, --disable leaves
+some out; 'none' starts the control plane alone) and runs exactly as its own
+subcommand would, on a manager of its own, as its own ServiceAccount with only the
+role shipped in config/rbac: a token for each account is kept fresh under
+<data-dir>/identities, next to a kubeconfig that uses it, so a service left out can
+run as a process of its own:
+
+  crdipc up --services=none
+  crdipc books --kubeconfig .crdipc/identities/crdipc-system/crdipc-books.kubeconfig
 
 There is no kubelet: --nodes simulated Nodes each run a pool agent (storage), and
 together a simulated kubelet that binds and runs their pods as local processes,
@@ -69,6 +81,7 @@ Everything is kept in --data-dir: run up again on the same directory and every
 object is still there. Only one up may use a data directory at a time.
 Ctrl-C shuts everything down.`,
 		Example: `  crdipc up
+  crdipc up --disable=nodes,bitcoin-operator
   crdipc up --data-dir ~/.local/share/crdipc --port 6443 --nodes 4`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -89,20 +102,22 @@ Ctrl-C shuts everything down.`,
 	cmd.Flags().StringVar(&o.scmNamespace, "scm-namespace", "default", "namespace for PullRequests, Branches and their Events")
 	cmd.Flags().StringVar(&o.consoleAddr, "console-addr", defaultConsoleAddr, "address of the live console, a web page of nodes, pools, replicas, volumes, requests, deliveries and networks (default taken: any free port on its host)")
 	cmd.Flags().IntVar(&o.nodes, "nodes", 3, "simulated nodes, each with a pool agent and a file-backed pool root under --data-dir, running pods as processes")
+	cmd.Flags().StringVar(&o.services, "services", "all", "services to run, comma-separated, from: "+strings.Join(services.Names(), ", ")+"; 'none' runs the control plane alone")
+	cmd.Flags().StringVar(&o.disable, "disable", "", "services not to run, comma-separated (e.g. --disable=nodes,bitcoin-operator)")
 	cmd.Flags().IntVar(&o.port, "port", 0, "API server port on 127.0.0.1 (0: the previous run's port if free, else any free port)")
 	return cmd
 }
 
 func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	start := time.Now()
-	if err := absolute(&o.dataDir); err != nil {
+	if err := services.Absolute(&o.dataDir); err != nil {
 		return err
 	}
 	step := func(name string, took time.Duration) {
 		fmt.Fprintf(out, "  %-28s %6.0f ms\n", name, float64(took.Microseconds())/1000)
 	}
 	fmt.Fprintf(out, "crdipc up: data dir %s\n", o.dataDir)
-	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: o.dataDir, Port: o.port, Progress: step})
+	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: o.dataDir, Port: o.port, Progress: step, CRDs: true})
 	if err != nil {
 		return err
 	}
@@ -115,19 +130,6 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	}()
 
 	t := time.Now()
-	names, err := install.Apply(ctx, cp.RESTConfig)
-	if err != nil {
-		return err
-	}
-	step(fmt.Sprintf("%d CRDs established", len(names)), time.Since(t))
-
-	t = time.Now()
-	if o.metricsAddr, err = freeAddrOrAny("metrics", o.metricsAddr, o.explicit["metrics-addr"]); err != nil {
-		return err
-	}
-	if o.healthAddr, err = freeAddrOrAny("health probes", o.healthAddr, o.explicit["health-addr"]); err != nil {
-		return err
-	}
 	svc, err := startServices(ctx, cp.RESTConfig, o)
 	if err != nil {
 		return err
@@ -140,7 +142,6 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	step("services: "+strings.Join(svc.names, ", "), time.Since(t))
 
 	fmt.Fprintf(out, "crdipc is up in %.2f s; API server %s\n\n", time.Since(start).Seconds(), cp.URL)
-	fmt.Fprintf(out, "  metrics  http://%s/metrics   health http://%s/readyz\n", o.metricsAddr, o.healthAddr)
 	for _, l := range svc.lines {
 		fmt.Fprintf(out, "  %s\n", l)
 	}

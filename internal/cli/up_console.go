@@ -34,8 +34,8 @@ func startConsole(ctx context.Context, cfg *rest.Config, o upOptions, svc *upSer
 		// Event streams end with ctx; Close below then has nothing to wait for.
 		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
-	svc.run(ctx, con.Start)
-	svc.run(ctx, func(ctx context.Context) error {
+	svc.background(ctx, con.Start)
+	svc.background(ctx, func(ctx context.Context) error {
 		errc := make(chan error, 1)
 		go func() { errc <- srv.Serve(ln) }()
 		select {
@@ -47,7 +47,6 @@ func startConsole(ctx context.Context, cfg *rest.Config, o upOptions, svc *upSer
 			return nil
 		}
 	})
-	svc.names = append(svc.names, "console")
 	svc.lines = append(svc.lines, fmt.Sprintf("console  http://%s/", ln.Addr()))
 	return nil
 }

@@ -25,17 +25,3 @@ func listenOrAny(name, addr string, explicit bool) (net.Listener, error) {
 	}
 	return ln, nil
 }
-
-// freeAddrOrAny is listenOrAny for a server that binds its own listener (the manager's
-// metrics and health endpoints): it returns an address that was free a moment ago.
-func freeAddrOrAny(name, addr string, explicit bool) (string, error) {
-	if addr == "0" {
-		return addr, nil // disabled
-	}
-	ln, err := listenOrAny(name, addr, explicit)
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}

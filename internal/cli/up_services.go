@@ -6,84 +6,107 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
-	"time"
 
-	"go.uber.org/zap/zapcore"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	"github.com/crdipc/crdipc/internal/bitcoin"
-	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
-	"github.com/crdipc/crdipc/internal/books"
 	"github.com/crdipc/crdipc/internal/csi/driver"
-	"github.com/crdipc/crdipc/internal/csi/nodeservice"
-	"github.com/crdipc/crdipc/internal/podsim"
-	"github.com/crdipc/crdipc/internal/podsim/busybox"
-	"github.com/crdipc/crdipc/internal/scm/metricsagent"
-	"github.com/crdipc/crdipc/internal/scm/webhook"
-	"github.com/crdipc/crdipc/internal/storage/agent"
-	"github.com/crdipc/crdipc/internal/storage/operator"
-	"github.com/crdipc/crdipc/ipc"
+	"github.com/crdipc/crdipc/internal/identity"
+	"github.com/crdipc/crdipc/internal/services"
 )
 
-// upServices are the crdipc services `up` runs in-process. The controllers
-// share one manager: one process has nothing to elect a leader against.
+// upServices are the entries of the service table up runs in-process, each on a manager of
+// its own, acting as its own ServiceAccount with its shipped role, exactly as on a cluster.
 type upServices struct {
 	names []string
 	// lines are what up prints about the services: addresses, secrets.
-	lines  []string
+	lines []string
+	// running, in start order; stop stops them in reverse.
+	running []*upService
+	// background are up's own servers (metrics, probes, console) and the token keeper.
 	cancel context.CancelFunc
 	done   []chan error
-	// first stop before the others, in order, each returning its service's error.
-	first []func() error
-	// after run once every service has stopped.
-	after []func()
-	log   io.Closer
+	log    io.Closer
 }
 
-// stop ends every service and waits for them.
+type upService struct {
+	name   string
+	mgr    manager.Manager
+	svc    services.Service
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// stop ends every service, the last started first (the simulated nodes unstage their
+// volumes while the storage services still run), then up's own servers.
 func (s *upServices) stop() error {
 	var errs []error
-	for _, f := range s.first {
-		errs = append(errs, f())
+	for i := len(s.running) - 1; i >= 0; i-- {
+		r := s.running[i]
+		r.cancel()
+		if err := <-r.done; err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", r.name, err))
+		}
+		if st, ok := r.svc.(interface{ Stop() }); ok {
+			st.Stop()
+		}
 	}
 	s.cancel()
 	for _, d := range s.done {
 		errs = append(errs, <-d)
 	}
-	for _, f := range s.after {
-		f()
-	}
 	s.log.Close()
 	return errors.Join(errs...)
 }
 
-func (s *upServices) run(ctx context.Context, run func(context.Context) error) {
+func (s *upServices) background(ctx context.Context, run func(context.Context) error) {
 	d := make(chan error, 1)
 	s.done = append(s.done, d)
 	go func() { d <- run(ctx) }()
 }
 
-// runFirst runs a service that stop ends, and waits for, before all the others.
-func (s *upServices) runFirst(run func(context.Context) error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	d := make(chan error, 1)
-	go func() { d <- run(ctx) }()
-	s.first = append(s.first, func() error { cancel(); return <-d })
+// upListener binds the listeners of up's services: the flags name their addresses.
+func upListener(o upOptions) func(name, addr string) (net.Listener, error) {
+	return func(name, addr string) (net.Listener, error) {
+		flag := ""
+		switch name {
+		case "webhook listener":
+			addr, flag = o.webhookAddr, "webhook-addr"
+		case "metrics agent":
+			addr, flag = o.scmMetricsAddr, "scm-metrics-addr"
+		}
+		return listenOrAny(name, addr, o.explicit[flag])
+	}
 }
 
-func startServices(ctx context.Context, cfg *rest.Config, o upOptions) (_ *upServices, err error) {
+func startServices(ctx context.Context, admin *rest.Config, o upOptions) (_ *upServices, err error) {
+	entries, err := services.Select(o.services, o.disable)
+	if err != nil {
+		return nil, err
+	}
 	logFile, err := os.OpenFile(filepath.Join(o.dataDir, "logs", "crdipc.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening service log: %w", err)
 	}
-	ctrl.SetLogger(zap.New(zap.WriteTo(logFile), zap.Level(zapcore.InfoLevel)))
-	slogger := slog.New(slog.NewJSONHandler(logFile, nil))
+	logger := slog.New(slog.NewJSONHandler(logFile, nil))
+	ctrllog.SetLogger(logr.FromSlogHandler(logger.Handler()))
 
-	runCtx, cancel := context.WithCancel(context.Background())
+	bgCtx, cancel := context.WithCancel(context.Background())
 	svc := &upServices{cancel: cancel, log: logFile}
 	defer func() {
 		if err != nil {
@@ -91,128 +114,140 @@ func startServices(ctx context.Context, cfg *rest.Config, o upOptions) (_ *upSer
 		}
 	}()
 
-	// Bind every port first: a port the user chose that is in use fails up at once, with
-	// its name; a default one that is taken moves to a free port, which up prints.
-	webhookLn, err := listenOrAny("webhook listener", o.webhookAddr, o.explicit["webhook-addr"])
+	// Bind up's own ports first: a port the user chose that is in use fails up at once,
+	// with its name; a default one that is taken moves to a free port, which up prints.
+	metricsLn, err := listenOrAny("metrics", o.metricsAddr, o.explicit["metrics-addr"])
 	if err != nil {
 		return nil, err
 	}
-	agentLn, err := listenOrAny("metrics agent", o.scmMetricsAddr, o.explicit["scm-metrics-addr"])
+	healthLn, err := listenOrAny("health probes", o.healthAddr, o.explicit["health-addr"])
 	if err != nil {
-		webhookLn.Close()
+		metricsLn.Close()
+		return nil, err
+	}
+	checks := map[string]healthz.Checker{"ping": healthz.Ping}
+	health := http.NewServeMux()
+	health.Handle("/healthz", &healthz.Handler{Checks: map[string]healthz.Checker{"ping": healthz.Ping}})
+	ready := http.StripPrefix("/readyz", &healthz.Handler{Checks: checks})
+	health.Handle("/readyz", ready)
+	health.Handle("/readyz/", ready)
+	metrics := http.NewServeMux()
+	metrics.Handle("/metrics", promhttp.HandlerFor(ctrlmetrics.Registry, promhttp.HandlerOpts{}))
+	svc.background(bgCtx, (&services.HTTPServer{Name: "metrics", Listener: metricsLn, Handler: metrics}).Start)
+	svc.background(bgCtx, (&services.HTTPServer{Name: "health probes", Listener: healthLn, Handler: health}).Start)
+	svc.lines = append(svc.lines, fmt.Sprintf("metrics  http://%s/metrics   health http://%s/readyz", metricsLn.Addr(), healthLn.Addr()))
+
+	// Every service's identity, selected or not: a service left out of up can run as a
+	// process of its own with the kubeconfig up keeps for it.
+	var accounts []string
+	for _, e := range services.Table() {
+		if e.Name != "nodes" {
+			accounts = append(accounts, e.Name)
+		}
+	}
+	namespaces, err := identity.Apply(ctx, admin, accounts, identity.ApplyOptions{BindIn: map[string]string{
+		"webhook-listener": o.scmNamespace,
+		"metrics-agent":    o.scmNamespace,
+	}})
+	if err != nil {
+		return nil, err
+	}
+	idDir := filepath.Join(o.dataDir, "identities")
+	keeper, err := identity.NewKeeper(admin, idDir)
+	if err != nil {
+		return nil, err
+	}
+	configFor := func(service string) (*rest.Config, error) {
+		if service == "nodes" {
+			// The simulated nodes are the cluster's nodes, not a crdipc service: they act
+			// with up's own credentials, as kubelets act as system:node:<name>.
+			return rest.CopyConfig(admin), nil
+		}
+		cfg, err := keeper.Config(ctx, namespaces[service], identity.ServiceAccount(service))
+		if err != nil {
+			return nil, err
+		}
+		services.Unthrottle(cfg)
+		return cfg, nil
+	}
+	for _, name := range accounts {
+		if _, err := configFor(name); err != nil {
+			return nil, err
+		}
+	}
+	svc.background(bgCtx, func(ctx context.Context) error { keeper.Run(ctx); return nil })
+	svc.lines = append(svc.lines, fmt.Sprintf("accounts one ServiceAccount and kubeconfig per service under %s", idDir))
+
+	if err := installStorageClass(ctx, admin); err != nil {
 		return nil, err
 	}
 
-	mgr, err := newManager(cfg, "up", serviceOptions{metricsAddr: o.metricsAddr, healthAddr: o.healthAddr})
-	if err != nil {
-		webhookLn.Close()
-		agentLn.Close()
-		return nil, err
+	local := &services.Local{
+		DataDir:      o.dataDir,
+		Nodes:        o.nodes,
+		SCMNamespace: o.scmNamespace,
+		Listen:       upListener(o),
+		Config:       configFor,
+		Say:          func(l string) { svc.lines = append(svc.lines, l) },
 	}
-	if err := books.Register(mgr, ipc.Options{}); err != nil {
-		return nil, err
-	}
-	svc.names = append(svc.names, "books")
-
-	// Storage (seed 000): the operator, and one pool agent per simulated
-	// node, each with a real file backend under the data dir.
-	if err := operator.Register(mgr, operator.Options{}); err != nil {
-		return nil, err
-	}
-	nodesRoot := filepath.Join(o.dataDir, "nodes")
-	if _, err := agent.AddSupervisor(mgr, cfg, agent.SupervisorOptions{Nodes: o.nodes, Root: nodesRoot}); err != nil {
-		return nil, err
-	}
-	svc.names = append(svc.names, "storage-operator", fmt.Sprintf("%d pool agents", o.nodes))
-	svc.lines = append(svc.lines, fmt.Sprintf("nodes    %d simulated (label a Node %s=true to add one), pools under %s", o.nodes, agent.SimulatedLabel, nodesRoot))
-
-	// CSI (seed 001): driver and sidecar in this process, over a real socket. The
-	// driver also serves node-1's Node service; every other simulated node gets an
-	// instance of its own, started when the simulated kubelet first mounts a volume there.
-	csiDriver, serveDriver, csiEndpoint, err := startCSI(ctx, cfg, mgr, o.dataDir, "node-1")
-	if err != nil {
-		return nil, err
-	}
-	svc.run(runCtx, serveDriver)
-	csiNodes, err := nodeservice.New(nodeservice.Options{Config: cfg, Dir: filepath.Join(o.dataDir, "csi"), Drivers: map[string]*driver.Driver{"node-1": csiDriver}})
-	if err != nil {
-		return nil, err
-	}
-	// After the manager: the kubelet unstages every volume when it stops, through these.
-	svc.after = append(svc.after, csiNodes.Stop)
-
-	// Bitcoin (seed 002): the operator, and the simulated nodes' kubelet that runs the
-	// pods of its StatefulSets, bitcoin/bitcoin as btcd processes, busybox pods with the
-	// host's tools, and mounts their PersistentVolumeClaims through the CSI driver.
-	if err := bitcoin.Add(mgr, bitcoin.Options{}); err != nil {
-		return nil, err
-	}
-	btcdImage := btcd.Image{}
-	podsRoot := filepath.Join(o.dataDir, "pods")
-	// The kubelet has a manager of its own, stopped before the others: stopping, it
-	// unstages every volume, which closes the replicas through the pool agents' data
-	// services, so those must still run.
-	podMgr, err := newManager(cfg, "up-pods", serviceOptions{metricsAddr: "0", healthAddr: "0"})
-	if err != nil {
-		return nil, err
-	}
-	// Ctrl-C must end up within seconds: processes get 2 s after SIGTERM.
-	if err := podsim.Add(podMgr, podsim.Options{
-		Root:        podsRoot,
-		Images:      map[string]podsim.Image{"bitcoin/bitcoin": btcdImage, busybox.Name: busybox.Image{}},
-		StopTimeout: 2 * time.Second,
-		CSI:         csiNodes.Client,
-		CSIDriver:   driver.Name,
-	}); err != nil {
-		return nil, err
-	}
-	svc.names = append(svc.names, "bitcoin-operator", "pod runtime")
-	podsNote := "bitcoin/bitcoin runs as btcd"
-	if _, err := btcdImage.Find(); err != nil {
-		podsNote = "bitcoin/bitcoin cannot run: btcd is not installed (go install " + btcd.Module + ")"
-	}
-	svc.lines = append(svc.lines, fmt.Sprintf("pods     run on the simulated nodes under %s; %s; busybox runs the host's sh and tools", podsRoot, podsNote))
-	svc.names = append(svc.names, "csi-driver", "csi-sidecar")
-	svc.lines = append(svc.lines, "csi      "+csiEndpoint+"   (StorageClass "+StorageClassName+")")
-	svc.run(runCtx, mgr.Start)
-	svc.runFirst(podMgr.Start)
-
-	secretPath := filepath.Join(o.dataDir, "webhook-secret")
-	secret, created, err := webhook.EnsureSecretFile(secretPath)
-	if err != nil {
-		webhookLn.Close()
-		agentLn.Close()
-		return nil, err
-	}
-	listener, err := webhook.New(webhook.Options{Config: cfg, Namespace: o.scmNamespace, Secret: secret, Logger: slogger.With("service", "webhook-listener")})
-	if err != nil {
-		webhookLn.Close()
-		agentLn.Close()
-		return nil, err
-	}
-	svc.run(runCtx, func(ctx context.Context) error { return listener.Serve(ctx, webhookLn) })
-	svc.names = append(svc.names, "webhook-listener")
-	secretNote := "secret in " + secretPath
-	if created {
-		secretNote = "new secret " + string(secret) + " in " + secretPath
-	}
-	svc.lines = append(svc.lines, fmt.Sprintf("webhook  http://%s/webhook   (%s)", webhookLn.Addr(), secretNote))
-
-	agent, err := metricsagent.New(metricsagent.Options{Config: cfg, Namespace: o.scmNamespace, Logger: slogger.With("service", "metrics-agent")})
-	if err != nil {
-		agentLn.Close()
-		return nil, err
-	}
-	svc.run(runCtx, func(ctx context.Context) error { return agent.Serve(ctx, agentLn) })
-	svc.names = append(svc.names, "metrics-agent")
-	svc.lines = append(svc.lines, fmt.Sprintf("scm      http://%s/metrics   (metrics agent: PullRequest/Branch Events and gauges)", agentLn.Addr()))
-
-	if err := startConsole(runCtx, cfg, o, svc); err != nil {
-		return nil, err
+	for _, e := range entries {
+		cfg, err := configFor(e.Name)
+		if err != nil {
+			return nil, err
+		}
+		s := e.New()
+		env := services.Env{Logger: logger.With("service", e.Name), Local: local}
+		mgr, err := services.Build(cfg, e, s, services.ManagerOptions{Repeatable: true}, env)
+		if err != nil {
+			return nil, err
+		}
+		mctx, cancel := context.WithCancel(context.Background())
+		r := &upService{name: e.Name, mgr: mgr, svc: s, cancel: cancel, done: make(chan error, 1)}
+		go func() { r.done <- mgr.Start(mctx) }()
+		svc.running = append(svc.running, r)
+		svc.names = append(svc.names, e.Name)
+		checks[e.Name] = func(req *http.Request) error {
+			if !mgr.GetCache().WaitForCacheSync(req.Context()) {
+				return errors.New("informer caches not synced")
+			}
+			return nil
+		}
 	}
 
-	if !mgr.GetCache().WaitForCacheSync(ctx) || !podMgr.GetCache().WaitForCacheSync(ctx) {
-		return nil, fmt.Errorf("services: informer caches did not sync")
+	if err := startConsole(bgCtx, admin, o, svc); err != nil {
+		return nil, err
+	}
+	for _, r := range svc.running {
+		if !r.mgr.GetCache().WaitForCacheSync(ctx) {
+			return nil, fmt.Errorf("services: %s: informer caches did not sync", r.name)
+		}
+	}
+	if len(svc.names) == 0 {
+		svc.names = []string{"none"}
 	}
 	return svc, nil
+}
+
+// StorageClassName is the StorageClass `crdipc up` installs for the driver.
+const StorageClassName = "crdipc"
+
+// installStorageClass installs the StorageClass crdipc: 3 replicas, deleted with the claim,
+// bound at once (no scheduler runs in up, so WaitForFirstConsumer would never bind). It is
+// the cluster's configuration, not a service's: up writes it with its own credentials.
+func installStorageClass(ctx context.Context, admin *rest.Config) error {
+	c, err := client.New(admin, client.Options{})
+	if err != nil {
+		return fmt.Errorf("csi: %w", err)
+	}
+	sc := &storagev1.StorageClass{
+		ObjectMeta:        metav1.ObjectMeta{Name: StorageClassName},
+		Provisioner:       driver.Name,
+		Parameters:        map[string]string{driver.ParamReplicaCount: "3"},
+		ReclaimPolicy:     ptr.To(corev1.PersistentVolumeReclaimDelete),
+		VolumeBindingMode: ptr.To(storagev1.VolumeBindingImmediate),
+	}
+	if err := c.Create(ctx, sc); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("csi: installing StorageClass %s: %w", StorageClassName, err)
+	}
+	return nil
 }

@@ -25,6 +25,7 @@ import (
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
+	"github.com/crdipc/crdipc/internal/simnode"
 )
 
 var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
@@ -107,7 +108,7 @@ func TestTrackerIsBounded(t *testing.T) {
 func TestBuild(t *testing.T) {
 	ready := []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	objs := []client.Object{
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Labels: map[string]string{"storage.crdipc.io/simulated": "true"}}, Status: corev1.NodeStatus{Conditions: ready}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Labels: map[string]string{simnode.Label: "true"}}, Status: corev1.NodeStatus{Conditions: ready}},
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2"}},
 		&storagev1alpha1.CStorPool{ObjectMeta: metav1.ObjectMeta{Name: "c-node-1"}, Spec: storagev1alpha1.CStorPoolSpec{NodeName: "node-1", Claim: "c", Capacity: resource.MustParse("10Gi")},
 			Status: storagev1alpha1.CStorPoolStatus{Phase: storagev1alpha1.PoolPhaseHealthy}},

@@ -20,7 +20,7 @@ import (
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
-	"github.com/crdipc/crdipc/internal/storage/agent"
+	"github.com/crdipc/crdipc/internal/simnode"
 )
 
 // Caps on what one snapshot lists; what is left off is counted in Snapshot.Omitted.
@@ -244,7 +244,7 @@ func buildNodes(s *Snapshot, nodes []corev1.Node, pools []storagev1alpha1.CStorP
 	for i := range nodes {
 		n := node(nodes[i].Name)
 		n.Gone = false
-		n.Simulated = nodes[i].Labels[agent.SimulatedLabel] == "true"
+		n.Simulated = simnode.IsSimulated(&nodes[i])
 		for _, c := range nodes[i].Status.Conditions {
 			if c.Type == corev1.NodeReady {
 				n.Ready = c.Status == corev1.ConditionTrue

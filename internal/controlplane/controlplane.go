@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/crdipc/crdipc/internal/install"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -58,6 +59,9 @@ type Config struct {
 	Controllers []string
 	// Progress, when set, is told about each startup step as it completes.
 	Progress func(step string, took time.Duration)
+	// CRDs installs crdipc's system namespace and CRDs (install.Apply) and waits until
+	// they are served: what up, bench and the test harness all start with.
+	CRDs bool
 }
 
 // ControlPlane is a running control plane.
@@ -185,6 +189,13 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 		}
 		cp.components = append(cp.components, kcm)
 		done("controllers")
+	}
+	if cfg.CRDs {
+		names, err := install.Apply(ctx, cp.RESTConfig)
+		if err != nil {
+			return nil, err
+		}
+		done(fmt.Sprintf("%d CRDs established", len(names)))
 	}
 	return cp, nil
 }

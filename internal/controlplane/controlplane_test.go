@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crdipc/crdipc/api/conditions"
@@ -28,22 +28,16 @@ func book(ns, name string) *libraryv1alpha1.Book {
 	}
 }
 
-// eventually polls cond every 20 ms until it holds or the deadline passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, timeout, true, cond)
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-}
-
 func gone(c client.Client, obj client.Object) func(context.Context) (bool, error) {
 	return func(ctx context.Context) (bool, error) {
 		err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
 		if apierrors.IsNotFound(err) {
 			return true, nil
 		}
-		return false, err
+		if err != nil {
+			return false, err
+		}
+		return false, fmt.Errorf("%s still exists (deletionTimestamp %v, finalizers %v)", obj.GetName(), obj.GetDeletionTimestamp(), obj.GetFinalizers())
 	}
 }
 
@@ -109,8 +103,8 @@ func TestOwnerReferenceCascade(t *testing.T) {
 			if err := env.Client.Delete(ctx, owner, client.PropagationPolicy(policy)); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 30*time.Second, "child deleted by the garbage collector", gone(env.Client, child))
-			eventually(t, 30*time.Second, "owner deleted", gone(env.Client, owner))
+			testenv.Eventually(t, 30*time.Second, "child deleted by the garbage collector", gone(env.Client, child))
+			testenv.Eventually(t, 30*time.Second, "owner deleted", gone(env.Client, owner))
 		})
 	}
 }
@@ -132,7 +126,7 @@ func TestNamespaceDeletionCompletes(t *testing.T) {
 	}
 	// The namespace controller waits a fixed grace period before it empties
 	// a namespace; a minute is far above it.
-	eventually(t, time.Minute, "namespace with Books in it deleted", gone(env.Client, nsObj))
+	testenv.Eventually(t, time.Minute, "namespace with Books in it deleted", gone(env.Client, nsObj))
 	var left libraryv1alpha1.BookList
 	if err := env.Client.List(ctx, &left, client.InNamespace(nsObj.Name)); err != nil {
 		t.Fatal(err)
@@ -165,7 +159,7 @@ func TestRestartKeepsObjects(t *testing.T) {
 	if err := env.Client.Delete(ctx, &got); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "Book deleted after restart", gone(env.Client, &got))
+	testenv.Eventually(t, 30*time.Second, "Book deleted after restart", gone(env.Client, &got))
 }
 
 func ptr[T any](v T) *T { return &v }

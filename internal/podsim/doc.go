@@ -7,10 +7,10 @@
 //
 // Scheduling. A Pod with no spec.nodeName whose schedulerName is default-scheduler (or
 // empty) is bound, through the pods/binding subresource as kube-scheduler binds, to a
-// Ready simulated Node (Options.NodeLabel; by default storage.crdipc.io/simulated=true)
-// that is not cordoned, matches the pod's nodeSelector and required node affinity and
-// whose NoSchedule/NoExecute taints the pod tolerates; among those, the Node with the
-// fewest unfinished pods. The taints node.kubernetes.io/not-ready and unreachable are
+// Ready simulated Node (Options.NodeLabel; by default simnode.Label,
+// crdipc.io/simulated=true) that is not cordoned, matches the pod's nodeSelector and
+// required node affinity and whose NoSchedule/NoExecute taints the pod tolerates; among
+// those, the Node with the fewest unfinished pods. The taints node.kubernetes.io/not-ready and unreachable are
 // left to the Ready condition they stand for: admission puts not-ready on every new Node
 // and only the node lifecycle controller, which up does not run, would take it off.
 // Pods with scheduling gates wait for them to be removed. When no node fits, the pod

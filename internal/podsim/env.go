@@ -3,6 +3,8 @@ package podsim
 import (
 	"context"
 	"fmt"
+	"os"
+	"sort"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -12,11 +14,18 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
+// envResolver computes containers' environments. Its one dependency is where it reads the
+// Secrets and ConfigMaps that env and envFrom refer to: the runtime passes the API server
+// itself, not its cache.
+type envResolver struct {
+	reader client.Reader
+}
+
 // containerEnv is a container's environment as kubelet computes it: envFrom first, then
 // env in order, each value with $(VAR) expanded from the variables before it, each
 // valueFrom resolved. Service links (KUBERNETES_SERVICE_HOST, …) are not added: no
 // Service is reachable from a simulated pod.
-func (r *runtime) containerEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container, ip string, node *corev1.Node) (map[string]string, error) {
+func (er envResolver) containerEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container, ip string, node *corev1.Node) (map[string]string, error) {
 	env := map[string]string{}
 	secrets := map[string]*corev1.Secret{}
 	configMaps := map[string]*corev1.ConfigMap{}
@@ -25,7 +34,7 @@ func (r *runtime) containerEnv(ctx context.Context, pod *corev1.Pod, c *corev1.C
 			return s, nil
 		}
 		s := &corev1.Secret{}
-		if err := r.reader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, s); err != nil {
+		if err := er.reader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, s); err != nil {
 			return nil, err
 		}
 		secrets[name] = s
@@ -36,7 +45,7 @@ func (r *runtime) containerEnv(ctx context.Context, pod *corev1.Pod, c *corev1.C
 			return cm, nil
 		}
 		cm := &corev1.ConfigMap{}
-		if err := r.reader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, cm); err != nil {
+		if err := er.reader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, cm); err != nil {
 			return nil, err
 		}
 		configMaps[name] = cm
@@ -145,4 +154,39 @@ func fieldValue(pod *corev1.Pod, path, ip string) (string, error) {
 		return ip, nil
 	}
 	return fieldpath.ExtractFieldPathAsString(pod, path)
+}
+
+// expandCommand expands $(VAR) in command and args as kubelet does: references to
+// undefined variables stay as they are, $$ escapes.
+func expandCommand(c *corev1.Container, env map[string]string) (command, args []string) {
+	mapping := expansion.MappingFuncFor(env)
+	for _, s := range c.Command {
+		command = append(command, expansion.Expand(s, mapping))
+	}
+	for _, s := range c.Args {
+		args = append(args, expansion.Expand(s, mapping))
+	}
+	return command, args
+}
+
+// expandString expands $(VAR) in s as kubelet expands subPathExpr.
+func expandString(s string, env map[string]string) string {
+	return expansion.Expand(s, expansion.MappingFuncFor(env))
+}
+
+// processEnv is the environment of a process whose image left it to the runtime.
+func processEnv(env map[string]string, pod *corev1.Pod, dir string) []string {
+	all := map[string]string{"HOSTNAME": pod.Name, "HOME": dir, "PATH": os.Getenv("PATH")}
+	if pod.Spec.Hostname != "" {
+		all["HOSTNAME"] = pod.Spec.Hostname
+	}
+	for k, v := range env {
+		all[k] = v
+	}
+	out := make([]string, 0, len(all))
+	for k, v := range all {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
 }

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
-	"github.com/crdipc/crdipc/internal/storage/agent"
+	"github.com/crdipc/crdipc/internal/simnode"
 )
 
 // Image runs the containers of one image on a simulated node.
@@ -45,7 +45,7 @@ type Options struct {
 	Root   string           // per-pod directories: Root/<pod UID>/
 	Images map[string]Image // by image repository without tag or digest, e.g. "bitcoin/bitcoin" (also match "docker.io/bitcoin/bitcoin" and "docker.io/library/..." normalisations)
 	// NodeLabel selects simulated Nodes, as a label selector ("key=value", "key", …);
-	// empty means agent.SimulatedLabel + "=true" (label present with value "true").
+	// empty means simnode.Label + "=true" (label present with value "true").
 	NodeLabel string
 
 	// RestartBackoff is the delay before a failed container is restarted the first time;
@@ -88,7 +88,7 @@ func Add(mgr manager.Manager, o Options) error {
 		return fmt.Errorf("podsim: creating root: %w", err)
 	}
 	if o.NodeLabel == "" {
-		o.NodeLabel = agent.SimulatedLabel + "=true"
+		o.NodeLabel = simnode.Label + "=true"
 	}
 	nodes, err := labels.Parse(o.NodeLabel)
 	if err != nil {

@@ -15,7 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/kubernetes/third_party/forked/golang/expansion"
 )
 
 const (
@@ -87,7 +86,7 @@ func (p *prepared) discard() {
 // mounts, the image's command, forwarders and log file. A problem comes back as the
 // waiting state kubelet would report.
 func (r *runtime) prepare(ctx context.Context, pod *corev1.Pod, node *corev1.Node, c *ctr, ip, dir string, vols map[string]volPath) (*prepared, *corev1.ContainerStateWaiting) {
-	env, err := r.containerEnv(ctx, pod, &c.spec, ip, node)
+	env, err := r.env.containerEnv(ctx, pod, &c.spec, ip, node)
 	if err != nil {
 		return nil, &corev1.ContainerStateWaiting{Reason: reasonConfigError, Message: err.Error()}
 	}
@@ -164,41 +163,6 @@ func (r *runtime) prepare(ctx context.Context, pod *corev1.Pod, node *corev1.Nod
 	cmd.SysProcAttr.Pgid = 0
 	setDeathSignal(cmd.SysProcAttr)
 	return p, nil
-}
-
-// expandCommand expands $(VAR) in command and args as kubelet does: references to
-// undefined variables stay as they are, $$ escapes.
-func expandCommand(c *corev1.Container, env map[string]string) (command, args []string) {
-	mapping := expansion.MappingFuncFor(env)
-	for _, s := range c.Command {
-		command = append(command, expansion.Expand(s, mapping))
-	}
-	for _, s := range c.Args {
-		args = append(args, expansion.Expand(s, mapping))
-	}
-	return command, args
-}
-
-// expandString expands $(VAR) in s as kubelet expands subPathExpr.
-func expandString(s string, env map[string]string) string {
-	return expansion.Expand(s, expansion.MappingFuncFor(env))
-}
-
-// processEnv is the environment of a process whose image left it to the runtime.
-func processEnv(env map[string]string, pod *corev1.Pod, dir string) []string {
-	all := map[string]string{"HOSTNAME": pod.Name, "HOME": dir, "PATH": os.Getenv("PATH")}
-	if pod.Spec.Hostname != "" {
-		all["HOSTNAME"] = pod.Spec.Hostname
-	}
-	for k, v := range env {
-		all[k] = v
-	}
-	out := make([]string, 0, len(all))
-	for k, v := range all {
-		out = append(out, k+"="+v)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // launchProcess starts a prepared process for c, under mu, with its forwarders, readiness

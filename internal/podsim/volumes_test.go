@@ -26,10 +26,9 @@ import (
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/podsim"
 	"github.com/crdipc/crdipc/internal/podsim/busybox"
-	"github.com/crdipc/crdipc/internal/storage/agent"
-	"github.com/crdipc/crdipc/internal/storage/operator"
+	"github.com/crdipc/crdipc/internal/simnode"
 	"github.com/crdipc/crdipc/internal/testenv"
-	"github.com/crdipc/crdipc/ipc"
+	"github.com/crdipc/crdipc/internal/testenv/storagecluster"
 )
 
 // TestPodVolumes runs what `kubectl apply` of a PVC and a busybox pod does on up: the pod
@@ -44,7 +43,7 @@ func TestPodVolumes(t *testing.T) {
 	ctx := context.Background()
 	c := env.Client
 	ns := env.Namespace(t)
-	storageRoot, podRoot := t.TempDir(), t.TempDir()
+	podRoot := t.TempDir()
 	// Unix socket paths are short: not under the test's long temporary directory.
 	csiDir, err := os.MkdirTemp("", "podsim-csi")
 	if err != nil {
@@ -72,17 +71,12 @@ func TestPodVolumes(t *testing.T) {
 	// unmounts through them.
 	t.Cleanup(nodes.Stop)
 
-	mgr := testenv.NewManager(t, env.Config)
-	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: -1}}); err != nil {
+	storagecluster.Start(t, storagecluster.Options{Nodes: 2})
+	sidecarMgr := testenv.NewManager(t, env.Config)
+	if err := sidecar.Add(sidecarMgr, sidecar.Options{DriverEndpoint: endpoint, DriverName: driver.Name, CallTimeout: 10 * time.Second, BackoffBase: 200 * time.Millisecond, BackoffMax: 2 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := agent.AddSupervisor(mgr, env.Config, agent.SupervisorOptions{Nodes: 2, Root: storageRoot, Agent: agent.Options{Resync: 300 * time.Millisecond}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := sidecar.Add(mgr, sidecar.Options{DriverEndpoint: endpoint, DriverName: driver.Name, CallTimeout: 10 * time.Second, BackoffBase: 200 * time.Millisecond, BackoffMax: 2 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Start(t, "storage", mgr.Start)
+	testenv.Start(t, "csi sidecar", sidecarMgr.Start)
 	// The kubelet has a manager of its own, as in up, stopped first: unstaging closes the
 	// replicas through the pool agents, which must still run.
 	podMgr := testenv.NewManager(t, env.Config)
@@ -102,7 +96,7 @@ func TestPodVolumes(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "podsim-volumes"},
 		Spec: storagev1alpha1.StoragePoolClaimSpec{
 			MinPools: 1, Capacity: resource.MustParse("1Gi"), Backend: storagev1alpha1.BackendFile,
-			NodeSelector: map[string]string{agent.SimulatedLabel: "true"},
+			NodeSelector: map[string]string{simnode.Label: "true"},
 		},
 	}); err != nil {
 		t.Fatal(err)
@@ -195,9 +189,18 @@ func TestPodVolumes(t *testing.T) {
 	assertUnmounted(t, volume, podRoot, targets)
 
 	// Unstaged cleanly: every replica holds the same bytes.
-	files, err := filepath.Glob(filepath.Join(storageRoot, "*", "pools", "*", install.SystemNamespace, volume+"-*.img"))
-	if err != nil || len(files) != 2 {
-		t.Fatalf("replica files of %s: %v, %v", volume, files, err)
+	var cv storagev1alpha1.CStorVolume
+	if err := c.Get(ctx, client.ObjectKey{Namespace: install.SystemNamespace, Name: volume}, &cv); err != nil {
+		t.Fatal(err)
+	}
+	var files []string
+	for _, r := range cv.Status.Replicas {
+		if r.Location != "" {
+			files = append(files, r.Location)
+		}
+	}
+	if len(files) != 2 {
+		t.Fatalf("replica files of %s: %v (replicas %+v)", volume, files, cv.Status.Replicas)
 	}
 	if a, b := testenv.SHA256File(t, files[0]), testenv.SHA256File(t, files[1]); a != b {
 		t.Errorf("replica files differ after the kubelet stopped: %s %s, %s %s", files[0], a, files[1], b)

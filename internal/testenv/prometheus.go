@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 // Prometheus is a real Prometheus server (Debian's package) scraping the
@@ -64,8 +64,10 @@ func StartPrometheus(t testing.TB, targets map[string]string) *Prometheus {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting prometheus: %v", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// exited is closed, not sent on, so both the readiness wait and the cleanup see it.
+	exited := make(chan struct{})
+	var exitErr error
+	go func() { exitErr = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -82,24 +84,26 @@ func StartPrometheus(t testing.TB, targets map[string]string) *Prometheus {
 		logf.Close()
 	})
 	p := &Prometheus{url: "http://" + addr}
-	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true,
-		func(context.Context) (bool, error) {
-			select {
-			case err := <-exited:
-				return false, fmt.Errorf("prometheus exited: %v", err)
-			default:
-			}
-			resp, err := http.Get(p.url + "/-/ready")
-			if err != nil {
-				return false, nil
-			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK, nil
-		})
-	if err != nil {
-		b, _ := os.ReadFile(logf.Name())
-		t.Fatalf("prometheus not ready: %v\n%s", err, b)
-	}
+	wait.Eventually(t, 30*time.Second, "prometheus ready", func(ctx context.Context) (bool, error) {
+		select {
+		case <-exited:
+			t.Fatalf("prometheus exited: %v", exitErr) // the cleanup shows its log
+		default:
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url+"/-/ready", nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return false, fmt.Errorf("/-/ready: %s", resp.Status)
+		}
+		return true, nil
+	})
 	return p
 }
 

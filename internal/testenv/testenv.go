@@ -29,7 +29,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/crdipc/crdipc/internal/controlplane"
-	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/scheme"
 )
 
@@ -85,12 +84,8 @@ func run(m *testing.M) int {
 }
 
 func (e *Env) start(ctx context.Context) error {
-	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: e.dir})
+	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: e.dir, CRDs: true})
 	if err != nil {
-		return err
-	}
-	if _, err := install.Apply(ctx, cp.RESTConfig); err != nil {
-		_ = cp.Stop()
 		return err
 	}
 	c, err := client.NewWithWatch(cp.RESTConfig, client.Options{Scheme: scheme.Scheme})

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -13,9 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
-
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 // The scrape jobs, named as in config/scm/prometheus-scrape-config.yaml (the dashboard's
@@ -101,21 +101,23 @@ func TestGrafanaDashboard(t *testing.T) {
 		// and how many of them are numbers (NaN fails every comparison).
 		count := fmt.Sprintf("count(%s)", q.expr)
 		numbers := fmt.Sprintf("count((%s) >= -Inf)", q.expr)
-		var n, m float64
-		var qerr error
-		err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-			if n, qerr = prom.Query(count); qerr != nil {
-				qerr = fmt.Errorf("%s: %w", count, qerr)
-				return false, nil
+		var n float64
+		err := wait.Until(context.Background(), 30*time.Second, func(context.Context) (bool, error) {
+			var err error
+			if n, err = prom.Query(count); err != nil {
+				return false, fmt.Errorf("%s: %w", count, err)
 			}
-			if m, qerr = prom.Query(numbers); qerr != nil {
-				qerr = fmt.Errorf("%s: %w", numbers, qerr)
-				return false, nil
+			m, err := prom.Query(numbers)
+			if err != nil {
+				return false, fmt.Errorf("%s: %w", numbers, err)
 			}
-			return n >= 1 && m >= 1, nil
+			if n < 1 || m < 1 {
+				return false, fmt.Errorf("%v series, %v of them numbers", n, m)
+			}
+			return true, nil
 		})
 		if err != nil {
-			t.Errorf("panel %q, query %s: no data: %v (dashboard expression %s)", q.panel, q.refID, qerr, q.raw)
+			t.Errorf("panel %q, query %s: no data: %v (dashboard expression %s)", q.panel, q.refID, err, q.raw)
 			continue
 		}
 		t.Logf("panel %q, query %s: %v series (%s)", q.panel, q.refID, n, q.expr)
@@ -263,25 +265,18 @@ func promDuration(d time.Duration) string {
 // grafanaWaitFor polls until every query answers its value.
 func grafanaWaitFor(t *testing.T, prom *testenv.Prometheus, timeout time.Duration, what string, want map[string]float64) {
 	t.Helper()
-	got := map[string]string{}
-	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		done := true
+	testenv.Eventually(t, timeout, what, func(context.Context) (bool, error) {
+		var wrong strings.Builder
 		for q, w := range want {
-			v, err := prom.Query(q)
-			if err != nil {
-				got[q] = err.Error()
-			} else {
-				got[q] = fmt.Sprint(v)
+			if v, err := prom.Query(q); err != nil {
+				fmt.Fprintf(&wrong, "\n  %s: %v, want %v", q, err, w)
+			} else if v != w {
+				fmt.Fprintf(&wrong, "\n  %s = %v, want %v", q, v, w)
 			}
-			done = done && err == nil && v == w
 		}
-		return done, nil
+		if wrong.Len() > 0 {
+			return false, errors.New(wrong.String())
+		}
+		return true, nil
 	})
-	if err != nil {
-		var b strings.Builder
-		for q, w := range want {
-			fmt.Fprintf(&b, "\n  %s = %s, want %v", q, got[q], w)
-		}
-		t.Fatalf("%s: not within %v:%s", what, timeout, b.String())
-	}
 }

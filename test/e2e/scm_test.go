@@ -2,13 +2,12 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
-
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/crdipc/crdipc/internal/testenv"
 )
@@ -40,13 +39,15 @@ func TestSCMPipeline(t *testing.T) {
 		`sum(crdipc_scm_events_total{kind="PullRequest"})`: 1,
 		`crdipc_scm_pullrequests{state="open"}`:            1,
 	} {
-		var got float64
-		var qerr error
-		if err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-			got, qerr = prom.Query(query)
-			return qerr == nil && got == want, nil
-		}); err != nil {
-			t.Errorf("PromQL %s = %v (%v), want %v", query, got, qerr, want)
-		}
+		testenv.Eventually(t, time.Minute, fmt.Sprintf("PromQL %s = %v", query, want), func(context.Context) (bool, error) {
+			got, err := prom.Query(query)
+			if err != nil {
+				return false, err
+			}
+			if got != want {
+				return false, fmt.Errorf("got %v", got)
+			}
+			return true, nil
+		})
 	}
 }

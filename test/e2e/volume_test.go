@@ -16,7 +16,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 // TestReplicatedVolume is the storage data path as a user meets it on `crdipc up --nodes 3`:
@@ -44,9 +44,7 @@ func TestReplicatedVolume(t *testing.T) {
 	up.kubectl(t, "delete", "pod", "writer", "--wait=true", "--timeout=60s")
 
 	// Unstaged: the replicas were closed cleanly, identical, holding the line.
-	up.eventually(t, "three identical replica files holding the data", time.Minute, func() (bool, string) {
-		return up.replicasIdentical(t, dataDir, volume, 3, marker)
-	})
+	up.eventually(t, time.Minute, "three identical replica files holding the data", up.replicasIdentical(t, dataDir, volume, 3, marker))
 
 	// A replica's node goes; another joins.
 	var gone string
@@ -59,18 +57,21 @@ func TestReplicatedVolume(t *testing.T) {
 		t.Fatalf("volume %s has no replica off node-1", volume)
 	}
 	up.kubectl(t, "delete", "node", gone)
-	up.eventually(t, "the volume Degraded", time.Minute, func() (bool, string) {
-		phase := up.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", "jsonpath={.status.phase}")
-		return phase == "Degraded", phase
+	up.eventually(t, time.Minute, "the volume Degraded", func(context.Context) (bool, error) {
+		if phase := up.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", "jsonpath={.status.phase}"); phase != "Degraded" {
+			return false, fmt.Errorf("phase %q", phase)
+		}
+		return true, nil
 	})
 	up.kubectl(t, "apply", "-f", "../../test/testdata/node-4.yaml") // as the README says
-	up.eventually(t, "the volume Healthy with a replica on node-4", 2*time.Minute, func() (bool, string) {
+	up.eventually(t, 2*time.Minute, "the volume Healthy with a replica on node-4", func(context.Context) (bool, error) {
 		out := up.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", `jsonpath={.status.phase} {.status.replicas[*].node}`)
-		return strings.HasPrefix(out, "Healthy ") && strings.Contains(out, "node-4"), out
+		if !strings.HasPrefix(out, "Healthy ") || !strings.Contains(out, "node-4") {
+			return false, fmt.Errorf("phase and replica nodes: %s", out)
+		}
+		return true, nil
 	})
-	up.eventually(t, "three identical replica files after the rebuild", time.Minute, func() (bool, string) {
-		return up.replicasIdentical(t, dataDir, volume, 3, marker)
-	})
+	up.eventually(t, time.Minute, "three identical replica files after the rebuild", up.replicasIdentical(t, dataDir, volume, 3, marker))
 
 	// Another node reads the file back.
 	reader := "node-4"
@@ -125,52 +126,53 @@ func (p *upProcess) apply(t *testing.T, manifest string) {
 	}
 }
 
-// eventually polls cond every 200 ms until it holds, failing the test when timeout passes.
-func (p *upProcess) eventually(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
+// eventually is testenv.Eventually that also shows up's output when the wait fails.
+func (p *upProcess) eventually(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {
 	t.Helper()
-	var seen string
-	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		var ok bool
-		ok, seen = cond()
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("waiting for %s: %v; last seen %s\nup's output:\n%s", what, err, seen, p.output.String())
+	if err := wait.Until(context.Background(), timeout, cond); err != nil {
+		t.Fatalf("%s: %v\nup's output:\n%s", what, err, p.output.String())
 	}
 }
 
 // waitPodSucceeded waits for pod name to succeed, failing at once if it fails.
 func (p *upProcess) waitPodSucceeded(t *testing.T, name string) {
 	t.Helper()
-	p.eventually(t, "pod "+name+" Succeeded", 2*time.Minute, func() (bool, string) {
+	p.eventually(t, 2*time.Minute, "pod "+name+" Succeeded", func(context.Context) (bool, error) {
 		phase := p.kubectl(t, "get", "pod", name, "-o", "jsonpath={.status.phase}")
 		if phase == "Failed" {
 			t.Fatalf("pod %s failed:\n%s", name, p.kubectl(t, "get", "pod", name, "-o", "yaml"))
 		}
-		return phase == "Succeeded", phase + " " + p.kubectl(t, "get", "pod", name, "-o", "jsonpath={.status.containerStatuses[0].state}")
+		if phase != "Succeeded" {
+			return false, fmt.Errorf("phase %q, container %s", phase, p.kubectl(t, "get", "pod", name, "-o", "jsonpath={.status.containerStatuses[0].state}"))
+		}
+		return true, nil
 	})
 }
 
-// replicasIdentical reports whether volume has n replica files under dataDir, all with the
-// same bytes, holding marker.
-func (p *upProcess) replicasIdentical(t *testing.T, dataDir, volume string, n int, marker string) (bool, string) {
-	t.Helper()
-	out := p.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", `jsonpath={range .status.replicas[*]}{.node}/pools/{.pool}/crdipc-system/{.name}.img{" "}{end}`)
-	files := strings.Fields(out)
-	if len(files) != n {
-		return false, fmt.Sprintf("%d replicas: %s", len(files), out)
-	}
-	sums := map[string][]string{}
-	for _, f := range files {
-		data, err := os.ReadFile(filepath.Join(dataDir, "nodes", f))
-		if err != nil {
-			return false, err.Error()
+// replicasIdentical holds when volume has n replica files under dataDir, all with the same
+// bytes, holding marker.
+func (p *upProcess) replicasIdentical(t *testing.T, dataDir, volume string, n int, marker string) func(context.Context) (bool, error) {
+	return func(context.Context) (bool, error) {
+		out := p.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", `jsonpath={range .status.replicas[*]}{.node}/pools/{.pool}/crdipc-system/{.name}.img{" "}{end}`)
+		files := strings.Fields(out)
+		if len(files) != n {
+			return false, fmt.Errorf("%d replicas: %s", len(files), out)
 		}
-		if !bytes.Contains(data, []byte(marker)) {
-			return false, f + " does not hold the data"
+		sums := map[string][]string{}
+		for _, f := range files {
+			data, err := os.ReadFile(filepath.Join(dataDir, "nodes", f))
+			if err != nil {
+				return false, err
+			}
+			if !bytes.Contains(data, []byte(marker)) {
+				return false, fmt.Errorf("%s does not hold the data", f)
+			}
+			s := sha256.Sum256(data)
+			sums[hex.EncodeToString(s[:])] = append(sums[hex.EncodeToString(s[:])], f)
 		}
-		s := sha256.Sum256(data)
-		sums[hex.EncodeToString(s[:])] = append(sums[hex.EncodeToString(s[:])], f)
+		if len(sums) != 1 {
+			return false, fmt.Errorf("files differ: %v", sums)
+		}
+		return true, nil
 	}
-	return len(sums) == 1, fmt.Sprintf("%v", sums)
 }

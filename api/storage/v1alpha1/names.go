@@ -39,6 +39,23 @@ func joinName(parts ...string) string {
 // data connection is mutual TLS under it.
 const DataCASecret = "crdipc-storage-data-ca"
 
+// AgentFinalizer is the pool agent's finalizer on CStorPools and CStorVolumeReplicas: the
+// object stays until the agent on its node has destroyed its data. The operator puts it on
+// replicas at creation and releases it itself when the node is gone for good.
+const AgentFinalizer = "storage.crdipc.io/pool-agent"
+
+// NodeLeaseName is the name of node's Lease, in the crdipc system namespace, that fences the
+// pool agents of one node: only its holder acts. The operator reads it to tell a node whose
+// agent is gone from one whose agent is only slow.
+func NodeLeaseName(node string) string {
+	name := "pool-agent-" + node
+	if len(name) <= 253 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(node))
+	return name[:240] + "-" + hex.EncodeToString(sum[:])[:12]
+}
+
 // ReplicaDataID is how the replica data service names a replica: namespace/name of its
 // CStorVolumeReplica.
 func ReplicaDataID(namespace, name string) string { return namespace + "/" + name }

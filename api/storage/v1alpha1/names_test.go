@@ -33,3 +33,14 @@ func TestPoolAndReplicaNames(t *testing.T) {
 		}
 	}
 }
+
+func TestNodeLeaseName(t *testing.T) {
+	if got := v1alpha1.NodeLeaseName("node-1"); got != "pool-agent-node-1" {
+		t.Errorf("NodeLeaseName = %q", got)
+	}
+	long := strings.Repeat("n", 253)
+	a, b := v1alpha1.NodeLeaseName(long), v1alpha1.NodeLeaseName(long[1:]+"m")
+	if a == b || len(a) > 253 || len(validation.IsDNS1123Subdomain(a)) != 0 {
+		t.Errorf("lease names of long node names: %q, %q", a, b)
+	}
+}

@@ -86,6 +86,10 @@ type VolumeReplicaStatus struct {
 	// endpoint is the replica data service serving it (the replica's status.endpoint).
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
+	// location is where the replica keeps its data on its node (the replica's
+	// status.location).
+	// +optional
+	Location string `json:"location,omitempty"`
 }
 
 // CStorVolumeStatus is reported by the operator.

@@ -102,6 +102,11 @@ type CStorVolumeReplicaStatus struct {
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
 
+	// location is where the replica keeps its data on its node, as its agent found it: an
+	// absolute file path (file backend) or a zvol device (zfs backend).
+	// +optional
+	Location string `json:"location,omitempty"`
+
 	// revision counts the writes the replica holds, as its node last reported it; of two
 	// replicas of a volume, the one with the higher revision is the fresher.
 	// +optional
@@ -137,6 +142,7 @@ type CStorVolumeReplicaStatus struct {
 // +kubebuilder:printcolumn:name="Used",type=string,JSONPath=`.status.capacity.used`,priority=1
 // +kubebuilder:printcolumn:name="Revision",type=integer,JSONPath=`.status.revision`,priority=1
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,priority=1
+// +kubebuilder:printcolumn:name="Location",type=string,JSONPath=`.status.location`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type CStorVolumeReplica struct {
 	metav1.TypeMeta   `json:",inline"`

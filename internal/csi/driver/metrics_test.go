@@ -11,9 +11,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -22,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/crdipc/crdipc/internal/scheme"
+	testmetrics "github.com/crdipc/crdipc/internal/testenv/metrics"
 )
 
 // A unit test with the fake client: the calls go over a real Unix socket, the metrics are
@@ -60,17 +58,14 @@ func TestMetricsAndProbes(t *testing.T) {
 
 	srv := httptest.NewServer(d.Handler(reg))
 	defer srv.Close()
-	counts := map[string]uint64{}
-	for _, m := range scrape(t, srv.URL+"/metrics")["crdipc_csi_operations_seconds"].GetMetric() {
-		l := map[string]string{}
-		for _, p := range m.GetLabel() {
-			l[p.GetName()] = p.GetValue()
-		}
-		counts[l["method"]+"/"+l["grpc_status_code"]] = m.GetHistogram().GetSampleCount()
-	}
-	for key, want := range map[string]uint64{"GetPluginInfo/OK": 1, "CreateVolume/InvalidArgument": 2} {
-		if counts[key] != want {
-			t.Errorf("crdipc_csi_operations_seconds count for %s = %d, want %d (all: %v)", key, counts[key], want, counts)
+	mfs := testmetrics.Scrape(t, srv.URL+"/metrics")
+	for _, tc := range []struct {
+		method, code string
+		want         float64
+	}{{"GetPluginInfo", "OK", 1}, {"CreateVolume", "InvalidArgument", 2}} {
+		labels := map[string]string{"method": tc.method, "grpc_status_code": tc.code}
+		if n, _ := mfs.Sample("crdipc_csi_operations_seconds_count", labels); n != tc.want {
+			t.Errorf("crdipc_csi_operations_seconds_count%v = %v, want %v; all:\n%s", labels, n, tc.want, mfs.Format("crdipc_csi_operations_seconds_count"))
 		}
 	}
 	if code, _ := get(t, srv.URL+"/healthz"); code != http.StatusOK {
@@ -102,19 +97,4 @@ func get(t *testing.T, url string) (int, string) {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(body)
-}
-
-func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parsing %s: %v", url, err)
-	}
-	return mfs
 }

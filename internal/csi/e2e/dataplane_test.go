@@ -21,7 +21,6 @@ import (
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
 	"github.com/crdipc/crdipc/internal/install"
-	"github.com/crdipc/crdipc/internal/storage/backend"
 	"github.com/crdipc/crdipc/internal/testenv"
 )
 
@@ -249,8 +248,10 @@ func (w *world) sameReplicas(t *testing.T, id string) {
 	v := w.volume(t, id)
 	sums := map[string][]string{}
 	for _, r := range v.Status.Replicas {
-		f := backend.NewFile(filepath.Join(w.root, r.Node)).ReplicaPath(r.Pool, backend.Replica{Namespace: v.Namespace, Name: r.Name})
-		s := testenv.SHA256File(t, f)
+		if r.Location == "" {
+			t.Fatalf("replica %s of %s reports no location", r.Name, id)
+		}
+		s := testenv.SHA256File(t, r.Location)
 		sums[s] = append(sums[s], r.Name)
 	}
 	if len(sums) != 1 {

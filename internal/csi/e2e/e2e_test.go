@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -37,11 +38,10 @@ import (
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/scheme"
-	"github.com/crdipc/crdipc/internal/storage/agent"
+	"github.com/crdipc/crdipc/internal/simnode"
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
-	"github.com/crdipc/crdipc/internal/storage/operator"
 	"github.com/crdipc/crdipc/internal/testenv"
-	"github.com/crdipc/crdipc/ipc"
+	"github.com/crdipc/crdipc/internal/testenv/storagecluster"
 )
 
 func TestMain(m *testing.M) {
@@ -98,19 +98,12 @@ func newWorld(t *testing.T) *world {
 	env.AsServiceAccount(t, "csi-sidecar")
 
 	// Storage: the operator and 2 simulated nodes with a file pool each.
-	mgr := testenv.NewManager(t, env.Config)
-	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: -1}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := agent.AddSupervisor(mgr, env.Config, agent.SupervisorOptions{Nodes: 2, Root: w.root, Agent: agent.Options{Resync: 300 * time.Millisecond}}); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Start(t, "storage", mgr.Start)
+	storagecluster.Start(t, storagecluster.Options{Nodes: 2})
 	claim := &storagev1alpha1.StoragePoolClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "csi"},
 		Spec: storagev1alpha1.StoragePoolClaimSpec{
 			MinPools: 1, Capacity: resource.MustParse("10Gi"), Backend: storagev1alpha1.BackendFile,
-			NodeSelector: map[string]string{agent.SimulatedLabel: "true"},
+			NodeSelector: map[string]string{simnode.Label: "true"},
 		},
 	}
 	if err := w.c.Create(context.Background(), claim); err != nil {
@@ -211,7 +204,7 @@ func (w *world) waitHealthyPools(n int) {
 
 // addNode adds a simulated node, as `kubectl apply` of a labelled Node would.
 func (w *world) addNode(name string, healthyPools int) {
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{agent.SimulatedLabel: "true"}}}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{simnode.Label: "true"}}}
 	if err := w.c.Create(context.Background(), n); err != nil {
 		w.t.Fatal(err)
 	}
@@ -242,13 +235,39 @@ func (w *world) waitBound(t *testing.T, pvc *corev1.PersistentVolumeClaim, timeo
 	})
 }
 
-// replicaFiles are the replica files of volume on every node.
-func (w *world) replicaFiles(volume string) []string {
-	files, err := filepath.Glob(filepath.Join(w.root, "*", "pools", "*", install.SystemNamespace, volume+"-*.img"))
-	if err != nil {
-		w.t.Fatal(err)
+// replicaFiles are where the replicas of volume keep their data, by node, as the volume's
+// status reports them (from the replicas' status.location); none once the volume is gone.
+func (w *world) replicaFiles(t *testing.T, volume string) map[string]string {
+	t.Helper()
+	var v storagev1alpha1.CStorVolume
+	if err := w.c.Get(context.Background(), client.ObjectKey{Namespace: install.SystemNamespace, Name: volume}, &v); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	for _, r := range v.Status.Replicas {
+		if r.Location != "" {
+			files[r.Node] = r.Location
+		}
 	}
 	return files
+}
+
+// existing are those of files that are on disk.
+func existing(t *testing.T, files map[string]string) []string {
+	t.Helper()
+	var out []string
+	for _, f := range files {
+		_, err := os.Stat(f)
+		if err == nil {
+			out = append(out, f)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+	}
+	return out
 }
 
 func (w *world) events(ctx context.Context, obj client.Object) ([]corev1.Event, error) {
@@ -349,8 +368,8 @@ func (w *world) testProvisionWaitsForNode(t *testing.T) {
 	}
 	w.addNode("node-3", 3)
 	w.waitBound(t, pvc, 30*time.Second)
-	if n := len(w.replicaFiles("pvc-" + string(pvc.UID))); n != 3 {
-		t.Fatalf("%d replica files, want 3", n)
+	if files := w.replicaFiles(t, "pvc-"+string(pvc.UID)); len(existing(t, files)) != 3 {
+		t.Fatalf("replica files %v, want 3", files)
 	}
 	w.deletePVCAndWait(t, pvc)
 }
@@ -360,6 +379,7 @@ func (w *world) testProvisionWaitsForNode(t *testing.T) {
 func (w *world) deletePVCAndWait(t *testing.T, pvc *corev1.PersistentVolumeClaim) {
 	ctx := context.Background()
 	pvName := pvc.Spec.VolumeName
+	all := w.replicaFiles(t, pvName)
 	if err := w.c.Delete(ctx, pvc); err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +390,7 @@ func (w *world) deletePVCAndWait(t *testing.T, pvc *corev1.PersistentVolumeClaim
 		if err := w.c.List(ctx, &rs, client.InNamespace(install.SystemNamespace), client.MatchingFields{storagev1alpha1.FieldVolume: pvName}); err != nil {
 			return false, "", err
 		}
-		files := w.replicaFiles(pvName)
+		files := existing(t, all)
 		return apierrors.IsNotFound(pverr) && apierrors.IsNotFound(verr) && len(rs.Items) == 0 && len(files) == 0,
 			fmt.Sprintf("pv: %v, volume: %v, replicas: %d, files: %v", pverr, verr, len(rs.Items), files), nil
 	})
@@ -494,11 +514,15 @@ func (w *world) testDriverRestart(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("%d volumes named %s, want 1", n, req.Name)
 	}
+	files := w.replicaFiles(t, id)
+	if len(files) == 0 {
+		t.Fatalf("volume %s reports no replica files", id)
+	}
 	if _, err := cc.DeleteVolume(cctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(w.replicaFiles(id)); n != 0 {
-		t.Fatalf("%d replica files left after DeleteVolume", n)
+	if left := existing(t, files); len(left) != 0 {
+		t.Fatalf("replica files left after DeleteVolume: %v", left)
 	}
 }
 
@@ -531,8 +555,9 @@ func (w *world) testLifecycle(t *testing.T) {
 	if err := w.c.Get(ctx, client.ObjectKey{Namespace: install.SystemNamespace, Name: pv.Name}, &vol); err != nil {
 		t.Fatal(err)
 	}
-	if vol.Status.ReadyReplicas != 3 || len(w.replicaFiles(pv.Name)) != 3 {
-		t.Fatalf("volume %s: %d ready replicas, files %v", vol.Name, vol.Status.ReadyReplicas, w.replicaFiles(pv.Name))
+	files := w.replicaFiles(t, pv.Name)
+	if vol.Status.ReadyReplicas != 3 || len(existing(t, files)) != 3 {
+		t.Fatalf("volume %s: %d ready replicas, files %v", vol.Name, vol.Status.ReadyReplicas, files)
 	}
 
 	va := &storagev1.VolumeAttachment{
@@ -596,9 +621,9 @@ func (w *world) testLifecycle(t *testing.T) {
 	w.eventually(t, "PV, volume, replicas and files gone", 40*time.Second, func(ctx context.Context) (bool, string, error) {
 		pverr := w.c.Get(ctx, client.ObjectKey{Name: pv.Name}, &corev1.PersistentVolume{})
 		verr := w.c.Get(ctx, client.ObjectKeyFromObject(&vol), &storagev1alpha1.CStorVolume{})
-		files := w.replicaFiles(pv.Name)
-		return apierrors.IsNotFound(pverr) && apierrors.IsNotFound(verr) && len(files) == 0,
-			fmt.Sprintf("pv: %v, volume: %v, files: %v", pverr, verr, files), nil
+		left := existing(t, files)
+		return apierrors.IsNotFound(pverr) && apierrors.IsNotFound(verr) && len(left) == 0,
+			fmt.Sprintf("pv: %v, volume: %v, files: %v", pverr, verr, left), nil
 	})
 }
 
@@ -642,14 +667,9 @@ func (w *world) testStageFormatOnce(t *testing.T) {
 			t.Errorf("DeleteVolume: %v", err)
 		}
 	})
-	var replica string
-	for _, f := range w.replicaFiles(id) {
-		if strings.HasPrefix(f, filepath.Join(w.root, "node-1")+"/") {
-			replica = f
-		}
-	}
+	replica := w.replicaFiles(t, id)["node-1"]
 	if replica == "" {
-		t.Fatalf("volume %s has no replica file on node-1: %v", id, w.replicaFiles(id))
+		t.Fatalf("volume %s has no replica file on node-1: %v", id, w.replicaFiles(t, id))
 	}
 	if replica, err = filepath.EvalSymlinks(replica); err != nil {
 		t.Fatal(err)
@@ -710,7 +730,7 @@ func (w *world) testStageFormatOnce(t *testing.T) {
 		})
 		// Unstaged cleanly: every replica holds the same bytes.
 		sums := map[string]string{}
-		for _, f := range w.replicaFiles(id) {
+		for _, f := range w.replicaFiles(t, id) {
 			sums[testenv.SHA256File(t, f)] = f
 		}
 		if len(sums) != 1 {

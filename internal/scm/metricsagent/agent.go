@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -31,14 +30,17 @@ import (
 // nothing to the counter; they are a safety net for handlers, cheap because nothing is listed.
 const DefaultResync = 10 * time.Minute
 
+// The agent writes nothing: it lists and watches what it counts (config/rbac/metrics-agent
+// binds this in the namespace it watches, or cluster-wide when it watches every namespace).
+// +kubebuilder:rbac:groups="",resources=events,verbs=list;watch
+// +kubebuilder:rbac:groups=scm.crdipc.io,resources=pullrequests;branches,verbs=list;watch
+
 // Options configure an Agent.
 type Options struct {
 	// Config reaches the API server. Required.
 	Config *rest.Config
 	// Namespace limits the agent to one namespace; empty watches all namespaces.
 	Namespace string
-	// Addr is where Run serves /metrics, /healthz and /readyz, e.g. ":9102".
-	Addr string
 	// Resync is the informers' resync period (default DefaultResync).
 	Resync time.Duration
 	// Logger (default slog.Default()).
@@ -186,8 +188,8 @@ func (a *Agent) StartTime() time.Time {
 	return time.Time{}
 }
 
-// Start runs the informers until ctx ends and returns once their caches are synced. Run
-// calls it; use it directly to serve Handler from a server of your own.
+// Start runs the informers until ctx ends and returns once their caches are synced; serve
+// Handler meanwhile (crdipc serves it with services.HTTPServer): /readyz says when it is.
 func (a *Agent) Start(ctx context.Context) error {
 	now := time.Now()
 	if !a.start.CompareAndSwap(nil, &now) {
@@ -204,40 +206,5 @@ func (a *Agent) Start(ctx context.Context) error {
 		return fmt.Errorf("waiting for caches to sync: %w", context.Cause(ctx))
 	}
 	a.opts.Logger.Info("metrics agent caches synced", "namespace", a.opts.Namespace, "took", time.Since(now).Round(time.Millisecond))
-	return nil
-}
-
-// Run starts the informers and serves on opts.Addr until ctx ends.
-func (a *Agent) Run(ctx context.Context) error {
-	ln, err := net.Listen("tcp", a.opts.Addr)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", a.opts.Addr, err)
-	}
-	return a.Serve(ctx, ln)
-}
-
-// Serve is Run on a listener of the caller's: /healthz answers at once, /readyz once the
-// caches are synced. It calls Start unless the caller did.
-func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: a.handler, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	a.opts.Logger.Info("metrics agent serving", "addr", ln.Addr().String())
-	if a.start.Load() == nil {
-		if err := a.Start(ctx); err != nil && ctx.Err() == nil {
-			_ = srv.Close()
-			return err
-		}
-	}
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serving metrics: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		return fmt.Errorf("shutting down metrics agent: %w", err)
-	}
 	return nil
 }

@@ -26,7 +26,7 @@ func TestCountsEachOccurrenceOnce(t *testing.T) {
 	s.send("pull_request", pullRequest(t, 2, "opened", "open", false, 2))
 	s.send("push", push(t, "main", 3, false, false))
 
-	a := startAgent(t, env.Config, ns)
+	a := startAgent(t, nil, ns)
 	if got := eventsTotal(t, a); got != 0 {
 		t.Fatalf("history counted: crdipc_scm_events_total = %v right after start, want 0", got)
 	}
@@ -37,7 +37,7 @@ func TestCountsEachOccurrenceOnce(t *testing.T) {
 	s.send("push", push(t, "main", 7, false, false))
 	s.send("push", push(t, "main", 7, false, false)) // new delivery ID, same state: a new Event
 	waitTotal(t, a, 5)
-	mfs := scrape(t, a.URL)
+	mfs := a.metrics(t)
 	for _, tc := range []struct {
 		kind, reason string
 		want         float64
@@ -45,7 +45,7 @@ func TestCountsEachOccurrenceOnce(t *testing.T) {
 		{"PullRequest", "PullRequestSynchronize", 1}, {"PullRequest", "PullRequestMerged", 1},
 		{"PullRequest", "PullRequestOpened", 1}, {"Branch", "BranchPushed", 2},
 	} {
-		if got := value(mfs, "crdipc_scm_events_total", map[string]string{"kind": tc.kind, "reason": tc.reason, "type": "Normal"}); got != tc.want {
+		if got := mfs.Sum("crdipc_scm_events_total", map[string]string{"kind": tc.kind, "reason": tc.reason, "type": "Normal"}); got != tc.want {
 			t.Errorf("crdipc_scm_events_total{kind=%q,reason=%q} = %v, want %v", tc.kind, tc.reason, got, tc.want)
 		}
 	}
@@ -72,7 +72,7 @@ func TestCountsEachOccurrenceOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitTotal(t, a, 9)
-	if got := value(scrape(t, a.URL), "crdipc_scm_events_total", map[string]string{"reason": "Other", "type": "Warning"}); got != 4 {
+	if got := a.metrics(t).Sum("crdipc_scm_events_total", map[string]string{"reason": "Other", "type": "Warning"}); got != 4 {
 		t.Errorf("unknown reason: counted %v under reason=Other, want 4", got)
 	}
 	if err := env.Client.Delete(context.Background(), ev); err != nil {
@@ -110,7 +110,7 @@ func TestRelistDoesNotDoubleCount(t *testing.T) {
 	}
 	waitTotal(t, a, 5)
 	listsOf := func() float64 {
-		return value(scrape(t, a.URL), "crdipc_scm_agent_lists_total", map[string]string{"resource": "events"})
+		return a.metrics(t).Sum("crdipc_scm_agent_lists_total", map[string]string{"resource": "events"})
 	}
 	lists := listsOf()
 
@@ -121,7 +121,12 @@ func TestRelistDoesNotDoubleCount(t *testing.T) {
 		}
 		s.send("pull_request", pullRequest(t, 10+i, "synchronize", "open", false, 10+i))
 	}
-	waitFor(t, "a re-list of events", func() (bool, error) { return listsOf() > lists, nil })
+	testenv.Eventually(t, 30*time.Second, "a re-list of events", func(context.Context) (bool, error) {
+		if n := listsOf(); n <= lists {
+			return false, fmt.Errorf("%v lists of events, as before the watch expired", n)
+		}
+		return true, nil
+	})
 	waitTotal(t, a, 8)
 	s.send("push", push(t, "main", 20, false, false))
 	waitTotal(t, a, 9)
@@ -142,7 +147,7 @@ func TestRestartMidStream(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	s := newSender(t, env.Config, ns)
-	first := startAgent(t, env.Config, ns)
+	first := startAgent(t, nil, ns)
 
 	type sent struct{ from, to time.Time }
 	var (
@@ -172,7 +177,7 @@ func TestRestartMidStream(t *testing.T) {
 	<-restartAt
 	before := eventsTotal(t, first)
 	first.stop()
-	second := startAgent(t, env.Config, ns)
+	second := startAgent(t, nil, ns)
 	start := second.StartTime()
 	<-done
 
@@ -196,12 +201,16 @@ func TestRestartMidStream(t *testing.T) {
 	// Sentinel with a reason the stream never uses: the agent handles Events in the order the
 	// API server stored them, so once the sentinel is counted every stream Event has been seen.
 	s.send("pull_request", pullRequest(t, 1000, "closed", "closed", false, 1000))
-	waitFor(t, "the sentinel to be counted", func() (bool, error) {
-		return value(scrape(t, second.URL), "crdipc_scm_events_total", map[string]string{"reason": "PullRequestClosed"}) == 1, nil
+	testenv.Eventually(t, 30*time.Second, "the sentinel to be counted", func(context.Context) (bool, error) {
+		mfs := second.metrics(t)
+		if n := mfs.Sum("crdipc_scm_events_total", map[string]string{"reason": "PullRequestClosed"}); n != 1 {
+			return false, fmt.Errorf("%v PullRequestClosed counted; all:\n%s", n, mfs.Format("crdipc_scm_events_total"))
+		}
+		return true, nil
 	})
-	mfs := scrape(t, second.URL)
-	got := value(mfs, "crdipc_scm_events_total", map[string]string{"reason": "PullRequestSynchronize"}) +
-		value(mfs, "crdipc_scm_events_total", map[string]string{"reason": "BranchPushed"})
+	mfs := second.metrics(t)
+	got := mfs.Sum("crdipc_scm_events_total", map[string]string{"reason": "PullRequestSynchronize"}) +
+		mfs.Sum("crdipc_scm_events_total", map[string]string{"reason": "BranchPushed"})
 	if got < must || got > must+maybe {
 		t.Fatalf("second agent counted %v stream Events; %v were sent after its start and %v straddled it", got, must, maybe)
 	}
@@ -216,7 +225,7 @@ func TestGaugesMatchResources(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	s := newSender(t, env.Config, ns)
-	a := startAgent(t, env.Config, ns)
+	a := startAgent(t, nil, ns)
 	s.send("pull_request", pullRequest(t, 1, "opened", "open", false, 1))
 	s.send("pull_request", pullRequest(t, 2, "opened", "open", false, 2))
 	s.send("pull_request", pullRequest(t, 3, "closed", "closed", false, 3))
@@ -253,15 +262,15 @@ func TestGaugesMatchResources(t *testing.T) {
 		return m
 	}
 	got := func(a *runningAgent) map[string]float64 {
-		mfs := scrape(t, a.URL)
+		mfs := a.metrics(t)
 		m := map[string]float64{}
 		for _, st := range []string{"open", "closed", "merged"} {
-			if v := value(mfs, "crdipc_scm_pullrequests", map[string]string{"state": st}); v > 0 {
+			if v := mfs.Sum("crdipc_scm_pullrequests", map[string]string{"state": st}); v > 0 {
 				m["pr/"+st] = v
 			}
 		}
 		for _, st := range []string{"created", "pushed", "deleted"} {
-			if v := value(mfs, "crdipc_scm_branches", map[string]string{"state": st}); v > 0 {
+			if v := mfs.Sum("crdipc_scm_branches", map[string]string{"state": st}); v > 0 {
 				m["branch/"+st] = v
 			}
 		}
@@ -271,19 +280,27 @@ func TestGaugesMatchResources(t *testing.T) {
 	if w := want(); fmt.Sprint(w) != fmt.Sprint(expect) {
 		t.Fatalf("API lists %v, want %v", w, expect)
 	}
-	waitFor(t, "gauges to match the API", func() (bool, error) { return fmt.Sprint(got(a)) == fmt.Sprint(expect), nil })
+	gaugesAre := func(want func() map[string]float64) func(context.Context) (bool, error) {
+		return func(context.Context) (bool, error) {
+			if g, w := got(a), want(); fmt.Sprint(g) != fmt.Sprint(w) {
+				return false, fmt.Errorf("gauges %v, want %v", g, w)
+			}
+			return true, nil
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, "gauges to match the API", gaugesAre(func() map[string]float64 { return expect }))
 
 	s.send("pull_request", pullRequest(t, 1, "closed", "closed", true, 10))
 	expect["pr/open"], expect["pr/merged"] = 1, 3
-	waitFor(t, "gauges to follow a merge", func() (bool, error) { return fmt.Sprint(got(a)) == fmt.Sprint(want()), nil })
+	testenv.Eventually(t, 30*time.Second, "gauges to follow a merge", gaugesAre(want))
 
 	a.stop()
-	b := startAgent(t, env.Config, ns)
+	b := startAgent(t, nil, ns)
 	if g, w := got(b), want(); fmt.Sprint(g) != fmt.Sprint(w) {
 		t.Errorf("after restart the gauges are %v at first scrape, want %v", g, w)
 	}
 	// Every state is exported, even at zero, with no other labels.
-	mfs := scrape(t, b.URL)
+	mfs := b.metrics(t)
 	if n := len(mfs["crdipc_scm_pullrequests"].GetMetric()); n != 3 {
 		t.Errorf("crdipc_scm_pullrequests has %d series, want 3", n)
 	}

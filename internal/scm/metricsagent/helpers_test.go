@@ -19,14 +19,13 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 
 	"github.com/crdipc/crdipc/internal/scm/metricsagent"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
+	"github.com/crdipc/crdipc/internal/services"
+	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/metrics"
 )
 
 const secret = "metrics-agent-test-secret"
@@ -43,6 +42,10 @@ type runningAgent struct {
 // startAgent runs an agent for ns until the test ends or stop is called, and returns once
 // its caches are synced.
 func startAgent(t *testing.T, cfg *rest.Config, ns string) *runningAgent {
+	if cfg == nil {
+		// The agent's own ServiceAccount and read-only role, bound in the namespace it watches.
+		cfg = testenv.Get(t).AsServiceAccount(t, "metrics-agent", ns)
+	}
 	t.Helper()
 	a, err := metricsagent.New(metricsagent.Options{Config: cfg, Namespace: ns, Logger: quiet})
 	if err != nil {
@@ -54,7 +57,15 @@ func startAgent(t *testing.T, cfg *rest.Config, ns string) *runningAgent {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- a.Serve(ctx, ln) }()
+	// Served as crdipc serves it: /healthz at once, /readyz once Start has synced.
+	go func() {
+		done <- (&services.HTTPServer{Name: "metrics agent", Listener: ln, Handler: a.Handler()}).Start(ctx)
+	}()
+	go func() {
+		if err := a.Start(ctx); err != nil && ctx.Err() == nil {
+			t.Errorf("agent: %v", err)
+		}
+	}()
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
@@ -66,85 +77,49 @@ func startAgent(t *testing.T, cfg *rest.Config, ns string) *runningAgent {
 	}
 	t.Cleanup(stop)
 	r := &runningAgent{Agent: a, URL: "http://" + ln.Addr().String(), stop: stop}
-	waitFor(t, "agent ready", func() (bool, error) {
-		resp, err := http.Get(r.URL + "/readyz")
+	testenv.Eventually(t, 30*time.Second, "agent ready", func(ctx context.Context) (bool, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.URL+"/readyz", nil)
 		if err != nil {
-			return false, nil
+			return false, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, err
 		}
 		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
+		if resp.StatusCode != http.StatusOK {
+			return false, fmt.Errorf("/readyz: %s", resp.Status)
+		}
+		return true, nil
 	})
 	return r
 }
 
-func waitFor(t *testing.T, what string, cond func() (bool, error)) {
+// metrics scrapes the agent's /metrics.
+func (r *runningAgent) metrics(t testing.TB) metrics.Families {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true,
-		func(context.Context) (bool, error) { return cond() })
-	if err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
-	}
-}
-
-func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatalf("scrape: %v", err)
-	}
-	defer resp.Body.Close()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parsing /metrics: %v", err)
-	}
-	return mfs
-}
-
-// value sums the samples of a family whose labels include want.
-func value(mfs map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
-	var sum float64
-next:
-	for _, m := range mfs[name].GetMetric() {
-		got := map[string]string{}
-		for _, lp := range m.GetLabel() {
-			got[lp.GetName()] = lp.GetValue()
-		}
-		for k, v := range want {
-			if got[k] != v {
-				continue next
-			}
-		}
-		switch {
-		case m.Counter != nil:
-			sum += m.GetCounter().GetValue()
-		case m.Gauge != nil:
-			sum += m.GetGauge().GetValue()
-		}
-	}
-	return sum
+	return metrics.Scrape(t, r.URL+"/metrics")
 }
 
 func eventsTotal(t *testing.T, a *runningAgent) float64 {
-	return value(scrape(t, a.URL), "crdipc_scm_events_total", nil)
+	t.Helper()
+	return a.metrics(t).Sum("crdipc_scm_events_total", nil)
 }
 
 // waitTotal waits until the agent's counter is exactly n. Reaching n and staying is checked
 // by callers with a sentinel: one more Event must make it n+1, not more.
 func waitTotal(t *testing.T, a *runningAgent, n float64) {
 	t.Helper()
-	var last float64
-	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true,
-		func(context.Context) (bool, error) {
-			last = eventsTotal(t, a)
-			if last > n {
-				return false, fmt.Errorf("crdipc_scm_events_total is %v, over the expected %v", last, n)
-			}
-			return last == n, nil
-		})
-	if err != nil {
-		t.Fatalf("waiting for crdipc_scm_events_total == %v (last %v): %v", n, last, err)
-	}
+	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("crdipc_scm_events_total == %v", n), func(context.Context) (bool, error) {
+		got := eventsTotal(t, a)
+		if got > n {
+			t.Fatalf("crdipc_scm_events_total is %v, over the expected %v", got, n)
+		}
+		if got < n {
+			return false, fmt.Errorf("crdipc_scm_events_total is %v", got)
+		}
+		return true, nil
+	})
 }
 
 // sender delivers signed GitHub payloads to a real webhook listener, so the Events the agent

@@ -2,11 +2,10 @@ package metricsagent_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
-
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/crdipc/crdipc/internal/testenv"
 )
@@ -18,7 +17,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	s := newSender(t, env.Config, ns)
-	agent := startAgent(t, env.Config, ns)
+	agent := startAgent(t, nil, ns)
 
 	prom := testenv.StartPrometheus(t, map[string]string{
 		"crdipc-metrics-agent":    strings.TrimPrefix(agent.URL, "http://"),
@@ -49,15 +48,16 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		`sum(crdipc_webhook_deliveries_total{result="duplicate"})`:                    1,
 		`sum(crdipc_webhook_deliveries_total)`:                                        8,
 	} {
-		var got float64
-		var gotErr error
-		err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 60*time.Second, true,
-			func(context.Context) (bool, error) {
-				got, gotErr = prom.Query(query)
-				return gotErr == nil && got == want, nil
-			})
-		if err != nil {
-			t.Errorf("PromQL %s = %v (%v), want %v", query, got, gotErr, want)
-		}
+		// Prometheus scrapes every second: a count takes a scrape or two to show.
+		testenv.Eventually(t, time.Minute, fmt.Sprintf("PromQL %s = %v", query, want), func(context.Context) (bool, error) {
+			got, err := prom.Query(query)
+			if err != nil {
+				return false, err
+			}
+			if got != want {
+				return false, fmt.Errorf("got %v", got)
+			}
+			return true, nil
+		})
 	}
 }

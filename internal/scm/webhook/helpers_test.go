@@ -55,7 +55,9 @@ func newUnstartedHarness(t testing.TB, cfg *rest.Config, mod ...func(*webhook.Op
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	if cfg == nil {
-		cfg = env.Config
+		// The listener's own ServiceAccount, with the role its markers generate, bound in
+		// the test's namespace as config/rbac/webhook-listener binds it in crdipc-scm.
+		cfg = env.AsServiceAccount(t, "webhook-listener", ns)
 	}
 	opts := webhook.Options{
 		Config:    cfg,

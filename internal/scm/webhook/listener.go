@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -40,6 +39,13 @@ const DefaultTimeout = 8 * time.Second
 // SecretEnv is the environment variable the CLI reads the secret from when no file is given.
 const SecretEnv = "CRDIPC_WEBHOOK_SECRET"
 
+// The listener's permissions, in the namespace it writes to (config/rbac/webhook-listener binds
+// them there with a RoleBinding): read its PullRequests and Branches (its cache lists and
+// watches them), create and update them, never delete; create Events, and get one for the
+// redelivery check of same-second deliveries.
+// +kubebuilder:rbac:groups=scm.crdipc.io,resources=pullrequests;branches,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups="",resources=events,verbs=get;create
+
 // Options configure a Listener.
 type Options struct {
 	// Config reaches the API server. Required.
@@ -56,8 +62,6 @@ type Options struct {
 	Timeout time.Duration
 	// Instance is the Events' reportingInstance (default: the host name).
 	Instance string
-	// Addr is where Run listens, e.g. ":8080". /webhook, /healthz, /readyz and /metrics share it.
-	Addr string
 	// Logger receives one line per delivery (default slog.Default()).
 	Logger *slog.Logger
 	// Registry receives the listener's metrics (default: a new registry with Go and process
@@ -151,7 +155,7 @@ func (l *Listener) Handler() http.Handler { return l.handler }
 func (l *Listener) Registry() *prometheus.Registry { return l.opts.Registry }
 
 // Start fills the listener's cache of PullRequests and Branches and keeps it current until
-// ctx ends; it returns once the cache is synced. Run and Serve call it. A listener that was
+// ctx ends; it returns once the cache is synced. A listener that was
 // not started still works: every delivery then reads the API server directly.
 func (l *Listener) Start(ctx context.Context) error {
 	if !l.started.CompareAndSwap(false, true) {
@@ -189,46 +193,6 @@ func (l *Listener) serveReady(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fmt.Fprintln(w, "ok")
-}
-
-// Run serves on opts.Addr until ctx ends, then shuts down gracefully.
-func (l *Listener) Run(ctx context.Context) error {
-	ln, err := net.Listen("tcp", l.opts.Addr)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", l.opts.Addr, err)
-	}
-	return l.Serve(ctx, ln)
-}
-
-// Serve starts the cache (unless Start ran already), then serves on ln until ctx ends;
-// deliveries in flight get 10 s to finish.
-func (l *Listener) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{
-		Handler:           l.handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-	}
-	if !l.started.Load() {
-		if err := l.Start(ctx); err != nil {
-			return err
-		}
-	}
-	l.opts.Logger.Info("webhook listener serving", "addr", ln.Addr().String(), "namespace", l.opts.Namespace)
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serving webhooks: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		return fmt.Errorf("shutting down webhook listener: %w", err)
-	}
-	return nil
 }
 
 // LoadSecret reads the webhook secret from path, or from $SecretEnv when path is empty. A

@@ -4,51 +4,8 @@ import (
 	"net/http"
 	"testing"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	"github.com/crdipc/crdipc/internal/testenv/metrics"
 )
-
-// scrape parses /metrics with Prometheus' own text parser.
-func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s", url, resp.Status)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parsing %s: %v", url, err)
-	}
-	return mfs
-}
-
-// sample finds the sample of family name whose labels include want.
-func sample(mfs map[string]*dto.MetricFamily, name string, want map[string]string) *dto.Metric {
-	mf := mfs[name]
-	if mf == nil {
-		return nil
-	}
-next:
-	for _, m := range mf.GetMetric() {
-		got := map[string]string{}
-		for _, lp := range m.GetLabel() {
-			got[lp.GetName()] = lp.GetValue()
-		}
-		for k, v := range want {
-			if got[k] != v {
-				continue next
-			}
-		}
-		return m
-	}
-	return nil
-}
 
 func TestMetrics(t *testing.T) {
 	h := newHarness(t, nil)
@@ -61,7 +18,7 @@ func TestMetrics(t *testing.T) {
 	bad.Header.Set("X-Hub-Signature-256", sign("wrong", []byte("x")))
 	h.do(bad)
 
-	mfs := scrape(t, h.srv.URL+"/metrics")
+	mfs := metrics.Scrape(t, h.srv.URL+"/metrics")
 	for _, tc := range []struct {
 		event, result string
 		want          float64
@@ -69,17 +26,12 @@ func TestMetrics(t *testing.T) {
 		{"pull_request", "created", 1}, {"pull_request", "duplicate", 1}, {"pull_request", "updated", 1},
 		{"push", "ignored", 1}, {"issues", "ignored", 1}, {"pull_request", "unauthorized", 1},
 	} {
-		m := sample(mfs, "crdipc_webhook_deliveries_total", map[string]string{"event": tc.event, "result": tc.result})
-		if m == nil || m.GetCounter().GetValue() != tc.want {
-			t.Errorf("crdipc_webhook_deliveries_total{event=%q,result=%q} = %v, want %v", tc.event, tc.result, m, tc.want)
+		if v, ok := mfs.Sample("crdipc_webhook_deliveries_total", map[string]string{"event": tc.event, "result": tc.result}); !ok || v != tc.want {
+			t.Errorf("crdipc_webhook_deliveries_total{event=%q,result=%q} = %v (present %v), want %v", tc.event, tc.result, v, ok, tc.want)
 		}
 	}
-	var n uint64
-	for _, m := range mfs["crdipc_webhook_request_duration_seconds"].GetMetric() {
-		n += m.GetHistogram().GetSampleCount()
-	}
-	if n != 6 {
-		t.Errorf("request duration histogram counted %d requests, want 6", n)
+	if n := mfs.Sum("crdipc_webhook_request_duration_seconds_count", nil); n != 6 {
+		t.Errorf("request duration histogram counted %v requests, want 6", n)
 	}
 	if mfs["go_goroutines"] == nil {
 		t.Error("no Go runtime metrics")

@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -32,10 +30,6 @@ import (
 	"github.com/crdipc/crdipc/internal/storage/backend"
 	"github.com/crdipc/crdipc/ipc"
 )
-
-// Finalizer is the agent's finalizer on CStorPools and CStorVolumeReplicas: the object
-// stays until the agent has destroyed its data.
-const Finalizer = "storage.crdipc.io/pool-agent"
 
 // A pool agent's permissions: read the pools and replicas (the API server lets it list
 // only what it asks for, its node's, but RBAC cannot restrict it to them), write their
@@ -169,18 +163,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
-// LeaseName is the name of node's Lease in the crdipc-system namespace.
-func LeaseName(node string) string {
-	name := "pool-agent-" + node
-	if len(name) <= 253 {
-		return name
-	}
-	sum := sha256.Sum256([]byte(node))
-	return name[:240] + "-" + hex.EncodeToString(sum[:])[:12]
-}
-
 func (a *Agent) newManager(log logr.Logger) (manager.Manager, *dataServer, error) {
-	lock, err := resourcelock.NewFromKubeconfig(resourcelock.LeasesResourceLock, install.SystemNamespace, LeaseName(a.o.Node),
+	lock, err := resourcelock.NewFromKubeconfig(resourcelock.LeasesResourceLock, install.SystemNamespace, storagev1alpha1.NodeLeaseName(a.o.Node),
 		resourcelock.ResourceLockConfig{Identity: a.o.Identity}, a.cfg, a.o.RenewDeadline)
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating node lease lock: %w", err)
@@ -261,7 +245,7 @@ func (a *Agent) register(mgr manager.Manager, data *dataServer) error {
 	}
 	backends := a.backend
 	base := ipc.Options{
-		Finalizer:               Finalizer,
+		Finalizer:               storagev1alpha1.AgentFinalizer,
 		MaxConcurrentReconciles: a.o.MaxConcurrentReconciles,
 		// A conflict on a status write is retried through the rate limiter: start fast.
 		BackoffBase: 5 * time.Millisecond,

@@ -5,8 +5,9 @@
 //
 // One agent serves one node. It lists and watches only the objects whose spec.nodeName is
 // its node (a CRD selectable field, so the API server filters), and it holds the node's
-// Lease (pool-agent-<node> in crdipc-system, through leader election) before it acts: a
-// second agent started for the same node stands by until the first is gone.
+// Lease (storagev1alpha1.NodeLeaseName: pool-agent-<node> in crdipc-system, through leader
+// election) before it acts: a second agent started for the same node stands by until the
+// first is gone.
 //
 // Operations go through a backend (internal/storage/backend) and are idempotent: a pool
 // or replica past Init is imported/stat'ed, never created again, and what is found on
@@ -15,5 +16,6 @@
 // deleted. Every object is re-checked each resync period, so a pool directory or replica
 // file that disappears behind the agent's back turns Offline.
 //
-// Supervisor runs agents for simulated nodes in-process, for `crdipc up`.
+// Supervisor runs agents for the simulated nodes of `crdipc up` (package simnode)
+// in-process.
 package agent

@@ -101,6 +101,8 @@ func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVol
 		}
 	}
 	r.Status.Phase = storagev1alpha1.ReplicaPhaseHealthy
+	// Published so that tools and tests find the data without knowing the backend's layout.
+	r.Status.Location = st.Location
 	r.Status.Capacity = &storagev1alpha1.ReplicaCapacity{
 		Total: *resource.NewQuantity(st.Size, resource.BinarySI),
 		Used:  *resource.NewQuantity(st.Allocated, resource.BinarySI),

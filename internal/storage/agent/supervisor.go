@@ -6,7 +6,6 @@ import (
 	"net"
 	"path/filepath"
 	"sync"
-	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -17,24 +16,16 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/crdipc/crdipc/api/conditions"
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/simnode"
 )
 
-// SimulatedLabel marks a Node as simulated: `crdipc up` runs its pool agent in-process.
-const SimulatedLabel = "storage.crdipc.io/simulated"
-
-// SupervisorOptions configure the simulated nodes of `crdipc up`.
+// SupervisorOptions configure the pool agents of the simulated nodes of `crdipc up`.
 type SupervisorOptions struct {
-	// Nodes is how many simulated nodes (node-1 … node-N) to create at start if they do
-	// not exist yet. Nodes that exist already, from an earlier run or from kubectl, are
-	// served as well.
-	Nodes int
 	// Root holds each node's agent root, Root/<node>.
 	Root string
 	// Agent is the template for every agent; Node, Root, Identity and DataAddr are set
@@ -50,10 +41,9 @@ type SupervisorOptions struct {
 // and test processes never collide; the replicas report it.
 func dataIP(i int) string { return fmt.Sprintf("127.1.%d.%d", i/254, i%254+1) }
 
-// Supervisor runs one agent per simulated Node: it starts an agent when a Node labelled
-// storage.crdipc.io/simulated=true appears, and when the Node is deleted it stops the agent
-// and marks the node's pools and replicas Offline. With no kubelet, it also plays the
-// kubelet's part of reporting the Node Ready.
+// Supervisor runs one agent per simulated Node (package simnode): it starts an agent when a
+// simulated Node appears, and when the Node is deleted it stops the agent and marks the
+// node's pools and replicas Offline. Reporting the Nodes Ready is simnode's part.
 type Supervisor struct {
 	cfg *rest.Config
 	c   client.Client
@@ -78,20 +68,20 @@ type runningAgent struct {
 	done   chan struct{}
 }
 
-// AddSupervisor adds a Supervisor to mgr: a Node controller plus a runnable that creates
-// the initial nodes and, when mgr stops, stops every agent.
+// AddSupervisor adds a Supervisor to mgr: a Node controller plus a runnable that, when mgr
+// stops, stops every agent. The Nodes themselves come from simnode.Add.
 func AddSupervisor(mgr manager.Manager, cfg *rest.Config, o SupervisorOptions) (*Supervisor, error) {
 	if o.Root == "" {
-		return nil, fmt.Errorf("simulated nodes: a root directory is required")
+		return nil, fmt.Errorf("simulated nodes' pool agents: a root directory is required")
 	}
-	s := &Supervisor{cfg: cfg, c: mgr.GetClient(), o: o, log: mgr.GetLogger().WithName("simulated-nodes"), agents: map[string]*runningAgent{}}
+	s := &Supervisor{cfg: cfg, c: mgr.GetClient(), o: o, log: mgr.GetLogger().WithName("simulated-node-agents"), agents: map[string]*runningAgent{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if err := mgr.Add(s); err != nil {
 		return nil, err
 	}
 	err := ctrl.NewControllerManagedBy(mgr).
-		Named("simulated-nodes").
-		For(&corev1.Node{}, builder.WithPredicates(simulated)).
+		Named("simulated-node-agents").
+		For(&corev1.Node{}, builder.WithPredicates(simnode.Predicate())).
 		Complete(s)
 	if err != nil {
 		return nil, err
@@ -104,42 +94,22 @@ func (s *Supervisor) NeedLeaderElection() bool { return true }
 
 // Start implements manager.Runnable.
 func (s *Supervisor) Start(ctx context.Context) error {
-	for i := 1; i <= s.o.Nodes; i++ {
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
-			Name:   fmt.Sprintf("node-%d", i),
-			Labels: map[string]string{SimulatedLabel: "true", corev1.LabelHostname: fmt.Sprintf("node-%d", i)},
-		}}
-		node.Status.Conditions = []corev1.NodeCondition{readyCondition(corev1.ConditionTrue, "simulated node created by crdipc up")}
-		if err := s.c.Create(ctx, node); err != nil && !apierrors.IsAlreadyExists(err) {
-			s.stopAll()
-			return fmt.Errorf("creating simulated node %s: %w", node.Name, err)
-		}
-	}
 	<-ctx.Done()
-	nodes := s.stopAll()
-	// Nothing serves these nodes any more: say so, as a node controller would.
-	stopCtx, stop := context.WithTimeout(context.Background(), 2*time.Second)
-	defer stop()
-	for _, name := range nodes {
-		_ = s.setNodeReady(stopCtx, name, corev1.ConditionUnknown, "crdipc up stopped; no pool agent runs for this node")
-	}
+	s.stopAll()
 	return nil
 }
 
-// stopAll stops every agent, for good, and returns their nodes.
-func (s *Supervisor) stopAll() []string {
+// stopAll stops every agent, for good.
+func (s *Supervisor) stopAll() {
 	s.mu.Lock()
 	s.stopped = true
 	agents := s.agents
 	s.agents = map[string]*runningAgent{}
 	s.mu.Unlock()
 	s.cancel()
-	nodes := make([]string, 0, len(agents))
-	for name, a := range agents {
+	for _, a := range agents {
 		<-a.done
-		nodes = append(nodes, name)
 	}
-	return nodes
 }
 
 // Reconcile implements reconcile.Reconciler for Nodes.
@@ -149,17 +119,8 @@ func (s *Supervisor) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil && !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, err
 	}
-	if err == nil && isSimulated(&node) && node.DeletionTimestamp.IsZero() {
-		if err := s.startAgent(node.Name); err != nil {
-			return reconcile.Result{}, err
-		}
-		c := nodeReady(&node)
-		if c == nil || c.Status != corev1.ConditionTrue {
-			if err := s.setNodeReady(ctx, node.Name, corev1.ConditionTrue, "pool agent running in crdipc up"); err != nil {
-				return reconcile.Result{}, err
-			}
-		}
-		return reconcile.Result{}, nil
+	if err == nil && simnode.IsSimulated(&node) && node.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, s.startAgent(node.Name)
 	}
 	s.stopAgent(req.Name)
 	if err == nil && node.DeletionTimestamp.IsZero() {
@@ -168,22 +129,20 @@ func (s *Supervisor) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	return reconcile.Result{}, s.markOffline(ctx, req.Name)
 }
 
-// simulated passes events of simulated Nodes, including a Node losing the label.
-var simulated = predicate.Funcs{
-	CreateFunc:  func(e event.CreateEvent) bool { return isSimulated(e.Object) },
-	UpdateFunc:  func(e event.UpdateEvent) bool { return isSimulated(e.ObjectOld) || isSimulated(e.ObjectNew) },
-	DeleteFunc:  func(e event.DeleteEvent) bool { return isSimulated(e.Object) },
-	GenericFunc: func(e event.GenericEvent) bool { return isSimulated(e.Object) },
-}
-
-func isSimulated(o client.Object) bool { return o.GetLabels()[SimulatedLabel] == "true" }
-
 // Running reports whether an agent runs for node.
 func (s *Supervisor) Running(node string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, ok := s.agents[node]
 	return ok
+}
+
+// Leading reports whether node's agent runs and holds the node's Lease.
+func (s *Supervisor) Leading(node string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.agents[node]
+	return ok && a.agent.Leading()
 }
 
 func (s *Supervisor) startAgent(node string) error {
@@ -276,44 +235,4 @@ func (s *Supervisor) markOffline(ctx context.Context, node string) error {
 
 func offlineCondition(gen int64, msg string) metav1.Condition {
 	return metav1.Condition{Type: conditions.TypeReady, Status: metav1.ConditionFalse, Reason: conditions.ReasonDegraded, Message: msg, ObservedGeneration: gen}
-}
-
-func (s *Supervisor) setNodeReady(ctx context.Context, name string, status corev1.ConditionStatus, msg string) error {
-	var node corev1.Node
-	if err := s.c.Get(ctx, client.ObjectKey{Name: name}, &node); err != nil {
-		return client.IgnoreNotFound(err)
-	}
-	c := readyCondition(status, msg)
-	found := false
-	for i := range node.Status.Conditions {
-		if node.Status.Conditions[i].Type == corev1.NodeReady {
-			node.Status.Conditions[i] = c
-			found = true
-		}
-	}
-	if !found {
-		node.Status.Conditions = append(node.Status.Conditions, c)
-	}
-	if err := s.c.Status().Update(ctx, &node); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("updating node %s status: %w", name, err)
-	}
-	return nil
-}
-
-func readyCondition(status corev1.ConditionStatus, msg string) corev1.NodeCondition {
-	now := metav1.Now()
-	reason := "SimulatedNodeReady"
-	if status != corev1.ConditionTrue {
-		reason = "SimulatedNodeStopped"
-	}
-	return corev1.NodeCondition{Type: corev1.NodeReady, Status: status, Reason: reason, Message: msg, LastHeartbeatTime: now, LastTransitionTime: now}
-}
-
-func nodeReady(n *corev1.Node) *corev1.NodeCondition {
-	for i := range n.Status.Conditions {
-		if n.Status.Conditions[i].Type == corev1.NodeReady {
-			return &n.Status.Conditions[i]
-		}
-	}
-	return nil
 }

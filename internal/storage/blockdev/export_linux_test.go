@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 // TestExt4SyncReachesDevice is the data-path contract end to end: a file system on the loop
@@ -266,10 +268,7 @@ func TestCloseWhileOpen(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("FUSE server still serving 10s after the last holder closed the loop device")
 	}
-	waitFor(t, "the loop device to be released", 10*time.Second, func() bool {
-		bf, ok := loopBackingFile(filepath.Base(e.Device()))
-		return !ok || bf != e.File()
-	})
+	wait.Eventually(t, 10*time.Second, "the loop device to be released", loopReleased(e.Device(), e.File()))
 }
 
 const helperEnv = "CRDIPC_BLOCKDEV_HELPER_DIR"
@@ -394,10 +393,7 @@ func testCleanupStaleExport(t *testing.T, withFS bool) {
 			t.Fatalf("umount the file system on the orphaned loop device: %v\n%s", err, out)
 		}
 	}
-	waitFor(t, "the orphaned loop device to be released", 10*time.Second, func() bool {
-		bf, ok := loopBackingFile(filepath.Base(loopDev))
-		return !ok || bf != file
-	})
+	wait.Eventually(t, 10*time.Second, "the orphaned loop device to be released", loopReleased(loopDev, file))
 	if err := Cleanup(dir); err != nil {
 		t.Fatalf("cleanup with nothing to clean: %v", err)
 	}

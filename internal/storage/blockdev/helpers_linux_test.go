@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -172,11 +173,13 @@ func isMountPoint(t *testing.T, dir string) bool {
 	return len(ms) > 0
 }
 
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	if err := poll(time.Now().Add(timeout), func() (bool, error) { return cond(), nil }); err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
+// loopReleased holds once the loop device dev no longer serves file.
+func loopReleased(dev, file string) func(context.Context) (bool, error) {
+	return func(context.Context) (bool, error) {
+		if bf, ok := loopBackingFile(filepath.Base(dev)); ok && bf == file {
+			return false, fmt.Errorf("%s still backed by %s", dev, bf)
+		}
+		return true, nil
 	}
 }
 

@@ -127,13 +127,13 @@ var poolChanged = predicate.Funcs{
 	},
 }
 
-// replicaChanged passes replicas appearing, going, and changing phase or data endpoint
-// (which the volume's status carries to its target).
+// replicaChanged passes replicas appearing, going, and changing phase, data endpoint (which
+// the volume's status carries to its target) or location (which it shows).
 var replicaChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*storagev1alpha1.CStorVolumeReplica), e.ObjectNew.(*storagev1alpha1.CStorVolumeReplica)
 		return o.Status.Phase != n.Status.Phase || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() ||
-			o.Status.Endpoint != n.Status.Endpoint
+			o.Status.Endpoint != n.Status.Endpoint || o.Status.Location != n.Status.Location
 	},
 }
 

@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -29,6 +28,7 @@ import (
 	"github.com/crdipc/crdipc/internal/storage/agent"
 	"github.com/crdipc/crdipc/internal/storage/operator"
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 	"github.com/crdipc/crdipc/ipc"
 )
 
@@ -209,7 +209,7 @@ func (c *cluster) cleanup() {
 	purge(&storagev1alpha1.CStorPoolList{})
 	_ = c.c.DeleteAllOf(ctx, &corev1.Node{}, client.MatchingLabels{testLabel: c.id})
 	// The next test must not see this one's pools or replicas.
-	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.Until(ctx, 20*time.Second, func(ctx context.Context) (bool, error) {
 		var pools storagev1alpha1.CStorPoolList
 		var replicas storagev1alpha1.CStorVolumeReplicaList
 		if err := c.c.List(ctx, &pools); err != nil {
@@ -218,7 +218,10 @@ func (c *cluster) cleanup() {
 		if err := c.c.List(ctx, &replicas); err != nil {
 			return false, err
 		}
-		return len(pools.Items) == 0 && len(replicas.Items) == 0, nil
+		if len(pools.Items) != 0 || len(replicas.Items) != 0 {
+			return false, fmt.Errorf("%d pools, %d replicas", len(pools.Items), len(replicas.Items))
+		}
+		return true, nil
 	})
 	if err != nil {
 		c.t.Errorf("cleanup: storage objects remain: %v", err)
@@ -254,21 +257,6 @@ func (c *cluster) createVolume(name string, rf int32, capacity int64) *storagev1
 	return v
 }
 
-// eventually polls cond until it holds or the deadline passes, then fails the test with
-// the last state cond described.
-func (c *cluster) eventually(what string, timeout time.Duration, cond func(ctx context.Context) (bool, string, error)) {
-	c.t.Helper()
-	last := ""
-	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		ok, state, err := cond(ctx)
-		last = state
-		return ok, err
-	})
-	if err != nil {
-		c.t.Fatalf("%s: %v; last state: %s", what, err, last)
-	}
-}
-
 func (c *cluster) pools(ctx context.Context, claim string) ([]storagev1alpha1.CStorPool, error) {
 	var list storagev1alpha1.CStorPoolList
 	err := c.c.List(ctx, &list, client.MatchingFields{storagev1alpha1.FieldClaim: claim})
@@ -285,10 +273,10 @@ func (c *cluster) replicas(ctx context.Context, volume string) ([]storagev1alpha
 func (c *cluster) waitPools(claim string, n int) []storagev1alpha1.CStorPool {
 	c.t.Helper()
 	var pools []storagev1alpha1.CStorPool
-	c.eventually(fmt.Sprintf("%d healthy pools of %s", n, claim), 30*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(c.t, 30*time.Second, fmt.Sprintf("%d healthy pools of %s", n, claim), func(ctx context.Context) (bool, error) {
 		var err error
 		if pools, err = c.pools(ctx, claim); err != nil {
-			return false, "", err
+			return false, err
 		}
 		healthy := 0
 		for _, p := range pools {
@@ -296,7 +284,10 @@ func (c *cluster) waitPools(claim string, n int) []storagev1alpha1.CStorPool {
 				healthy++
 			}
 		}
-		return healthy == n && len(pools) == n, describePools(pools), nil
+		if healthy != n || len(pools) != n {
+			return false, fmt.Errorf("%d pools: %s", len(pools), describePools(pools))
+		}
+		return true, nil
 	})
 	return pools
 }
@@ -309,13 +300,14 @@ func describePools(pools []storagev1alpha1.CStorPool) string {
 	return strings.Join(s, " ")
 }
 
-// waitVolume waits until the volume's current status satisfies ok.
-func (c *cluster) waitVolume(name string, timeout time.Duration, ok func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool) *storagev1alpha1.CStorVolume {
+// waitVolume waits until the volume's status, once it reflects the current spec,
+// satisfies ok; what says what ok looks for.
+func (c *cluster) waitVolume(name string, timeout time.Duration, what string, ok func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool) *storagev1alpha1.CStorVolume {
 	c.t.Helper()
 	v := &storagev1alpha1.CStorVolume{}
-	c.eventually("volume "+name, timeout, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(c.t, timeout, "volume "+name+" "+what, func(ctx context.Context) (bool, error) {
 		if err := c.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: name}, v); err != nil {
-			return false, err.Error(), client.IgnoreNotFound(err)
+			return false, err
 		}
 		ready := meta.FindStatusCondition(v.Status.Conditions, conditions.TypeReady)
 		state := fmt.Sprintf("phase=%s ready=%d/%d replicas=%v", v.Status.Phase, v.Status.ReadyReplicas, v.Status.DesiredReplicas, v.Status.Replicas)
@@ -323,9 +315,12 @@ func (c *cluster) waitVolume(name string, timeout time.Duration, ok func(v *stor
 			state += fmt.Sprintf(" Ready=%s/%s %q", ready.Status, ready.Reason, ready.Message)
 		}
 		if v.Status.ObservedGeneration < v.Generation || ready == nil || ready.ObservedGeneration < v.Generation {
-			return false, state, nil
+			return false, fmt.Errorf("status not yet of generation %d: %s", v.Generation, state)
 		}
-		return ok(v, ready), state, nil
+		if !ok(v, ready) {
+			return false, errors.New(state)
+		}
+		return true, nil
 	})
 	return v
 }

@@ -11,8 +11,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/install"
-	"github.com/crdipc/crdipc/internal/storage/agent"
 )
 
 // abandoned reports whether nobody is left to clean up node's pools and replicas: the Node
@@ -24,7 +24,7 @@ func abandoned(ctx context.Context, c client.Client, live client.Reader, node st
 		return false, err
 	}
 	var lease coordinationv1.Lease
-	err = live.Get(ctx, client.ObjectKey{Namespace: install.SystemNamespace, Name: agent.LeaseName(node)}, &lease)
+	err = live.Get(ctx, client.ObjectKey{Namespace: install.SystemNamespace, Name: storagev1alpha1.NodeLeaseName(node)}, &lease)
 	if apierrors.IsNotFound(err) {
 		return true, nil
 	}
@@ -41,7 +41,7 @@ func abandoned(ctx context.Context, c client.Client, live client.Reader, node st
 // releaseAbandoned removes the agent's finalizer from obj, which is being deleted, if its
 // node is abandoned, and reports whether it did.
 func releaseAbandoned(ctx context.Context, c client.Client, live client.Reader, obj client.Object, node string) (bool, error) {
-	if obj.GetDeletionTimestamp().IsZero() || !controllerutil.ContainsFinalizer(obj, agent.Finalizer) {
+	if obj.GetDeletionTimestamp().IsZero() || !controllerutil.ContainsFinalizer(obj, storagev1alpha1.AgentFinalizer) {
 		return false, nil
 	}
 	gone, err := abandoned(ctx, c, live, node)
@@ -49,7 +49,7 @@ func releaseAbandoned(ctx context.Context, c client.Client, live client.Reader, 
 		return false, err
 	}
 	base := obj.DeepCopyObject().(client.Object)
-	controllerutil.RemoveFinalizer(obj, agent.Finalizer)
+	controllerutil.RemoveFinalizer(obj, storagev1alpha1.AgentFinalizer)
 	if err := c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
 		return false, fmt.Errorf("releasing %s of deleted node %s: %w", obj.GetName(), node, err)
 	}

@@ -19,7 +19,6 @@ import (
 
 	"github.com/crdipc/crdipc/api/conditions"
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
-	"github.com/crdipc/crdipc/internal/storage/agent"
 	"github.com/crdipc/crdipc/ipc"
 )
 
@@ -257,7 +256,7 @@ func newReplica(vol *storagev1alpha1.CStorVolume, pool *storagev1alpha1.CStorPoo
 			// finalizers delete their data. The agent's finalizer is set here, at creation,
 			// as Kubernetes' own protection admission does: a replica is never without it,
 			// and the agent saves a write before it can create the data.
-			Finalizers: []string{agent.Finalizer},
+			Finalizers: []string{storagev1alpha1.AgentFinalizer},
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: storagev1alpha1.GroupVersion.String(), Kind: "CStorVolume",
 				Name: vol.Name, UID: vol.UID, Controller: ptr.To(true),
@@ -318,7 +317,7 @@ func summarize(vol *storagev1alpha1.CStorVolume, rf int, replicas []storagev1alp
 	for i := range replicas {
 		r := &replicas[i]
 		phase := replicaPhase(r, v)
-		entries = append(entries, storagev1alpha1.VolumeReplicaStatus{Name: r.Name, Pool: r.Spec.Pool, Node: r.Spec.NodeName, Phase: phase, Endpoint: r.Status.Endpoint})
+		entries = append(entries, storagev1alpha1.VolumeReplicaStatus{Name: r.Name, Pool: r.Spec.Pool, Node: r.Spec.NodeName, Phase: phase, Endpoint: r.Status.Endpoint, Location: r.Status.Location})
 		switch phase {
 		case storagev1alpha1.ReplicaPhaseHealthy:
 			ready++

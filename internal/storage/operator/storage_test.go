@@ -2,6 +2,7 @@ package operator_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/crdipc/crdipc/api/conditions"
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/storage/agent"
+	"github.com/crdipc/crdipc/internal/testenv"
 )
 
 // A claim gets one Healthy pool, a real directory, per matching node; a node that joins
@@ -43,14 +45,16 @@ func TestClaimMakesOnePoolPerNode(t *testing.T) {
 			t.Errorf("pool %s capacity %+v, want total 1Gi", p.Name, p.Status.Capacity)
 		}
 	}
-	c.eventually("claim status", 10*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 10*time.Second, "claim Ready with 3 of 3 pools healthy", func(ctx context.Context) (bool, error) {
 		var got storagev1alpha1.StoragePoolClaim
 		if err := c.c.Get(ctx, client.ObjectKeyFromObject(claim), &got); err != nil {
-			return false, "", err
+			return false, err
 		}
 		ready := meta.IsStatusConditionTrue(got.Status.Conditions, conditions.TypeReady)
-		s := got.Status
-		return ready && s.DesiredPools == 3 && s.ProvisionedPools == 3 && s.HealthyPools == 3, fmt.Sprintf("%+v", s), nil
+		if s := got.Status; !ready || s.DesiredPools != 3 || s.ProvisionedPools != 3 || s.HealthyPools != 3 {
+			return false, fmt.Errorf("status %+v", s)
+		}
+		return true, nil
 	})
 
 	c.addNode(c.nodeName(4))
@@ -60,12 +64,15 @@ func TestClaimMakesOnePoolPerNode(t *testing.T) {
 	// maxPools is 4: a fifth node gets none.
 	c.addNode(c.nodeName(5))
 	c.startAgent(c.nodeName(5))
-	c.eventually("claim sees the fifth node", 10*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 10*time.Second, "claim sees the fifth node", func(ctx context.Context) (bool, error) {
 		var got storagev1alpha1.StoragePoolClaim
 		if err := c.c.Get(ctx, client.ObjectKeyFromObject(claim), &got); err != nil {
-			return false, "", err
+			return false, err
 		}
-		return got.Status.DesiredPools == 4 && got.Status.ProvisionedPools == 4, fmt.Sprintf("%+v", got.Status), nil
+		if got.Status.DesiredPools != 4 || got.Status.ProvisionedPools != 4 {
+			return false, fmt.Errorf("status %+v", got.Status)
+		}
+		return true, nil
 	})
 	if pools, _ := c.pools(context.Background(), claim.Name); len(pools) != 4 {
 		t.Fatalf("%d pools, want 4: %s", len(pools), describePools(pools))
@@ -85,7 +92,7 @@ func TestVolumePlacesThirdReplicaWhenNodeJoins(t *testing.T) {
 	c.waitPools(claim.Name, 2)
 
 	c.createVolume("vol", 3, 4*mib)
-	v := c.waitVolume("vol", 20*time.Second, func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool {
+	v := c.waitVolume("vol", 20*time.Second, "with 2 ready replicas", func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool {
 		return v.Status.ReadyReplicas == 2
 	})
 	ready := meta.FindStatusCondition(v.Status.Conditions, conditions.TypeReady)
@@ -97,7 +104,7 @@ func TestVolumePlacesThirdReplicaWhenNodeJoins(t *testing.T) {
 
 	c.addNode(c.nodeName(3))
 	c.startAgent(c.nodeName(3))
-	c.waitVolume("vol", 20*time.Second, volumeReady)
+	c.waitVolume("vol", 20*time.Second, "Healthy", volumeReady)
 	replicas := c.checkReplicaFiles("vol", 3, 4*mib)
 	nodes := map[string]bool{}
 	for _, r := range replicas {
@@ -162,7 +169,7 @@ func TestReplicaWaitsInInitForItsAgent(t *testing.T) {
 	third.stop()
 
 	c.createVolume("vol", 3, mib)
-	c.waitVolume("vol", 20*time.Second, func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
+	c.waitVolume("vol", 20*time.Second, "with 3 replicas, 2 ready", func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
 		return v.Status.ReadyReplicas == 2 && len(v.Status.Replicas) == 3
 	})
 	replicas, err := c.replicas(context.Background(), "vol")
@@ -177,14 +184,14 @@ func TestReplicaWaitsInInitForItsAgent(t *testing.T) {
 			t.Fatalf("replica %s of the stopped agent is %s", r.Name, r.Status.Phase)
 		}
 		// Protected from the moment it exists, before its agent has seen it.
-		if !slices.Contains(r.Finalizers, agent.Finalizer) {
+		if !slices.Contains(r.Finalizers, storagev1alpha1.AgentFinalizer) {
 			t.Errorf("replica %s has finalizers %v, want the agent's from creation", r.Name, r.Finalizers)
 		}
 		if _, err := os.Stat(filepath.Join(c.root, c.replicaFile(&r))); err == nil {
 			t.Fatalf("replica %s has a file although its agent is stopped", r.Name)
 		}
 	}
-	v := c.waitVolume("vol", time.Second, func(*storagev1alpha1.CStorVolume, *metav1.Condition) bool { return true })
+	v := c.waitVolume("vol", time.Second, "status", func(*storagev1alpha1.CStorVolume, *metav1.Condition) bool { return true })
 	for _, r := range v.Status.Replicas {
 		if r.Node == c.nodeName(3) && r.Phase != storagev1alpha1.ReplicaPhaseInit {
 			t.Fatalf("volume reports the waiting replica as %s, want Init", r.Phase)
@@ -192,7 +199,7 @@ func TestReplicaWaitsInInitForItsAgent(t *testing.T) {
 	}
 
 	c.startAgent(c.nodeName(3))
-	c.waitVolume("vol", 20*time.Second, volumeReady)
+	c.waitVolume("vol", 20*time.Second, "Healthy", volumeReady)
 	c.checkReplicaFiles("vol", 3, mib)
 }
 
@@ -210,37 +217,45 @@ func TestDeletion(t *testing.T) {
 	ctx := context.Background()
 
 	v := c.createVolume("gone", 2, mib)
-	c.waitVolume("gone", 20*time.Second, volumeReady)
+	c.waitVolume("gone", 20*time.Second, "Healthy", volumeReady)
 	if n := len(c.replicaFiles()); n != 2 {
 		t.Fatalf("%d replica files, want 2", n)
 	}
 	if err := c.c.Delete(ctx, v); err != nil {
 		t.Fatal(err)
 	}
-	c.eventually("replicas and files gone", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 20*time.Second, "replicas and files gone", func(ctx context.Context) (bool, error) {
 		replicas, err := c.replicas(ctx, "gone")
-		files := c.replicaFiles()
-		return len(replicas) == 0 && len(files) == 0, fmt.Sprintf("%d replicas, files %v", len(replicas), files), err
+		if err != nil {
+			return false, err
+		}
+		if files := c.replicaFiles(); len(replicas) != 0 || len(files) != 0 {
+			return false, fmt.Errorf("%d replicas, files %v", len(replicas), files)
+		}
+		return true, nil
 	})
 
 	// A pool holding a replica stays, and its condition names the replica.
 	c.createVolume("held", 2, mib)
-	c.waitVolume("held", 20*time.Second, volumeReady)
+	c.waitVolume("held", 20*time.Second, "Healthy", volumeReady)
 	pool := pools[0]
 	if err := c.c.Delete(ctx, &pool); err != nil {
 		t.Fatal(err)
 	}
 	held := storagev1alpha1.ReplicaName("held", pool.Name)
-	c.eventually("pool deletion held", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 20*time.Second, "pool deletion held by "+held, func(ctx context.Context) (bool, error) {
 		var p storagev1alpha1.CStorPool
 		if err := c.c.Get(ctx, client.ObjectKeyFromObject(&pool), &p); err != nil {
-			return false, "", err
+			return false, err
 		}
 		cond := meta.FindStatusCondition(p.Status.Conditions, conditions.TypeReady)
 		if cond == nil {
-			return false, "no Ready condition", nil
+			return false, errors.New("no Ready condition")
 		}
-		return cond.Reason == conditions.ReasonDeleting && strings.Contains(cond.Message, held), cond.Message, nil
+		if cond.Reason != conditions.ReasonDeleting || !strings.Contains(cond.Message, held) {
+			return false, fmt.Errorf("Ready %s/%s %q", cond.Status, cond.Reason, cond.Message)
+		}
+		return true, nil
 	})
 	if _, err := os.Stat(filepath.Join(c.agentRoot(pool.Spec.NodeName), "pools", pool.Name)); err != nil {
 		t.Fatalf("held pool's directory: %v", err)
@@ -255,23 +270,26 @@ func TestDeletion(t *testing.T) {
 	}
 	// Once empty the pool goes, directory and all; the claim then makes a new one for the
 	// node (same name, new object), since the node still matches.
-	c.eventually("emptied pool and its directory gone", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 20*time.Second, "emptied pool and its directory gone", func(ctx context.Context) (bool, error) {
 		var p storagev1alpha1.CStorPool
 		err := c.c.Get(ctx, client.ObjectKeyFromObject(&pool), &p)
 		_, statErr := os.Stat(sentinel)
 		gone := isNotFound(err) || err == nil && p.UID != pool.UID
-		return gone && os.IsNotExist(statErr), fmt.Sprintf("get: %v (uid %s), sentinel: %v", err, p.UID, statErr), client.IgnoreNotFound(err)
+		if !gone || !os.IsNotExist(statErr) {
+			return false, fmt.Errorf("get: %v (uid %s), sentinel: %v", err, p.UID, statErr)
+		}
+		return true, nil
 	})
 
 	// The claim's own deletion removes its (empty) pools and their directories, then the claim.
 	if err := c.c.Delete(ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	c.eventually("claim and its pools gone", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 20*time.Second, "claim and its pools gone", func(ctx context.Context) (bool, error) {
 		err := c.c.Get(ctx, client.ObjectKeyFromObject(claim), &storagev1alpha1.StoragePoolClaim{})
 		left, lerr := c.pools(ctx, claim.Name)
 		if lerr != nil {
-			return false, "", lerr
+			return false, lerr
 		}
 		var dirs []string
 		for _, p := range pools {
@@ -279,7 +297,10 @@ func TestDeletion(t *testing.T) {
 				dirs = append(dirs, p.Name)
 			}
 		}
-		return isNotFound(err) && len(left) == 0 && len(dirs) == 0, fmt.Sprintf("claim: %v, pools: %s, dirs: %v", err, describePools(left), dirs), client.IgnoreNotFound(err)
+		if !isNotFound(err) || len(left) != 0 || len(dirs) != 0 {
+			return false, fmt.Errorf("claim: %v, pools: %s, dirs: %v", err, describePools(left), dirs)
+		}
+		return true, nil
 	})
 }
 
@@ -295,7 +316,7 @@ func TestStatusFollowsTheDisk(t *testing.T) {
 	claim := c.createClaim("truth", nil)
 	c.waitPools(claim.Name, 3)
 	c.createVolume("vol", 3, mib)
-	c.waitVolume("vol", 20*time.Second, volumeReady)
+	c.waitVolume("vol", 20*time.Second, "Healthy", volumeReady)
 	replicas, err := c.replicas(context.Background(), "vol")
 	if err != nil {
 		t.Fatal(err)
@@ -304,7 +325,7 @@ func TestStatusFollowsTheDisk(t *testing.T) {
 	if err := os.Remove(filepath.Join(c.root, c.replicaFile(&victim))); err != nil {
 		t.Fatal(err)
 	}
-	v := c.waitVolume("vol", 10*time.Second, func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool {
+	v := c.waitVolume("vol", 10*time.Second, "Degraded", func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool {
 		return v.Status.Phase == storagev1alpha1.VolumePhaseDegraded && ready.Reason == conditions.ReasonDegraded
 	})
 	ready := meta.FindStatusCondition(v.Status.Conditions, conditions.TypeReady)
@@ -329,14 +350,17 @@ func TestStatusFollowsTheDisk(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(c.agentRoot(other.Spec.NodeName), "pools", other.Spec.Pool)); err != nil {
 		t.Fatal(err)
 	}
-	c.eventually("pool offline", 10*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 10*time.Second, "pool "+other.Spec.Pool+" Offline", func(ctx context.Context) (bool, error) {
 		var p storagev1alpha1.CStorPool
 		if err := c.c.Get(ctx, client.ObjectKey{Name: other.Spec.Pool}, &p); err != nil {
-			return false, "", err
+			return false, err
 		}
-		return p.Status.Phase == storagev1alpha1.PoolPhaseOffline, string(p.Status.Phase), nil
+		if p.Status.Phase != storagev1alpha1.PoolPhaseOffline {
+			return false, fmt.Errorf("phase %q", p.Status.Phase)
+		}
+		return true, nil
 	})
-	c.waitVolume("vol", 10*time.Second, func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
+	c.waitVolume("vol", 10*time.Second, "Offline with 1 ready replica", func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
 		return v.Status.Phase == storagev1alpha1.VolumePhaseOffline && v.Status.ReadyReplicas == 1
 	})
 }
@@ -349,8 +373,8 @@ func TestTwoAgentsForOneNode(t *testing.T) {
 	node := c.nodeName(1)
 	c.addNode(node)
 	first := c.startAgent(node)
-	c.eventually("first agent leads", 10*time.Second, func(context.Context) (bool, string, error) {
-		return first.agent.Leading(), "", nil
+	testenv.Eventually(t, 10*time.Second, "first agent leads", func(context.Context) (bool, error) {
+		return first.agent.Leading(), nil
 	})
 	secondRoot := filepath.Join(c.root, "second")
 	second := c.startAgent(node, func(o *agent.Options) { o.Root = filepath.Join(secondRoot, node) })
@@ -358,7 +382,7 @@ func TestTwoAgentsForOneNode(t *testing.T) {
 	claim := c.createClaim("fence", nil)
 	pools := c.waitPools(claim.Name, 1)
 	c.createVolume("vol", 1, mib)
-	c.waitVolume("vol", 20*time.Second, volumeReady)
+	c.waitVolume("vol", 20*time.Second, "Healthy", volumeReady)
 
 	if second.agent.Leading() {
 		t.Fatal("both agents lead")
@@ -371,12 +395,15 @@ func TestTwoAgentsForOneNode(t *testing.T) {
 	}
 
 	first.stop()
-	c.eventually("second agent takes over", 10*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 10*time.Second, "second agent takes over, reporting the pool Offline", func(ctx context.Context) (bool, error) {
 		var p storagev1alpha1.CStorPool
 		if err := c.c.Get(ctx, client.ObjectKeyFromObject(&pools[0]), &p); err != nil {
-			return false, "", err
+			return false, err
 		}
-		return second.agent.Leading() && p.Status.Phase == storagev1alpha1.PoolPhaseOffline, string(p.Status.Phase), nil
+		if leading := second.agent.Leading(); !leading || p.Status.Phase != storagev1alpha1.PoolPhaseOffline {
+			return false, fmt.Errorf("second agent leading=%v, pool phase %q", leading, p.Status.Phase)
+		}
+		return true, nil
 	})
 	if _, err := os.Stat(filepath.Join(secondRoot, node, "pools", pools[0].Name)); err == nil {
 		t.Fatal("the second agent re-created a pool past Init")

@@ -16,9 +16,8 @@ import (
 
 	"github.com/crdipc/crdipc/api/conditions"
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
-	"github.com/crdipc/crdipc/internal/storage/agent"
-	"github.com/crdipc/crdipc/internal/storage/operator"
-	"github.com/crdipc/crdipc/ipc"
+	"github.com/crdipc/crdipc/internal/simnode"
+	"github.com/crdipc/crdipc/internal/testenv/storagecluster"
 )
 
 // What `crdipc up --nodes 2` runs, driven the way the acceptance drives it with kubectl:
@@ -27,39 +26,17 @@ import (
 func TestSimulatedNodes(t *testing.T) {
 	c := newCluster(t)
 	ctx := context.Background()
-	mgr := c.newManager(c.env.Config)
-	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: -1}}); err != nil {
-		t.Fatal(err)
-	}
-	sup, err := agent.AddSupervisor(mgr, c.env.Config, agent.SupervisorOptions{
-		Nodes: 2, Root: c.root,
-		Agent: agent.Options{Resync: 300 * time.Millisecond},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mctx, cancel := context.WithCancel(ctx)
-	p := &proc{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		if err := mgr.Start(mctx); err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	}()
-	c.mu.Lock()
-	c.op = p
-	c.mu.Unlock()
+	// Registered after newCluster's cleanup, so the cluster stops before that purges.
+	sc := storagecluster.Start(t, storagecluster.Options{Nodes: 2, Root: c.root})
 	t.Cleanup(func() {
-		for _, n := range []string{"node-1", "node-2", "node-3"} {
-			_ = c.c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
-		}
+		_ = c.c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-3"}})
 	})
 
 	claim := &storagev1alpha1.StoragePoolClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: c.id + "-sim"},
 		Spec: storagev1alpha1.StoragePoolClaimSpec{
 			MinPools: 1, Capacity: resource.MustParse("1Gi"), Backend: storagev1alpha1.BackendFile,
-			NodeSelector: map[string]string{agent.SimulatedLabel: "true"},
+			NodeSelector: map[string]string{simnode.Label: "true"},
 		},
 	}
 	if err := c.c.Create(ctx, claim); err != nil {
@@ -74,8 +51,8 @@ func TestSimulatedNodes(t *testing.T) {
 		t.Fatalf("message %q", msg)
 	}
 
-	// kubectl apply of a simulated Node: no status, the supervisor reports it Ready.
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-3", Labels: map[string]string{agent.SimulatedLabel: "true"}}}
+	// kubectl apply of a simulated Node: no status, simnode reports it Ready.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-3", Labels: map[string]string{simnode.Label: "true"}}}
 	if err := c.c.Create(ctx, node); err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +67,11 @@ func TestSimulatedNodes(t *testing.T) {
 	if onThird == nil {
 		t.Fatal("no replica on node-3")
 	}
-	if _, err := os.Stat(filepath.Join(c.root, "node-3", "pools", onThird.Spec.Pool, c.ns, onThird.Name+".img")); err != nil {
+	// The agent says where the data is: the replica's file under node-3's root.
+	if want := filepath.Join(c.root, c.replicaFile(onThird)); onThird.Status.Location != want {
+		t.Errorf("replica on node-3: location %q, want %q", onThird.Status.Location, want)
+	}
+	if _, err := os.Stat(onThird.Status.Location); err != nil {
 		t.Fatal(err)
 	}
 
@@ -102,7 +83,7 @@ func TestSimulatedNodes(t *testing.T) {
 		if err := c.c.Get(ctx, client.ObjectKey{Name: onThird.Spec.Pool}, &p); err != nil {
 			return false, "", err
 		}
-		return p.Status.Phase == storagev1alpha1.PoolPhaseOffline && !sup.Running("node-3"), fmt.Sprintf("%s running=%v", p.Status.Phase, sup.Running("node-3")), nil
+		return p.Status.Phase == storagev1alpha1.PoolPhaseOffline && !sc.Supervisor.Running("node-3"), fmt.Sprintf("%s running=%v", p.Status.Phase, sc.Supervisor.Running("node-3")), nil
 	})
 	c.waitVolume("vol", 20*time.Second, func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
 		return v.Status.Phase == storagev1alpha1.VolumePhaseDegraded && v.Status.ReadyReplicas == 2

@@ -152,22 +152,12 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t testing.TB, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		ok, msg := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v: %s", timeout, msg)
-		}
-		<-tick.C
+// stillRebuilding describes a rebuild in progress, as the reason a wait goes on.
+func stillRebuilding(in Info) error {
+	if !in.Rebuilding {
+		return nil
 	}
+	return fmt.Errorf("rebuilding: %d of %d bytes copied, error %q", in.RebuildDone, in.RebuildTotal, in.RebuildError)
 }
 
 func fileSHA(t testing.TB, path string) string {

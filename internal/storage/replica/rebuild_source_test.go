@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 // gate is a testBeforeApply hook that holds every chunk until opened, or until its copier's
@@ -61,7 +61,7 @@ func waitClosed(t testing.TB, ch <-chan struct{}, what string) {
 func waitRebuilt(t testing.TB, ctx context.Context, r *Client) Info {
 	t.Helper()
 	var in Info
-	eventually(t, 30*time.Second, func() (bool, string) {
+	wait.Eventually(t, 30*time.Second, "rebuild done", func(context.Context) (bool, error) {
 		var err error
 		if in, err = r.Info(ctx); err != nil {
 			t.Fatal(err)
@@ -69,7 +69,7 @@ func waitRebuilt(t testing.TB, ctx context.Context, r *Client) Info {
 		if in.RebuildError != "" {
 			t.Fatalf("rebuild failed: %s", in.RebuildError)
 		}
-		return !in.Rebuilding, "still rebuilding"
+		return !in.Rebuilding, stillRebuilding(in)
 	})
 	return in
 }
@@ -78,7 +78,7 @@ func waitRebuilt(t testing.TB, ctx context.Context, r *Client) Info {
 func waitRebuildError(t testing.TB, ctx context.Context, r *Client) Info {
 	t.Helper()
 	var in Info
-	eventually(t, 30*time.Second, func() (bool, string) {
+	wait.Eventually(t, 30*time.Second, "rebuild failed", func(context.Context) (bool, error) {
 		var err error
 		if in, err = r.Info(ctx); err != nil {
 			t.Fatal(err)
@@ -86,7 +86,10 @@ func waitRebuildError(t testing.TB, ctx context.Context, r *Client) Info {
 		if !in.Rebuilding {
 			t.Fatalf("rebuild completed, want it failed: %+v", in)
 		}
-		return in.RebuildError != "", "no rebuild error yet"
+		if in.RebuildError == "" {
+			return false, stillRebuilding(in)
+		}
+		return true, nil
 	})
 	return in
 }
@@ -241,12 +244,12 @@ func TestRebuildNewSessionRestartsCopier(t *testing.T) {
 	c1.Close()
 
 	dst := d.dial(t).Replica("ns/r")
-	eventually(t, 30*time.Second, func() (bool, string) {
+	wait.Eventually(t, 30*time.Second, "the old session to end", func(context.Context) (bool, error) {
 		_, err := dst.Open(ctx)
 		if err != nil && !errors.Is(err, ErrBusy) {
 			t.Fatal(err)
 		}
-		return err == nil, "old session still open"
+		return err == nil, err
 	})
 	if err := dst.Rebuild(ctx, a.addr, "ns/r"); err != nil {
 		t.Fatal(err)
@@ -304,12 +307,12 @@ func TestInfoSession(t *testing.T) {
 	check("open again", true, true)
 	c.Close()
 	// The server notices the disconnect on its own time.
-	eventually(t, 30*time.Second, func() (bool, string) {
+	wait.Eventually(t, 30*time.Second, "the session to end", func(context.Context) (bool, error) {
 		in, err := obs.Info(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return !in.Session, "session still open"
+		return !in.Session, nil
 	})
 	check("after disconnect", false, true)
 }
@@ -375,12 +378,10 @@ func TestRebuildFailsWhenSourceChanges(t *testing.T) {
 		waitClosed(t, ge.held, "the copy to reach its first chunk")
 		writer.Close()
 		probe := e.dial(t).Replica("ns/r")
-		if err := wait.PollUntilContextTimeout(ctx, time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		wait.Eventually(t, 10*time.Second, "the writer's session to end with its connection", func(ctx context.Context) (bool, error) {
 			in, err := probe.Info(ctx)
 			return err == nil && !in.Session, err
-		}); err != nil {
-			t.Fatalf("the writer's session did not end with its connection: %v", err)
-		}
+		})
 		ge.open()
 		g.open()
 		in := waitRebuildError(t, ctx, probe)

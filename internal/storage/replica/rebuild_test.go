@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 // fillFile writes pattern data at the given ranges of path directly, as existing content.
@@ -129,7 +131,7 @@ func TestRebuildWhileWriting(t *testing.T) {
 			}
 		}()
 	}
-	eventually(t, 60*time.Second, func() (bool, string) {
+	wait.Eventually(t, 60*time.Second, "rebuild done under writes", func(context.Context) (bool, error) {
 		select {
 		case err := <-errs:
 			t.Fatal(err)
@@ -142,7 +144,7 @@ func TestRebuildWhileWriting(t *testing.T) {
 		if in.Rebuilding {
 			wroteDuringRebuild.Store(wrote.Load())
 		}
-		return !in.Rebuilding, "still rebuilding: " + in.RebuildError
+		return !in.Rebuilding, stillRebuilding(in)
 	})
 	close(stop)
 	wg.Wait()
@@ -208,12 +210,15 @@ func TestRebuildSourceGoesAway(t *testing.T) {
 		t.Fatal(err)
 	}
 	var in Info
-	eventually(t, 30*time.Second, func() (bool, string) {
+	wait.Eventually(t, 30*time.Second, "rebuild failed", func(context.Context) (bool, error) {
 		var err error
 		if in, err = dst.Info(ctx); err != nil {
 			t.Fatal(err)
 		}
-		return in.RebuildError != "", "no rebuild error yet"
+		if in.RebuildError == "" {
+			return false, stillRebuilding(in)
+		}
+		return true, nil
 	})
 	t.Logf("rebuild error: %s", in.RebuildError)
 	if !in.Rebuilding || in.RebuildDone >= in.RebuildTotal {
@@ -231,7 +236,7 @@ func TestRebuildSourceGoesAway(t *testing.T) {
 	if err := dst.Rebuild(ctx, a.addr, "ns/r"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, func() (bool, string) {
+	wait.Eventually(t, 30*time.Second, "rebuild from a live source done", func(context.Context) (bool, error) {
 		in, err := dst.Info(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -239,7 +244,7 @@ func TestRebuildSourceGoesAway(t *testing.T) {
 		if in.RebuildError != "" {
 			t.Fatal(in.RebuildError)
 		}
-		return !in.Rebuilding, "still rebuilding"
+		return !in.Rebuilding, stillRebuilding(in)
 	})
 	if s, d := fileSHA(t, a.path("ns/r")), fileSHA(t, b.path("ns/r")); s != d {
 		t.Fatal("target differs from source")
@@ -270,7 +275,7 @@ func TestRebuildThroughput(t *testing.T) {
 		t.Fatal(err)
 	}
 	var in Info
-	eventually(t, 120*time.Second, func() (bool, string) {
+	wait.Eventually(t, 120*time.Second, "rebuild done", func(context.Context) (bool, error) {
 		var err error
 		if in, err = dst.Info(ctx); err != nil {
 			t.Fatal(err)
@@ -278,7 +283,7 @@ func TestRebuildThroughput(t *testing.T) {
 		if in.RebuildError != "" {
 			t.Fatal(in.RebuildError)
 		}
-		return !in.Rebuilding, "still rebuilding"
+		return !in.Rebuilding, stillRebuilding(in)
 	})
 	el := time.Since(start)
 	t.Logf("rebuilt %d MiB of allocated data in %v: %.0f MiB/s", in.RebuildTotal>>20, el.Round(time.Millisecond), float64(in.RebuildTotal)/(1<<20)/el.Seconds())

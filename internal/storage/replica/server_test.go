@@ -2,6 +2,7 @@ package replica
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -9,6 +10,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 func TestRefusesClientsWithoutTrustedCertificate(t *testing.T) {
@@ -210,15 +213,12 @@ func TestOpenIsExclusive(t *testing.T) {
 	mustBe(t, c2.Replica("ns/r1").WriteAt(ctx, make([]byte, 512), 0, 1), ErrNoSession)
 
 	c1.Close()
-	eventually(t, 10*time.Second, func() (bool, string) {
+	wait.Eventually(t, 10*time.Second, "the first session to end", func(context.Context) (bool, error) {
 		_, err := c2.Replica("ns/r1").Open(ctx)
-		if errors.Is(err, ErrBusy) {
-			return false, "still busy"
-		}
-		if err != nil {
+		if err != nil && !errors.Is(err, ErrBusy) {
 			t.Fatal(err)
 		}
-		return true, ""
+		return err == nil, err
 	})
 	if err := c2.Replica("ns/r1").WriteAt(ctx, make([]byte, 512), 0, 1); err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/crdipc/crdipc/internal/storage/replica"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 // TestStorageDataKillLoop is the storage kill loop on the data path: three real replica
@@ -355,7 +355,7 @@ func (kt *killTrial) readBack(e *Engine, rng *rand.Rand, base int64) {
 // impossible for a while, e.g. right after a crash).
 func (kt *killTrial) waitAcks(n int64, limit time.Duration) {
 	want := kt.acks.Load() + n
-	_ = wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, limit, true, func(context.Context) (bool, error) {
+	_ = wait.Until(context.Background(), limit, func(context.Context) (bool, error) {
 		return kt.acks.Load() >= want, nil
 	})
 }
@@ -371,24 +371,22 @@ func (kt *killTrial) pause() {
 // may still be finishing.
 func (kt *killTrial) newEngine() *Engine {
 	kt.t.Helper()
-	var (
-		e    *Engine
-		last error
-	)
-	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		e, last = New(context.Background(), Options{
+	var e *Engine
+	err := wait.Until(context.Background(), 30*time.Second, func(context.Context) (bool, error) {
+		var err error
+		e, err = New(context.Background(), Options{
 			Members:           kt.c.members,
 			ConsistencyFactor: 2,
 			IOTimeout:         5 * time.Second,
 			RejoinInterval:    20 * time.Millisecond,
 		})
-		if errors.Is(last, ErrNoQuorum) {
-			return false, nil // copiers may still be finishing
+		if err != nil && !errors.Is(err, ErrNoQuorum) {
+			kt.t.Fatalf("starting an engine: %v; replicas: %s", err, kt.describe())
 		}
-		return last == nil, last
+		return err == nil, err // without quorum, copiers may still be finishing
 	})
 	if err != nil {
-		kt.t.Fatalf("starting an engine: %v (last: %v); replicas: %s", err, last, kt.describe())
+		kt.t.Fatalf("starting an engine: %v; replicas: %s", err, kt.describe())
 	}
 	kt.t.Cleanup(func() { _ = e.Close() })
 	return e
@@ -705,14 +703,17 @@ func TestCrashDuringRebuildsThenNodesRestart(t *testing.T) {
 		}
 	}
 	// The engine starts its rebuilds in the background: kill it once both copies run.
-	until(t, "both copies running", 10*time.Second, func() (bool, string) {
+	wait.Eventually(t, 10*time.Second, "both copies running", func(context.Context) (bool, error) {
 		copying := 0
 		for _, info := range c.infos(t) {
 			if info.Rebuilding && info.RebuildDone < info.RebuildTotal {
 				copying++
 			}
 		}
-		return copying == 2, fmt.Sprintf("%d copies running", copying)
+		if copying != 2 {
+			return false, fmt.Errorf("%d copies running", copying)
+		}
+		return true, nil
 	})
 	kill(c.e)
 	for _, n := range c.nodes {
@@ -807,14 +808,9 @@ func TestRevisionOutlivesTargetCrashAndServerRestart(t *testing.T) {
 	c.e.mu.Unlock()
 	kill(c.e)
 	infos := c.infos(t)
-	until(t, "the dead target's sessions gone", 10*time.Second, func() (bool, string) {
+	wait.Eventually(t, 10*time.Second, "the dead target's sessions gone", func(context.Context) (bool, error) {
 		infos = c.infos(t)
-		for _, info := range infos {
-			if info.Session {
-				return false, fmt.Sprintf("%+v", infos)
-			}
-		}
-		return true, ""
+		return noSession(infos)
 	})
 	for i, n := range c.nodes {
 		if infos[i].Revision != want {

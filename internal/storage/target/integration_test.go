@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/crdipc/crdipc/internal/storage/replica"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 const itSize = 4 << 20
@@ -341,14 +341,9 @@ func TestIntegrationReplicasOverTLS(t *testing.T) {
 	// writes it had read) a moment later: the snapshot is taken once no session is left,
 	// as the next target's Open would find it.
 	var infos []replica.Info
-	until(t, "no writer session left after the target was killed", 10*time.Second, func() (bool, string) {
+	wait.Eventually(t, 10*time.Second, "no writer session left after the target was killed", func(context.Context) (bool, error) {
 		infos = c.infos(t)
-		for _, info := range infos {
-			if info.Session {
-				return false, fmt.Sprintf("%+v", infos)
-			}
-		}
-		return true, ""
+		return noSession(infos)
 	})
 	src, ok := replica.ChooseSource(infos)
 	if !ok {
@@ -408,17 +403,12 @@ func (c *cluster) infos(t *testing.T) []replica.Info {
 	return infos
 }
 
-// until polls cond until it holds, failing the test with what cond last described when
-// timeout passes.
-func until(t *testing.T, what string, timeout time.Duration, cond func() (bool, string)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 2*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		ok, desc := cond()
-		last = desc
-		return ok, nil
-	})
-	if err != nil {
-		t.Fatalf("waiting for %s: %v; last seen: %s", what, err, last)
+// noSession holds when no replica has a writer session open, and otherwise shows them all.
+func noSession(infos []replica.Info) (bool, error) {
+	for _, info := range infos {
+		if info.Session {
+			return false, fmt.Errorf("a session is open: %+v", infos)
+		}
 	}
+	return true, nil
 }

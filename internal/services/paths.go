@@ -1,15 +1,15 @@
-package cli
+package services
 
 import (
 	"fmt"
 	"path/filepath"
 )
 
-// absolute resolves each non-empty path in place against the working directory. Commands
+// Absolute resolves each non-empty path in place against the working directory. Commands
 // call it first thing: a relative path kept as given means something else to every
 // process, URL and printed line it reaches later (a relative unix:// socket becomes a host
 // name to gRPC; `export KUBECONFIG=.crdipc/kubeconfig` is wrong in the next terminal).
-func absolute(paths ...*string) error {
+func Absolute(paths ...*string) error {
 	for _, p := range paths {
 		if *p == "" {
 			continue

@@ -1,17 +1,16 @@
-package cli
+package services
 
 import (
-	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/crdipc/crdipc/internal/books"
 	"github.com/crdipc/crdipc/ipc"
 )
 
-func newBooksCommand() *cobra.Command {
-	var o serviceOptions
-	cmd := &cobra.Command{
-		Use:   "books",
+func booksEntry() Entry {
+	return Entry{
+		Name:  "books",
 		Short: "Run the Book controller (seed 002)",
 		Long: `books reconciles Books (library.crdipc.io): it checks the ISBN checksum
 the schema cannot, and replies in each Book's status with Ready=True
@@ -19,11 +18,15 @@ the schema cannot, and replies in each Book's status with Ready=True
 Event. Finished Books with spec.ttlSecondsAfterFinished are deleted after it.
 
 Run two replicas for availability: leader election lets only one act.`,
-		Args: cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
-			return runService("books", o, func(mgr manager.Manager) error { return books.Register(mgr, ipc.Options{}) })
-		},
+		Kind: Controllers,
+		New:  func() Service { return &booksService{} },
 	}
-	o.flags(cmd)
-	return cmd
+}
+
+type booksService struct{}
+
+func (*booksService) AddFlags(*pflag.FlagSet) {}
+
+func (*booksService) Setup(mgr manager.Manager, _ Env) error {
+	return books.Register(mgr, ipc.Options{})
 }

@@ -1,39 +1,14 @@
 package v1alpha1_test
 
 import (
-	"reflect"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/crdipc/crdipc/api/conditions"
 	"github.com/crdipc/crdipc/api/library/v1alpha1"
 )
-
-func TestSchemeRegistersKinds(t *testing.T) {
-	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
-	for kind, obj := range map[string]runtime.Object{
-		"Book": &v1alpha1.Book{}, "BookList": &v1alpha1.BookList{},
-	} {
-		gvk := v1alpha1.GroupVersion.WithKind(kind)
-		gvks, _, err := s.ObjectKinds(obj)
-		if err != nil || len(gvks) != 1 || gvks[0] != gvk {
-			t.Errorf("ObjectKinds(%T) = %v, %v; want [%v]", obj, gvks, err, gvk)
-		}
-		got, err := s.New(gvk)
-		if err != nil || reflect.TypeOf(got) != reflect.TypeOf(obj) {
-			t.Errorf("New(%v) = %T, %v; want %T", gvk, got, err, obj)
-		}
-	}
-	if got := v1alpha1.GroupVersion.String(); got != "library.crdipc.io/v1alpha1" {
-		t.Errorf("GroupVersion = %s", got)
-	}
-}
 
 func TestBookDeepCopy(t *testing.T) {
 	ttl := int32(30)

@@ -13,29 +13,6 @@ import (
 	"github.com/crdipc/crdipc/api/storage/v1alpha1"
 )
 
-func TestSchemeRegistersKinds(t *testing.T) {
-	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
-	for kind, obj := range map[string]runtime.Object{
-		"StoragePoolClaim": &v1alpha1.StoragePoolClaim{}, "StoragePoolClaimList": &v1alpha1.StoragePoolClaimList{},
-		"CStorPool": &v1alpha1.CStorPool{}, "CStorPoolList": &v1alpha1.CStorPoolList{},
-		"CStorVolume": &v1alpha1.CStorVolume{}, "CStorVolumeList": &v1alpha1.CStorVolumeList{},
-		"CStorVolumeReplica": &v1alpha1.CStorVolumeReplica{}, "CStorVolumeReplicaList": &v1alpha1.CStorVolumeReplicaList{},
-	} {
-		gvk := v1alpha1.GroupVersion.WithKind(kind)
-		gvks, _, err := s.ObjectKinds(obj)
-		if err != nil || len(gvks) != 1 || gvks[0] != gvk {
-			t.Errorf("ObjectKinds(%T) = %v, %v; want [%v]", obj, gvks, err, gvk)
-		}
-		got, err := s.New(gvk)
-		if err != nil || reflect.TypeOf(got) != reflect.TypeOf(obj) {
-			t.Errorf("New(%v) = %T, %v; want %T", gvk, got, err, obj)
-		}
-	}
-}
-
 func TestDeepCopy(t *testing.T) {
 	maxPools := int32(3)
 	cf := int32(2)

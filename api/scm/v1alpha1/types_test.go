@@ -1,38 +1,15 @@
 package v1alpha1_test
 
 import (
-	"reflect"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/crdipc/crdipc/api/conditions"
 	"github.com/crdipc/crdipc/api/scm/v1alpha1"
 )
-
-func TestSchemeRegistersKinds(t *testing.T) {
-	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		t.Fatal(err)
-	}
-	for kind, obj := range map[string]runtime.Object{
-		"PullRequest": &v1alpha1.PullRequest{}, "PullRequestList": &v1alpha1.PullRequestList{},
-		"Branch": &v1alpha1.Branch{}, "BranchList": &v1alpha1.BranchList{},
-	} {
-		gvk := v1alpha1.GroupVersion.WithKind(kind)
-		gvks, _, err := s.ObjectKinds(obj)
-		if err != nil || len(gvks) != 1 || gvks[0] != gvk {
-			t.Errorf("ObjectKinds(%T) = %v, %v; want [%v]", obj, gvks, err, gvk)
-		}
-		got, err := s.New(gvk)
-		if err != nil || reflect.TypeOf(got) != reflect.TypeOf(obj) {
-			t.Errorf("New(%v) = %T, %v; want %T", gvk, got, err, obj)
-		}
-	}
-}
 
 func TestDeepCopy(t *testing.T) {
 	updated := metav1.NewTime(time.Date(2019, 9, 19, 23, 23, 12, 0, time.UTC))

@@ -1,0 +1,202 @@
+package driver
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crdipc/crdipc/api/conditions"
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/ipc"
+)
+
+// VolumeID is the CStorVolume name (and CSI volume ID) for a CSI volume name. A name that is
+// already a DNS label, such as the sidecar's pvc-<uid>, is used as is, so `kubectl get cv`
+// shows which PVC a volume belongs to; any other name is hashed. Either way the mapping is a
+// function of the name alone, which is what makes CreateVolume idempotent across restarts.
+func VolumeID(name string) string {
+	if len(validation.IsDNS1123Label(name)) == 0 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	return "csi-" + hex.EncodeToString(sum[:16])
+}
+
+// CreateVolume implements csi.ControllerServer: it creates a CStorVolume named after
+// req.Name (or finds the one an earlier call created) and awaits it Ready. While the
+// operator is still placing replicas the call fails with Aborted — retryable, the volume is
+// kept — and never reports a volume that is not there yet.
+func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "name is required")
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return nil, err
+	}
+	if req.GetVolumeContentSource() != nil {
+		return nil, status.Error(codes.InvalidArgument, "volume content sources (snapshots, clones) are not supported")
+	}
+	size, err := d.capacity(req.GetCapacityRange())
+	if err != nil {
+		return nil, err
+	}
+	rf, cf, err := parseParameters(req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+
+	id := VolumeID(req.GetName())
+	vol := newVolume()
+	err = d.c.Get(ctx, d.volumeKey(id), vol)
+	switch {
+	case apierrors.IsNotFound(err):
+		vol = &storagev1alpha1.CStorVolume{
+			ObjectMeta: metav1.ObjectMeta{
+				Namespace:   d.o.Namespace,
+				Name:        id,
+				Annotations: map[string]string{AnnotationName: req.GetName()},
+				Labels:      map[string]string{"app.kubernetes.io/managed-by": Name},
+			},
+			Spec: storagev1alpha1.CStorVolumeSpec{
+				Capacity:          *resource.NewQuantity(size, resource.BinarySI),
+				ReplicationFactor: rf,
+				ConsistencyFactor: cf,
+			},
+		}
+		if err := d.c.Create(ctx, vol); apierrors.IsAlreadyExists(err) {
+			// A concurrent call with the same name won: use its volume.
+			vol = newVolume()
+			if err := d.c.Get(ctx, d.volumeKey(id), vol); err != nil {
+				return nil, apiError("reading volume", err)
+			}
+		} else if err != nil {
+			return nil, apiError("creating volume", err)
+		}
+	case err != nil:
+		return nil, apiError("reading volume", err)
+	}
+	if err := compatible(vol, req, size, rf, cf); err != nil {
+		return nil, err
+	}
+	if !vol.DeletionTimestamp.IsZero() {
+		return nil, status.Errorf(codes.Aborted, "volume %s is still being deleted", id)
+	}
+	if err := d.awaitReady(ctx, vol); err != nil {
+		return nil, err
+	}
+	return &csi.CreateVolumeResponse{Volume: csiVolume(vol)}, nil
+}
+
+// awaitReady waits for vol to be Ready within the caller's deadline, less a margin so the
+// answer reaches the caller before it gives up on the call.
+func (d *Driver) awaitReady(ctx context.Context, vol *storagev1alpha1.CStorVolume) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(d.o.CreateTimeout)
+	}
+	margin := time.Until(deadline) / 10
+	if margin > time.Second {
+		margin = time.Second
+	}
+	actx, cancel := context.WithDeadline(ctx, deadline.Add(-margin))
+	defer cancel()
+	err := ipc.Await(actx, d.c, vol, ipc.Ready)
+	var terr *ipc.TerminalError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &terr):
+		if terr.Reason == conditions.ReasonInvalidSpec {
+			return status.Errorf(codes.InvalidArgument, "volume %s: %s", vol.Name, terr.Message)
+		}
+		return status.Errorf(codes.Internal, "volume %s: %s", vol.Name, terr.Message)
+	case errors.Is(err, ipc.ErrDeleted):
+		return status.Errorf(codes.Aborted, "volume %s was deleted while it was being created", vol.Name)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		// Not a failure: the volume exists and the operator keeps placing its replicas (for
+		// example until a node joins). Aborted tells the caller to retry the same name.
+		msg := "waiting for the storage operator"
+		if c := meta.FindStatusCondition(vol.Status.Conditions, conditions.TypeReady); c != nil && c.Message != "" {
+			msg = c.Message
+		}
+		return status.Errorf(codes.Aborted, "volume %s is not ready yet: %s", vol.Name, msg)
+	default:
+		return apiError("awaiting volume", err)
+	}
+}
+
+func csiVolume(vol *storagev1alpha1.CStorVolume) *csi.Volume {
+	rf := vol.Spec.ReplicationFactor
+	if rf == 0 {
+		rf = storagev1alpha1.DefaultReplicationFactor
+	}
+	return &csi.Volume{
+		VolumeId:      vol.Name,
+		CapacityBytes: vol.Spec.Capacity.Value(),
+		VolumeContext: map[string]string{
+			ParamReplicaCount: strconv.Itoa(int(rf)),
+			"namespace":       vol.Namespace,
+		},
+	}
+}
+
+// DeleteVolume implements csi.ControllerServer. A missing volume is success; a published
+// one is refused with FailedPrecondition. It waits, within the deadline, for the operator's
+// finalizer to remove the replicas, so success means the data is gone.
+func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume id is required")
+	}
+	if isInvalidName(req.GetVolumeId()) {
+		return &csi.DeleteVolumeResponse{}, nil // no such volume can exist
+	}
+	vol := newVolume()
+	if err := d.c.Get(ctx, d.volumeKey(req.GetVolumeId()), vol); apierrors.IsNotFound(err) {
+		return &csi.DeleteVolumeResponse{}, nil
+	} else if err != nil {
+		return nil, apiError("reading volume", err)
+	}
+	if nodes := published(vol); len(nodes) > 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is published to %s", vol.Name, strings.Join(sortedKeys(nodes), ", "))
+	}
+	if vol.DeletionTimestamp.IsZero() {
+		// The precondition makes the delete fail if a ControllerPublish recorded a node in
+		// between: the resourceVersion we checked must be the one we delete.
+		err := d.c.Delete(ctx, vol, client.Preconditions{UID: &vol.UID, ResourceVersion: &vol.ResourceVersion})
+		if apierrors.IsNotFound(err) {
+			return &csi.DeleteVolumeResponse{}, nil
+		}
+		if apierrors.IsConflict(err) {
+			return nil, status.Errorf(codes.Aborted, "volume %s changed while being deleted; retry", vol.Name)
+		}
+		if err != nil {
+			return nil, apiError("deleting volume", err)
+		}
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(d.o.CreateTimeout)
+	}
+	actx, cancel := context.WithDeadline(ctx, deadline.Add(-time.Until(deadline)/10))
+	defer cancel()
+	never := func(client.Object, ipc.Status) (bool, error) { return false, nil }
+	err := ipc.Await(actx, d.c, vol, never)
+	if errors.Is(err, ipc.ErrDeleted) || apierrors.IsNotFound(err) {
+		return &csi.DeleteVolumeResponse{}, nil
+	}
+	return nil, status.Errorf(codes.Aborted, "volume %s is still being deleted (its replicas are being removed)", vol.Name)
+}

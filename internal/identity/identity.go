@@ -1,0 +1,247 @@
+package identity
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
+
+	"github.com/crdipc/crdipc/config/rbac"
+)
+
+// FieldManager names the identity objects' writes in managedFields.
+const FieldManager = "crdipc-identity"
+
+// ServiceAccount is the ServiceAccount of a crdipc service, as config/rbac ships it.
+func ServiceAccount(service string) string { return "crdipc-" + service }
+
+// Username is how the API server names service's ServiceAccount in namespace, e.g. for
+// `kubectl auth can-i --as`.
+func Username(namespace, service string) string {
+	return "system:serviceaccount:" + namespace + ":" + ServiceAccount(service)
+}
+
+// ApplyOptions adjust the shipped RBAC to one cluster.
+type ApplyOptions struct {
+	// BindIn moves the namespaced bindings of a service into another namespace: the SCM
+	// services are bound where their PullRequests live (crdipc-scm as shipped, --scm-namespace
+	// in up).
+	BindIn map[string]string
+}
+
+// Apply creates or updates (server-side apply) the ServiceAccount, roles and bindings
+// shipped for each service and returns, per service, the namespace of its ServiceAccount.
+// Namespaces the accounts live in are created if missing.
+func Apply(ctx context.Context, cfg *rest.Config, services []string, o ApplyOptions) (map[string]string, error) {
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("identities: %w", err)
+	}
+	namespaces := map[string]string{}
+	ensured := map[string]bool{}
+	for _, svc := range services {
+		objs, err := rbac.Objects(svc)
+		if err != nil {
+			return nil, err
+		}
+		for _, u := range objs {
+			ns := u.GetNamespace()
+			switch u.GetKind() {
+			case "ServiceAccount":
+				namespaces[svc] = ns
+			case "RoleBinding":
+				if to := o.BindIn[svc]; to != "" {
+					ns = to
+					u.SetNamespace(to)
+				}
+			}
+			if ns != "" && !ensured[ns] {
+				if err := ensureNamespace(ctx, kube, ns); err != nil {
+					return nil, err
+				}
+				ensured[ns] = true
+			}
+			body, err := json.Marshal(u.Object)
+			if err != nil {
+				return nil, fmt.Errorf("identities: encoding %s %s: %w", u.GetKind(), u.GetName(), err)
+			}
+			req := kube.RbacV1().RESTClient().Patch(types.ApplyPatchType)
+			switch u.GetKind() {
+			case "ServiceAccount":
+				req = kube.CoreV1().RESTClient().Patch(types.ApplyPatchType).Resource("serviceaccounts")
+			case "ClusterRole":
+				req = req.Resource("clusterroles")
+			case "ClusterRoleBinding":
+				req = req.Resource("clusterrolebindings")
+			case "Role":
+				req = req.Resource("roles")
+			case "RoleBinding":
+				req = req.Resource("rolebindings")
+			default:
+				return nil, fmt.Errorf("identities: config/rbac/%s ships a %s, which is not an identity object", svc, u.GetKind())
+			}
+			if ns != "" {
+				req = req.Namespace(ns)
+			}
+			err = req.Name(u.GetName()).
+				VersionedParams(&metav1.PatchOptions{FieldManager: FieldManager, Force: ptr.To(true)}, metav1.ParameterCodec).
+				Body(body).Do(ctx).Error()
+			if err != nil {
+				return nil, fmt.Errorf("identities: applying %s %s of %s: %w", u.GetKind(), u.GetName(), svc, err)
+			}
+		}
+		if namespaces[svc] == "" {
+			return nil, fmt.Errorf("identities: config/rbac/%s ships no ServiceAccount", svc)
+		}
+	}
+	return namespaces, nil
+}
+
+func ensureNamespace(ctx context.Context, kube kubernetes.Interface, name string) error {
+	_, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("identities: creating namespace %s: %w", name, err)
+	}
+	return nil
+}
+
+// TokenTTL is how long each token the Keeper requests is valid; it renews them at a third
+// of it, so a token read from the file is always good for at least 40 minutes.
+const TokenTTL = time.Hour
+
+// A Keeper keeps ServiceAccount tokens fresh in files under its directory,
+// <dir>/<namespace>/<account>.token, next to a kubeconfig, <account>.kubeconfig, that names
+// the token file (tokenFile: client-go reads it again as it changes).
+type Keeper struct {
+	admin  kubernetes.Interface
+	server *rest.Config
+	dir    string
+
+	mu       sync.Mutex
+	accounts map[types.NamespacedName]bool
+}
+
+// NewKeeper returns a Keeper that requests tokens with admin and writes under dir.
+func NewKeeper(admin *rest.Config, dir string) (*Keeper, error) {
+	kube, err := kubernetes.NewForConfig(admin)
+	if err != nil {
+		return nil, fmt.Errorf("identities: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("identities: %w", err)
+	}
+	return &Keeper{admin: kube, server: admin, dir: dir, accounts: map[types.NamespacedName]bool{}}, nil
+}
+
+// Config writes a fresh token of the ServiceAccount namespace/account and its kubeconfig,
+// keeps the token fresh from now on (see Run), and returns a client config that
+// authenticates with it and nothing else.
+func (k *Keeper) Config(ctx context.Context, namespace, account string) (*rest.Config, error) {
+	key := types.NamespacedName{Namespace: namespace, Name: account}
+	if err := k.renew(ctx, key); err != nil {
+		return nil, err
+	}
+	k.mu.Lock()
+	k.accounts[key] = true
+	k.mu.Unlock()
+	cfg := rest.AnonymousClientConfig(k.server)
+	cfg.BearerTokenFile = k.tokenPath(key)
+	cfg.QPS, cfg.Burst = k.server.QPS, k.server.Burst
+	return cfg, nil
+}
+
+// Kubeconfig is the kubeconfig file Config wrote for namespace/account.
+func (k *Keeper) Kubeconfig(namespace, account string) string {
+	return filepath.Join(k.dir, namespace, account+".kubeconfig")
+}
+
+func (k *Keeper) tokenPath(key types.NamespacedName) string {
+	return filepath.Join(k.dir, key.Namespace, key.Name+".token")
+}
+
+// Run renews every token Config handed out, at a third of its lifetime, until ctx ends.
+func (k *Keeper) Run(ctx context.Context) {
+	t := time.NewTicker(TokenTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		k.mu.Lock()
+		keys := make([]types.NamespacedName, 0, len(k.accounts))
+		for key := range k.accounts {
+			keys = append(keys, key)
+		}
+		k.mu.Unlock()
+		for _, key := range keys {
+			// A failed renewal leaves the old token, valid for another 40 minutes: the next
+			// tick tries again.
+			_ = k.renew(ctx, key)
+		}
+	}
+}
+
+func (k *Keeper) renew(ctx context.Context, key types.NamespacedName) error {
+	tr, err := k.admin.CoreV1().ServiceAccounts(key.Namespace).CreateToken(ctx, key.Name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(TokenTTL.Seconds()))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("identities: requesting a token of %s: %w", key, err)
+	}
+	if err := os.MkdirAll(filepath.Join(k.dir, key.Namespace), 0o700); err != nil {
+		return fmt.Errorf("identities: %w", err)
+	}
+	if err := writeFile(k.tokenPath(key), []byte(tr.Status.Token)); err != nil {
+		return err
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["crdipc"] = &clientcmdapi.Cluster{Server: k.server.Host, CertificateAuthorityData: k.server.CAData, CertificateAuthority: k.server.CAFile}
+	kc.AuthInfos[key.Name] = &clientcmdapi.AuthInfo{TokenFile: k.tokenPath(key)}
+	kc.Contexts[key.Name] = &clientcmdapi.Context{Cluster: "crdipc", AuthInfo: key.Name, Namespace: key.Namespace}
+	kc.CurrentContext = key.Name
+	data, err := clientcmd.Write(*kc)
+	if err != nil {
+		return fmt.Errorf("identities: %w", err)
+	}
+	return writeFile(k.Kubeconfig(key.Namespace, key.Name), data)
+}
+
+// writeFile replaces path atomically, so a reader never sees half a token.
+func writeFile(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("identities: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("identities: writing %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("identities: writing %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("identities: writing %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("identities: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,160 @@
+package identity_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/crdipc/crdipc/config/rbac"
+	"github.com/crdipc/crdipc/internal/identity"
+	"github.com/crdipc/crdipc/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// access is one question to the authorizer about a service's ServiceAccount.
+type access struct {
+	verb, group, resource, subresource, namespace string
+	allowed                                       bool
+}
+
+// TestShippedRolesAllowOnlyWhatEachServiceNeeds asks the API server's authorizer
+// (SubjectAccessReview), for each service's ServiceAccount as Apply installs it, what its
+// work needs — allowed — and what lies outside its role — denied.
+func TestShippedRolesAllowOnlyWhatEachServiceNeeds(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	services, err := rbac.Services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	namespaces, err := identity.Apply(ctx, env.Config, services, identity.ApplyOptions{BindIn: map[string]string{"webhook-listener": "scm", "metrics-agent": "scm"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sys = "crdipc-system"
+	cases := map[string][]access{
+		"books": {
+			{verb: "update", group: "library.crdipc.io", resource: "books", subresource: "status", namespace: "default", allowed: true},
+			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: sys, allowed: true},
+			{verb: "create", resource: "pods", namespace: "default"},
+			{verb: "get", resource: "secrets", namespace: sys},
+			{verb: "update", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: "default"},
+			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "default"},
+		},
+		"storage-operator": {
+			{verb: "create", group: "storage.crdipc.io", resource: "cstorvolumereplicas", namespace: "default", allowed: true},
+			{verb: "create", group: "storage.crdipc.io", resource: "cstorpools", allowed: true},
+			{verb: "delete", resource: "nodes"},
+			{verb: "update", group: "library.crdipc.io", resource: "books", namespace: "default"},
+		},
+		"pool-agent": {
+			{verb: "update", group: "storage.crdipc.io", resource: "cstorpools", subresource: "status", allowed: true},
+			{verb: "create", group: "storage.crdipc.io", resource: "cstorpools"},
+			{verb: "delete", group: "storage.crdipc.io", resource: "cstorvolumereplicas", namespace: "default"},
+			{verb: "list", resource: "secrets", namespace: "default"},
+		},
+		"csi-driver": {
+			{verb: "create", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys, allowed: true},
+			{verb: "create", resource: "persistentvolumes"},
+			{verb: "get", resource: "secrets", namespace: "default"},
+		},
+		"csi-sidecar": {
+			{verb: "create", resource: "persistentvolumes", allowed: true},
+			{verb: "create", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys},
+			{verb: "delete", resource: "pods", namespace: "default"},
+		},
+		"bitcoin-operator": {
+			{verb: "create", group: "apps", resource: "statefulsets", namespace: "default", allowed: true},
+			{verb: "create", group: "storage.crdipc.io", resource: "cstorpools"},
+			{verb: "create", resource: "nodes"},
+		},
+		"webhook-listener": {
+			{verb: "create", group: "scm.crdipc.io", resource: "pullrequests", namespace: "scm", allowed: true},
+			{verb: "create", resource: "events", namespace: "scm", allowed: true},
+			// Only where it is bound, and never delete.
+			{verb: "create", group: "scm.crdipc.io", resource: "pullrequests", namespace: "default"},
+			{verb: "delete", group: "scm.crdipc.io", resource: "pullrequests", namespace: "scm"},
+			{verb: "list", resource: "secrets", namespace: "scm"},
+		},
+		"metrics-agent": {
+			{verb: "watch", resource: "events", namespace: "scm", allowed: true},
+			{verb: "list", group: "scm.crdipc.io", resource: "branches", namespace: "scm", allowed: true},
+			{verb: "create", resource: "events", namespace: "scm"},
+			{verb: "list", resource: "events", namespace: "default"},
+		},
+	}
+	for _, svc := range services {
+		if cases[svc] == nil {
+			t.Errorf("service %s ships RBAC but has no access cases here", svc)
+		}
+	}
+	for svc, accesses := range cases {
+		user := identity.Username(namespaces[svc], svc)
+		for _, a := range accesses {
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:   user,
+				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespaces[svc], "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource, Namespace: a.namespace,
+				},
+			}}
+			got, err := env.Kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Status.Allowed != a.allowed {
+				t.Errorf("%s may %s %s/%s %s in %q: %v, want %v (%s)", svc, a.verb, a.group, a.resource, a.subresource, a.namespace, got.Status.Allowed, a.allowed, got.Status.Reason)
+			}
+		}
+	}
+}
+
+// TestKeeperConfigActsAsTheServiceAccount: the config and the kubeconfig a Keeper hands out
+// authenticate as the ServiceAccount, with nothing of the admin's, and what its role does
+// not allow is refused.
+func TestKeeperConfigActsAsTheServiceAccount(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	namespaces, err := identity.Apply(ctx, env.Config, []string{"books"}, identity.ApplyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	k, err := identity.NewKeeper(env.Config, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := k.Config(ctx, namespaces["books"], identity.ServiceAccount("books"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromFile, err := clientcmd.BuildConfigFromFlags("", k.Kubeconfig(namespaces["books"], identity.ServiceAccount("books")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := os.Stat(filepath.Join(dir, namespaces["books"], "crdipc-books.token")); err != nil || info.Mode().Perm() != 0o600 {
+		t.Errorf("token file: %v, mode %v; want 0600", err, info.Mode().Perm())
+	}
+	for name, c := range map[string]*kubernetes.Clientset{"config": kubernetes.NewForConfigOrDie(cfg), "kubeconfig": kubernetes.NewForConfigOrDie(fromFile)} {
+		who, err := c.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if want := identity.Username(namespaces["books"], "books"); who.Status.UserInfo.Username != want {
+			t.Errorf("%s authenticates as %q, want %q", name, who.Status.UserInfo.Username, want)
+		}
+		_, err = c.CoreV1().Secrets("crdipc-system").List(ctx, metav1.ListOptions{})
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s: listing Secrets: %v, want Forbidden", name, err)
+		}
+	}
+}

@@ -1,0 +1,129 @@
+package services
+
+import (
+	"context"
+	"path/filepath"
+
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/crdipc/crdipc/internal/csi/driver"
+	"github.com/crdipc/crdipc/internal/csi/sidecar"
+	"github.com/crdipc/crdipc/internal/install"
+)
+
+func csiDriverEntry() Entry {
+	return Entry{
+		Name:  "csi-driver",
+		Short: "Run the CSI driver on a Unix socket (seed 001)",
+		Long: `csi-driver serves the CSI Identity, Controller and Node services over gRPC on a
+Unix socket. CreateVolume creates a CStorVolume (storage.crdipc.io) and waits until the
+storage operator reports it Ready; DeleteVolume deletes it. The driver's only Kubernetes
+access is the storage.crdipc.io kinds: the csi-sidecar watches PVCs, PVs and
+VolumeAttachments for it and calls it over the socket.
+
+--http-bind-address serves /healthz, /readyz (ready when the driver can list
+CStorVolumes, as its CSI Probe says) and /metrics with
+crdipc_csi_operations_seconds{method,grpc_status_code}.
+
+In crdipc up the controller instance serves <data-dir>/csi/csi.sock, and each
+simulated node's Node service runs with the simulated nodes (crdipc nodes), on
+<data-dir>/csi/nodes/<node>/csi.sock.`,
+		Kind: Server,
+		New: func() Service {
+			return &csiDriverService{endpoint: "unix:///var/lib/crdipc/csi/csi.sock", httpAddr: ":9808"}
+		},
+	}
+}
+
+type csiDriverService struct {
+	o                  driver.Options
+	endpoint, httpAddr string
+}
+
+func (s *csiDriverService) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&s.endpoint, "endpoint", s.endpoint, "Unix socket to serve CSI on")
+	fs.StringVar(&s.o.NodeID, "node-id", "", "node this instance serves for the Node service (empty: controller only)")
+	fs.StringVar(&s.o.TargetDir, "target-dir", "/var/lib/crdipc/csi/targets", "where the Node service mounts the FUSE files of the volumes it stages (one directory per volume)")
+	fs.StringVar(&s.o.Namespace, "namespace", install.SystemNamespace, "namespace of the CStorVolumes the driver creates")
+	fs.StringVar(&s.httpAddr, "http-bind-address", s.httpAddr, "address for /healthz, /readyz (the CSI Probe) and Prometheus /metrics ('0' disables)")
+}
+
+// CSIEndpoint is the socket of up's CSI driver (controller) under its data dir.
+func CSIEndpoint(dataDir string) (string, error) {
+	return driver.Endpoint(filepath.Join(dataDir, "csi", "csi.sock"))
+}
+
+func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
+	o, endpoint, httpAddr := s.o, s.endpoint, s.httpAddr
+	if env.Local != nil {
+		// Controller only: the simulated nodes run the Node services.
+		o.NodeID, o.TargetDir, httpAddr = "", filepath.Join(env.Local.DataDir, "csi", "targets"), "0"
+		endpoint = filepath.Join(env.Local.DataDir, "csi", "csi.sock")
+	}
+	if err := Absolute(&o.TargetDir); err != nil {
+		return err
+	}
+	endpoint, err := driver.Endpoint(endpoint)
+	if err != nil {
+		return err
+	}
+	o.Config = env.Config
+	d, err := driver.New(o)
+	if err != nil {
+		return err
+	}
+	l, err := driver.Listen(endpoint)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(runnableFunc(func(ctx context.Context) error { return d.ServeListener(ctx, l) })); err != nil {
+		l.Close()
+		return err
+	}
+	env.say("csi      %s", endpoint)
+	if httpAddr == "0" {
+		return nil
+	}
+	hl, err := env.listen("csi-driver http", httpAddr)
+	if err != nil {
+		return err
+	}
+	return mgr.Add(&HTTPServer{Name: "csi-driver http", Listener: hl, Handler: d.Handler(ctrlmetrics.Registry)})
+}
+
+func csiSidecarEntry() Entry {
+	return Entry{
+		Name:  "csi-sidecar",
+		Short: "Watch PVCs and VolumeAttachments for the CSI driver (seed 001)",
+		Long: `csi-sidecar watches the Kubernetes API on the CSI driver's behalf and calls the
+driver over its Unix socket: a PVC of a StorageClass whose provisioner is the driver
+becomes CreateVolume and a PV bound to the claim; a released PV with reclaim policy Delete
+becomes DeleteVolume (never while a VolumeAttachment references it); VolumeAttachments of
+the driver become ControllerPublish/ControllerUnpublish. Retryable gRPC codes are retried
+with exponential backoff (1 s doubling to 5 min); final codes become Warning Events.
+
+Run two replicas for availability: leader election lets only one act.`,
+		Kind: Controllers,
+		New: func() Service {
+			return &csiSidecarService{o: sidecar.Options{DriverEndpoint: "unix:///var/lib/crdipc/csi/csi.sock", DriverName: driver.Name}}
+		},
+	}
+}
+
+type csiSidecarService struct{ o sidecar.Options }
+
+func (s *csiSidecarService) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&s.o.DriverEndpoint, "driver-endpoint", s.o.DriverEndpoint, "the CSI driver's Unix socket (a relative path is taken from the working directory)")
+	fs.StringVar(&s.o.DriverName, "driver-name", s.o.DriverName, "the name the driver reports; its StorageClasses' provisioner ('' learns it from the driver, serving nothing until the driver answers)")
+	fs.DurationVar(&s.o.CallTimeout, "timeout", 0, "timeout of one CSI call (default 10s)")
+}
+
+func (s *csiSidecarService) Setup(mgr manager.Manager, env Env) error {
+	o := s.o
+	if env.Local != nil {
+		o.DriverEndpoint = filepath.Join(env.Local.DataDir, "csi", "csi.sock")
+	}
+	return sidecar.Add(mgr, o)
+}

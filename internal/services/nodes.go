@@ -1,0 +1,109 @@
+package services
+
+import (
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
+	"github.com/crdipc/crdipc/internal/csi/driver"
+	"github.com/crdipc/crdipc/internal/csi/nodeservice"
+	"github.com/crdipc/crdipc/internal/podsim"
+	"github.com/crdipc/crdipc/internal/podsim/busybox"
+	"github.com/crdipc/crdipc/internal/simnode"
+)
+
+func nodesEntry() Entry {
+	return Entry{
+		Name:  "nodes",
+		Short: "Run simulated nodes: Node objects, their pods as processes, their CSI node plugins",
+		Long: `nodes plays what a cluster's nodes and their kubelets do, on this machine: it
+creates --count Nodes (node-1 … node-N, label ` + simnode.Label + `=true) and
+reports every Node with that label Ready while it runs (Ready=Unknown once it
+stops); it binds pods to them and runs their containers as local processes, each
+pod on a loopback IP of its own, running the images it can: bitcoin/bitcoin as
+btcd (go install ` + btcd.Module + `), busybox as the host's sh and tools;
+other images wait with reason ImageNotSimulated. It mounts a pod's
+PersistentVolumeClaims of the CSI driver csi.crdipc.io as kubelet does, through
+each node's CSI node plugin (NodeStage, then NodePublish), which it runs on
+--csi-dir/nodes/<node>/csi.sock; a container with volumes runs in its own mount
+namespace. This needs root (mounts, FUSE, loop devices).
+
+It acts as the cluster's nodes, with the kubeconfig's credentials (a real kubelet
+acts as system:node:<name>); the CSI node plugins act with those of
+--csi-kubeconfig (default: the same), as the CSI driver's ServiceAccount would.
+The pool agents of the nodes are a service of their own (crdipc pool-agent).`,
+		Example: `  crdipc nodes --count 3 --root /var/lib/crdipc/pods --csi-dir /var/lib/crdipc/csi`,
+		Kind:    Server,
+		New: func() Service {
+			return &nodesService{count: 3, root: "/var/lib/crdipc/pods", csiDir: "/var/lib/crdipc/csi"}
+		},
+	}
+}
+
+type nodesService struct {
+	count                    int
+	root, csiDir, csiKubecfg string
+	csi                      *nodeservice.Set
+}
+
+func (s *nodesService) AddFlags(fs *pflag.FlagSet) {
+	fs.IntVar(&s.count, "count", s.count, "Nodes to create at start (node-1 … node-N) if missing; labelled Nodes created later are served too")
+	fs.StringVar(&s.root, "root", s.root, "directory of the pods' files, one directory per pod")
+	fs.StringVar(&s.csiDir, "csi-dir", s.csiDir, "directory of the nodes' CSI sockets (nodes/<node>/csi.sock) and volume targets (targets/<node>)")
+	fs.StringVar(&s.csiKubecfg, "csi-kubeconfig", "", "kubeconfig the CSI node plugins act with (default: --kubeconfig)")
+}
+
+func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
+	count, root, csiDir := s.count, s.root, s.csiDir
+	csiCfg := env.Config
+	var err error
+	switch {
+	case env.Local != nil:
+		count, root, csiDir = env.Local.Nodes, filepath.Join(env.Local.DataDir, "pods"), filepath.Join(env.Local.DataDir, "csi")
+		if csiCfg, err = env.Local.Config("csi-driver"); err != nil {
+			return err
+		}
+	case s.csiKubecfg != "":
+		if csiCfg, err = (&ClusterFlags{Kubeconfig: s.csiKubecfg}).Config(); err != nil {
+			return err
+		}
+	}
+	if err := Absolute(&root); err != nil {
+		return err
+	}
+	if err := simnode.Add(mgr, simnode.Options{Nodes: count}); err != nil {
+		return err
+	}
+	if s.csi, err = nodeservice.New(nodeservice.Options{Config: rest.CopyConfig(csiCfg), Dir: csiDir}); err != nil {
+		return err
+	}
+	btcdImage := btcd.Image{}
+	// Ctrl-C must end up within seconds: processes get 2 s after SIGTERM.
+	if err := podsim.Add(mgr, podsim.Options{
+		Root:        root,
+		Images:      map[string]podsim.Image{"bitcoin/bitcoin": btcdImage, busybox.Name: busybox.Image{}},
+		StopTimeout: 2 * time.Second,
+		CSI:         s.csi.Client,
+		CSIDriver:   driver.Name,
+	}); err != nil {
+		return err
+	}
+	note := "bitcoin/bitcoin runs as btcd"
+	if _, err := btcdImage.Find(); err != nil {
+		note = "bitcoin/bitcoin cannot run: btcd is not installed (go install " + btcd.Module + ")"
+	}
+	env.say("pods     run on the %d simulated nodes (label a Node %s=true to add one) under %s; %s; busybox runs the host's sh and tools", count, simnode.Label, root, note)
+	return nil
+}
+
+// Stop stops the CSI node plugins, after the manager (the kubelet) unstaged every volume
+// through them.
+func (s *nodesService) Stop() {
+	if s.csi != nil {
+		s.csi.Stop()
+	}
+}

@@ -1,0 +1,19 @@
+// Package simnode is the node side of the simulated nodes of `crdipc up`, where no kubelet
+// runs: it creates the Nodes node-1 … node-N at start if they are missing, reports every
+// Node labelled crdipc.io/simulated=true Ready while the process runs (a Node added later
+// with kubectl too), and Ready=Unknown when it stops, as a node controller would for a
+// kubelet that stopped posting status.
+//
+// What runs on a simulated node lives elsewhere and keys on the same label: package podsim
+// runs its Pods, and the storage supervisor (internal/storage/agent) its pool agent.
+//
+// The label used to be storage.crdipc.io/simulated, when storage was the only user; a Node
+// found carrying it, as in the data directory of an earlier version, is relabelled.
+//
+// It renews no node Leases in kube-node-lease: nothing in the embedded control plane (no
+// node lifecycle controller) would read them.
+//
+// The permissions it needs:
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",resources=nodes/status,verbs=get;update
+package simnode

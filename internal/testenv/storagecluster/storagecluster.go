@@ -1,0 +1,99 @@
+package storagecluster
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crdipc/crdipc/internal/simnode"
+	"github.com/crdipc/crdipc/internal/storage/agent"
+	"github.com/crdipc/crdipc/internal/storage/operator"
+	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/ipc"
+)
+
+// Options configure a storage cluster.
+type Options struct {
+	// Nodes is how many simulated nodes, node-1 … node-N, to start.
+	Nodes int
+	// Root holds each node's agent root, Root/<node>; default a t.TempDir().
+	Root string
+	// Agent is the template of every pool agent. Resync defaults to 300 ms, so tests see
+	// what changes on disk quickly.
+	Agent agent.Options
+}
+
+// Cluster is a running storage system.
+type Cluster struct {
+	// Root holds each node's agent root, Root/<node>.
+	Root string
+	// Supervisor runs the nodes' pool agents.
+	Supervisor *agent.Supervisor
+}
+
+// Start runs the operator, o.Nodes simulated nodes and their pool agents until the test
+// ends, and returns once every node's agent holds its node Lease. At the end, after the
+// manager has stopped, the Nodes node-1 … node-N are deleted, so the next test of the
+// package starts from none.
+func Start(t *testing.T, o Options) *Cluster {
+	t.Helper()
+	env := testenv.Get(t)
+	if o.Root == "" {
+		o.Root = t.TempDir()
+	}
+	if o.Agent.Resync == 0 {
+		o.Agent.Resync = 300 * time.Millisecond
+	}
+	mgr := testenv.NewManager(t, env.Config)
+	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: -1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := simnode.Add(mgr, simnode.Options{Nodes: o.Nodes}); err != nil {
+		t.Fatal(err)
+	}
+	sup, err := agent.AddSupervisor(mgr, env.Config, agent.SupervisorOptions{Root: o.Root, Agent: o.Agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered before Start's own cleanup, so it runs after the manager has stopped.
+	t.Cleanup(func() {
+		for i := 1; i <= o.Nodes; i++ {
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: simnode.NodeName(i)}}
+			if err := env.Client.Delete(context.Background(), node); client.IgnoreNotFound(err) != nil {
+				t.Errorf("deleting simulated node %s: %v", node.Name, err)
+			}
+		}
+	})
+	c := &Cluster{Root: o.Root, Supervisor: sup}
+	testenv.Start(t, "storage cluster", mgr.Start)
+	nodes := make([]string, o.Nodes)
+	for i := range nodes {
+		nodes[i] = simnode.NodeName(i + 1)
+	}
+	c.WaitLeading(t, nodes...)
+	return c
+}
+
+// WaitLeading waits until the agents of nodes run and hold their node Leases, e.g. for a
+// simulated Node the test added.
+func (c *Cluster) WaitLeading(t testing.TB, nodes ...string) {
+	t.Helper()
+	var waiting []string
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		waiting = waiting[:0]
+		for _, n := range nodes {
+			if !c.Supervisor.Leading(n) {
+				waiting = append(waiting, n)
+			}
+		}
+		return len(waiting) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for the pool agents of %v to lead: %v", waiting, err)
+	}
+}

@@ -1,0 +1,124 @@
+package ipc_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/crdipc/crdipc/api/conditions"
+	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/ipc"
+)
+
+// The flows of example_test.go, run: the examples need a cluster, so they are only compiled.
+
+// exampleHandler is ExampleRegister's handler.
+var exampleHandler = ipc.HandlerFunc[*book](func(_ context.Context, b *book) (ipc.Result, error) {
+	if b.Spec.ISBN == "" {
+		return ipc.Result{}, ipc.InvalidSpec("this library catalogues books with an ISBN only")
+	}
+	return ipc.Done(fmt.Sprintf("catalogued %q", b.Spec.Title)), nil
+})
+
+func callCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func ready(t *testing.T, b *book) *metav1.Condition {
+	t.Helper()
+	c := meta.FindStatusCondition(b.Status.Conditions, conditions.TypeReady)
+	if c == nil {
+		t.Fatalf("%s has no Ready condition", b.Name)
+	}
+	return c
+}
+
+// The handler's outcome is the reply: Ready=True with its message, or a *TerminalError
+// with its reason.
+func TestCallRepliesWithTheHandlersOutcome(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	startReceiver(t, exampleHandler, ipc.Options{}, managerOptions{})
+
+	b := newBook(ns, "dune")
+	b.Spec.ISBN = "978-0-441-17271-9"
+	if err := ipc.Call(callCtx(t), env.Client, b, ipc.Ready); err != nil {
+		t.Fatalf("call: %v", err)
+	}
+	if r := ready(t, b); r.Status != metav1.ConditionTrue || r.Reason != conditions.ReasonSucceeded || r.Message != `catalogued "Dune"` {
+		t.Fatalf("Ready = %+v, want True Succeeded with the handler's message", r)
+	}
+
+	refused := newBook(ns, "no-isbn")
+	var terr *ipc.TerminalError
+	if err := ipc.Call(callCtx(t), env.Client, refused, ipc.Ready); !errors.As(err, &terr) {
+		t.Fatalf("call of a request the handler refuses: got %v, want *ipc.TerminalError", err)
+	}
+	if terr.Reason != conditions.ReasonInvalidSpec || terr.Message != "this library catalogues books with an ISBN only" {
+		t.Fatalf("terminal error = %+v", terr)
+	}
+}
+
+// Calling again with the same object under server-side apply is idempotent: same object,
+// same generation, same reply. A changed spec is a new generation, and the call waits for
+// the reply to that one.
+func TestCallWithServerSideApplyIsIdempotent(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	startReceiver(t, exampleHandler, ipc.Options{}, managerOptions{})
+
+	send := func() *book {
+		b := newBook(ns, "emma")
+		b.Spec.Title, b.Spec.Author, b.Spec.ISBN = "Emma", "Jane Austen", "978-0-14-143958-7"
+		return b
+	}
+	first := send()
+	if err := ipc.Call(callCtx(t), env.Client, first, ipc.Ready, ipc.WithServerSideApply("example")); err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	again := send()
+	if err := ipc.Call(callCtx(t), env.Client, again, ipc.Ready, ipc.WithServerSideApply("example")); err != nil {
+		t.Fatalf("second call: %v", err)
+	}
+	if again.UID != first.UID || again.Generation != 1 || ready(t, again).Message != `catalogued "Emma"` {
+		t.Fatalf("second call: uid %s (first %s), generation %d, Ready %+v; want the same object at generation 1 with the same reply",
+			again.UID, first.UID, again.Generation, ready(t, again))
+	}
+
+	changed := send()
+	changed.Spec.Title = "Emma (annotated)"
+	if err := ipc.Call(callCtx(t), env.Client, changed, ipc.Ready, ipc.WithServerSideApply("example")); err != nil {
+		t.Fatalf("call with a changed spec: %v", err)
+	}
+	if changed.Generation != 2 || changed.Status.ObservedGeneration != 2 || ready(t, changed).Message != `catalogued "Emma (annotated)"` {
+		t.Fatalf("call with a changed spec: generation %d, observed %d, Ready %+v; want the reply to generation 2",
+			changed.Generation, changed.Status.ObservedGeneration, ready(t, changed))
+	}
+}
+
+// Await waits for a request someone else sent, knowing only its name.
+func TestAwaitByName(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	startReceiver(t, exampleHandler, ipc.Options{}, managerOptions{})
+	sent := newBook(ns, "ulysses")
+	sent.Spec.Title, sent.Spec.Author, sent.Spec.ISBN = "Ulysses", "James Joyce", "978-0-679-72276-2"
+	if err := env.Client.Create(context.Background(), sent); err != nil {
+		t.Fatal(err)
+	}
+
+	b := &book{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ulysses"}}
+	if err := ipc.Await(callCtx(t), env.Client, b, ipc.Ready); err != nil {
+		t.Fatalf("await: %v", err)
+	}
+	if b.Generation != 1 || b.Status.ObservedGeneration != b.Generation || ready(t, b).Message != `catalogued "Ulysses"` {
+		t.Fatalf("await returned generation %d, observed %d, Ready %+v", b.Generation, b.Status.ObservedGeneration, ready(t, b))
+	}
+}

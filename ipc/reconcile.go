@@ -1,0 +1,97 @@
+package ipc
+
+import (
+	"context"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+)
+
+func (r *receiver[T]) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	res, err := r.reconcile(ctx, req, r.c)
+	if apierrors.IsConflict(err) {
+		// The cached object was older than the stored one, most often because the
+		// cache had not yet seen this receiver's own write of a moment ago. Going again
+		// at once from the API server costs one read; waiting for the cache costs a
+		// requeue, which measured as the largest single delay in a volume's round trip.
+		res, err = r.reconcile(ctx, req, r.live)
+	}
+	if err != nil && ctx.Err() != nil {
+		// Stopping: the request stays as stored and the next start takes it up; the
+		// cancelled calls are not errors worth reporting.
+		return reconcile.Result{}, nil
+	}
+	return conflictRequeue(res, err)
+}
+
+// reconcile reads the request through reader and handles it. A conflict on the
+// finalizer or status write is returned as is, for Reconcile to decide.
+func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, reader client.Reader) (reconcile.Result, error) {
+	obj := r.newObject()
+	if err := reader.Get(ctx, req.NamespacedName, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return reconcile.Result{}, nil
+		}
+		return reconcile.Result{}, err
+	}
+	if !obj.GetDeletionTimestamp().IsZero() {
+		r.track(obj.GetUID(), false)
+		return r.finalize(ctx, obj)
+	}
+	if r.finalizer != nil && !controllerutil.ContainsFinalizer(obj, r.opts.Finalizer) {
+		base := obj.DeepCopyObject().(T)
+		controllerutil.AddFinalizer(obj, r.opts.Finalizer)
+		if err := r.c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	if res, done, err := r.expire(ctx, obj); done {
+		return res, err
+	}
+
+	before := obj.DeepCopyObject().(T)
+	res, herr := r.handler.Handle(ctx, obj)
+	ready := r.setConditions(obj, res, herr)
+	if !equality.Semantic.DeepEqual(before, obj) {
+		if err := r.c.Status().Update(ctx, obj); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	r.observe(ctx, before, obj, ready, herr)
+
+	if t, ok := asTerminal(herr); ok {
+		log.FromContext(ctx).Info("request failed", "reason", t.reason, "message", t.message)
+		return r.ttlRequeue(obj), nil
+	}
+	if herr != nil {
+		requestErrorsTotal.WithLabelValues(r.kind).Inc()
+		return reconcile.Result{}, herr
+	}
+	if ready.Status == metav1.ConditionTrue {
+		return minRequeue(r.ttlRequeue(obj), res.RequeueAfter), nil
+	}
+	return reconcile.Result{RequeueAfter: res.RequeueAfter}, nil
+}
+
+func minRequeue(a reconcile.Result, b time.Duration) reconcile.Result {
+	if b > 0 && (a.RequeueAfter == 0 || b < a.RequeueAfter) {
+		a.RequeueAfter = b
+	}
+	return a
+}
+
+// conflictRequeue turns an optimistic-concurrency conflict into a quick,
+// quiet retry: the cache delivers the newer object within milliseconds, and
+// the error backoff (100 ms and up) would dominate a request's latency.
+func conflictRequeue(res reconcile.Result, err error) (reconcile.Result, error) {
+	if apierrors.IsConflict(err) {
+		return reconcile.Result{RequeueAfter: 10 * time.Millisecond}, nil
+	}
+	return res, err
+}
