@@ -170,6 +170,8 @@ func TestCreateValidation(t *testing.T) {
 		{"spc zero capacity", "storage/StoragePoolClaim", `{capacity: "0"}`, "spec.capacity", "capacity must be greater than zero"},
 		{"spc zero capacity integer", "storage/StoragePoolClaim", `{capacity: 0}`, "spec.capacity", "capacity must be greater than zero"},
 		{"spc negative capacity", "storage/StoragePoolClaim", `{capacity: -1Gi}`, "spec.capacity", "capacity must be greater than zero"},
+		{"spc 8Ei", "storage/StoragePoolClaim", `{capacity: 8Ei}`, "spec.capacity", "capacity must be less than 8Ei"},
+		{"spc just under 8Ei", "storage/StoragePoolClaim", `{capacity: 8191Pi}`, "", ""},
 		{"spc min > max", "storage/StoragePoolClaim", `{capacity: 1Gi, minPools: 3, maxPools: 2}`, "spec.minPools", "minPools must be less than or equal to maxPools"},
 		{"spc min = max", "storage/StoragePoolClaim", `{capacity: 1Gi, minPools: 2, maxPools: 2}`, "", ""},
 		{"spc default min > max", "storage/StoragePoolClaim", `{capacity: 1Gi, maxPools: 1}`, "", ""},
@@ -188,6 +190,7 @@ func TestCreateValidation(t *testing.T) {
 		{"csp long node", "storage/CStorPool", `{nodeName: ` + long(254) + `, claim: claim-a, capacity: 1Gi}`, "spec.nodeName", "Too long"},
 		{"csp capacity not a quantity", "storage/CStorPool", `{nodeName: node-a, claim: claim-a, capacity: 1GB}`, "spec.capacity", "should match"},
 		{"csp zero capacity", "storage/CStorPool", `{nodeName: node-a, claim: claim-a, capacity: 0Gi}`, "spec.capacity", "capacity must be greater than zero"},
+		{"csp 10Ei", "storage/CStorPool", `{nodeName: node-a, claim: claim-a, capacity: 10Ei}`, "spec.capacity", "capacity must be less than 8Ei"},
 		{"csp bad poolType", "storage/CStorPool", `{nodeName: node-a, claim: claim-a, capacity: 1Gi, poolType: raid5}`, "spec.poolType", "Unsupported value"},
 		{"csp bad backend", "storage/CStorPool", `{nodeName: node-a, claim: claim-a, capacity: 1Gi, backend: ceph}`, "spec.backend", "Unsupported value"},
 
@@ -196,6 +199,10 @@ func TestCreateValidation(t *testing.T) {
 		{"cv no capacity", "storage/CStorVolume", `{replicationFactor: 1}`, "spec.capacity", "Required value"},
 		{"cv capacity not a quantity", "storage/CStorVolume", `{capacity: 1 Gi}`, "spec.capacity", "should match"},
 		{"cv zero capacity", "storage/CStorVolume", `{capacity: "0"}`, "spec.capacity", "capacity must be greater than zero"},
+		{"cv 16Ei", "storage/CStorVolume", `{capacity: 16Ei}`, "spec.capacity", "capacity must be less than 8Ei"},
+		{"cv 10Ei", "storage/CStorVolume", `{capacity: 10Ei}`, "spec.capacity", "capacity must be less than 8Ei"},
+		{"cv 2^64 bytes", "storage/CStorVolume", `{capacity: "18446744073709551616"}`, "spec.capacity", "capacity must be less than 8Ei"},
+		{"cv 7Ei", "storage/CStorVolume", `{capacity: 7Ei}`, "", ""},
 		{"cv cf with default rf", "storage/CStorVolume", `{capacity: 1Gi, consistencyFactor: 3}`, "", ""},
 		{"cv cf > default rf", "storage/CStorVolume", `{capacity: 1Gi, consistencyFactor: 4}`, "spec.consistencyFactor", "consistencyFactor must be less than or equal to replicationFactor"},
 		{"cv cf > rf", "storage/CStorVolume", `{capacity: 1Gi, replicationFactor: 1, consistencyFactor: 2}`, "spec.consistencyFactor", "consistencyFactor must be"},
@@ -214,6 +221,7 @@ func TestCreateValidation(t *testing.T) {
 		{"cvr empty volume", "storage/CStorVolumeReplica", `{volume: "", pool: pool-a, nodeName: node-a, capacity: 1Gi}`, "spec.volume", "at least 1"},
 		{"cvr empty pool", "storage/CStorVolumeReplica", `{volume: vol-a, pool: "", nodeName: node-a, capacity: 1Gi}`, "spec.pool", "at least 1"},
 		{"cvr zero capacity", "storage/CStorVolumeReplica", `{volume: vol-a, pool: pool-a, nodeName: node-a, capacity: 0Mi}`, "spec.capacity", "capacity must be greater than zero"},
+		{"cvr 8Ei", "storage/CStorVolumeReplica", `{volume: vol-a, pool: pool-a, nodeName: node-a, capacity: 8Ei}`, "spec.capacity", "capacity must be less than 8Ei"},
 
 		{"pr ok", "scm/PullRequest", `{user: u, branch: b, status: open, id: 1, repository: o/r, number: 1, updatedAt: "2019-09-19T23:23:12Z"}`, "", ""},
 		{"pr no spec", "scm/PullRequest", ``, "spec", "Required value"},
@@ -249,6 +257,7 @@ func TestCreateValidation(t *testing.T) {
 		{"btc zero nodes", "bitcoin/BitcoinNetwork", `{nodes: 0}`, "spec.nodes", "greater than or equal to 1"},
 		{"btc too many nodes", "bitcoin/BitcoinNetwork", `{nodes: 11}`, "spec.nodes", "less than or equal to 10"},
 		{"btc bad network", "bitcoin/BitcoinNetwork", `{network: signet}`, "spec.network", "Unsupported value"},
+		{"btc storage 8Ei", "bitcoin/BitcoinNetwork", `{storage: {size: 8Ei}}`, "spec.storage.size", "size must be less than 8Ei"},
 		{"btc empty image", "bitcoin/BitcoinNetwork", `{image: ""}`, "spec.image", "at least 1"},
 		{"btc empty secretName", "bitcoin/BitcoinNetwork", `{secretName: ""}`, "spec.secretName", "at least 1"},
 	} {

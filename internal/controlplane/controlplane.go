@@ -101,6 +101,13 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating data dir: %w", err)
 	}
+	// Every later path is the real one, not through a link someone could repoint.
+	if dir, err = filepath.EvalSymlinks(dir); err != nil {
+		return nil, fmt.Errorf("resolving data dir: %w", err)
+	}
+	if err := checkDataDir(dir); err != nil {
+		return nil, err
+	}
 	progress := cfg.Progress
 	if progress == nil {
 		progress = func(string, time.Duration) {}

@@ -277,3 +277,22 @@ func TestUp(t *testing.T) {
 		again.kubectl(t, "wait", "--for=jsonpath={.status.containerStatuses[0].restartCount}=1", "pod/regtest-0", "pod/regtest-1", "--timeout=60s")
 	}
 }
+
+// TestUpRefusesAnUnsafeDataDir: the data dir holds the cluster's keys; one that others may
+// write into is refused before anything is started in it.
+func TestUpRefusesAnUnsafeDataDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "shared")
+	if err := os.Mkdir(dir, 0o770); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o770); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(binary, "up", "--data-dir", dir).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "writable by group or others") {
+		t.Fatalf("up on a group-writable data dir: err=%v\n%s", err, out)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("up wrote into the refused data dir: %v", entries)
+	}
+}

@@ -31,6 +31,8 @@ type BitcoinStorage struct {
 	// size of each node's claim.
 	// +required
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="size must be greater than zero"
+	// Less than 8Ei (2^63 bytes): what fits the int64 byte counts of every consumer.
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isLessThan(quantity('8Ei'))",message="size must be less than 8Ei"
 	Size resource.Quantity `json:"size"`
 }
 

@@ -51,6 +51,8 @@ type CStorVolumeReplicaSpec struct {
 	// +required
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="capacity is immutable"
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="capacity must be greater than zero"
+	// Less than 8Ei (2^63 bytes): what fits the int64 byte counts of every consumer.
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isLessThan(quantity('8Ei'))",message="capacity must be less than 8Ei"
 	Capacity resource.Quantity `json:"capacity"`
 }
 

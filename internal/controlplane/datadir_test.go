@@ -1,0 +1,62 @@
+package controlplane
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestCheckDataDir(t *testing.T) {
+	base := t.TempDir()
+	mk := func(name string, mode os.FileMode) string {
+		p := filepath.Join(base, name)
+		if err := os.Mkdir(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil { // past the umask
+			t.Fatal(err)
+		}
+		return p
+	}
+	own := mk("own", 0o700)
+	readable := mk("readable", 0o755)
+	groupWritable := mk("group-writable", 0o770)
+	worldWritable := mk("world-writable", 0o1777)
+	link := filepath.Join(base, "link")
+	if err := os.Symlink(own, link); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(base, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		dir, want string
+	}{
+		{own, ""},
+		{readable, ""},
+		{groupWritable, "writable by group or others"},
+		{worldWritable, "writable by group or others"},
+		{link, "symbolic link"},
+		{file, "not a directory"},
+	} {
+		err := checkDataDir(c.dir)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: %v, want accepted", c.dir, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: %v, want an error saying %q", c.dir, err, c.want)
+		}
+	}
+	if os.Geteuid() == 0 {
+		// root may chown: a directory of another user is refused.
+		other := mk("other", 0o700)
+		if err := os.Chown(other, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if err := checkDataDir(other); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
+			t.Errorf("another user's directory: %v", err)
+		}
+	}
+}
