@@ -24,12 +24,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crdipc/crdipc/internal/podsim"
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 // helperEnv makes the test binary a tiny server instead of running tests: the process
@@ -208,9 +208,9 @@ func newSim(t *testing.T, nodes ...string) *sim {
 		s.addNode(n, nil)
 	}
 	// Pods need the namespace's default ServiceAccount (ServiceAccount admission).
-	s.poll("default ServiceAccount", func(ctx context.Context) (bool, error) {
+	testenv.Eventually(t, 30*time.Second, "the default ServiceAccount", func(ctx context.Context) (bool, error) {
 		err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: "default"}, &corev1.ServiceAccount{})
-		return err == nil, client.IgnoreNotFound(err)
+		return err == nil, err
 	})
 	return s
 }
@@ -261,10 +261,19 @@ func (s *sim) start() *runtime {
 		// Force-delete the test's pods so that no other test's runtime sees them.
 		ctx := context.Background()
 		_ = s.c.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(s.ns), client.GracePeriodSeconds(0))
-		s.poll("pods removed", func(ctx context.Context) (bool, error) {
+		testenv.Eventually(s.t, 30*time.Second, "the test's pods removed", func(ctx context.Context) (bool, error) {
 			var pods corev1.PodList
-			err := s.c.List(ctx, &pods, client.InNamespace(s.ns))
-			return err == nil && len(pods.Items) == 0, err
+			if err := s.c.List(ctx, &pods, client.InNamespace(s.ns)); err != nil {
+				return false, err
+			}
+			if len(pods.Items) != 0 {
+				names := make([]string, 0, len(pods.Items))
+				for _, p := range pods.Items {
+					names = append(names, p.Name)
+				}
+				return false, fmt.Errorf("pods left: %v", names)
+			}
+			return true, nil
 		})
 		s.stop(rt)
 	})
@@ -284,14 +293,6 @@ func (s *sim) stop(rt *runtime) {
 			s.t.Error("manager did not stop within 30s")
 		}
 	})
-}
-
-// poll waits up to 30 s for cond.
-func (s *sim) poll(what string, cond wait.ConditionWithContextFunc) {
-	s.t.Helper()
-	if err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true, cond); err != nil {
-		s.t.Fatalf("waiting for %s: %v", what, err)
-	}
 }
 
 // pod is a pod of the helper image serving on $(POD_IP):8080 with a tcpSocket readiness
@@ -331,11 +332,14 @@ func (s *sim) create(obj client.Object) {
 func (s *sim) waitPod(name, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
 	s.t.Helper()
 	var pod corev1.Pod
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.Until(context.Background(), 30*time.Second, func(ctx context.Context) (bool, error) {
 		if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: name}, &pod); err != nil {
-			return false, client.IgnoreNotFound(err)
+			return false, err
 		}
-		return cond(&pod), nil
+		if !cond(&pod) {
+			return false, fmt.Errorf("phase %s", pod.Status.Phase)
+		}
+		return true, nil
 	})
 	if err != nil {
 		b, _ := json.MarshalIndent(pod.Status, "", "  ")
@@ -347,10 +351,14 @@ func (s *sim) waitPod(name, what string, cond func(*corev1.Pod) bool) *corev1.Po
 // waitGone waits until the pod object is deleted.
 func (s *sim) waitGone(name string) {
 	s.t.Helper()
-	s.poll("pod "+name+" deleted", func(ctx context.Context) (bool, error) {
-		err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: name}, &corev1.Pod{})
+	testenv.Eventually(s.t, 30*time.Second, "pod "+name+" deleted", func(ctx context.Context) (bool, error) {
+		var pod corev1.Pod
+		err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: name}, &pod)
 		if apierrors.IsNotFound(err) {
 			return true, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("pod still there, phase %s, deletion requested %v", pod.Status.Phase, pod.DeletionTimestamp)
 		}
 		return false, err
 	})
@@ -403,5 +411,10 @@ func processGone(pid int) bool {
 
 func (s *sim) waitProcessGone(pid int) {
 	s.t.Helper()
-	s.poll(fmt.Sprintf("process %d gone", pid), func(context.Context) (bool, error) { return processGone(pid), nil })
+	testenv.Eventually(s.t, 30*time.Second, fmt.Sprintf("process %d gone", pid), func(context.Context) (bool, error) {
+		if !processGone(pid) {
+			return false, errors.New("it still exists")
+		}
+		return true, nil
+	})
 }

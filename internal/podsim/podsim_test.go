@@ -14,9 +14,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 // TestRunsPod: a pod is bound to a simulated node, runs with its environment (a Secret,
@@ -88,18 +90,21 @@ func TestRunsPod(t *testing.T) {
 	}
 
 	// Nothing changes, so nothing is written: three probe periods, one resourceVersion.
+	// The look fails the test at the first write; it never reports done, so the wait lasts
+	// the three periods, and one more look after it must find the pod readable.
 	rv := pod.ResourceVersion
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Second, true, func(ctx context.Context) (bool, error) {
+	unchanged := func(ctx context.Context) (bool, error) {
 		var p corev1.Pod
 		if err := s.c.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
 			return false, err
 		}
 		if p.ResourceVersion != rv {
-			return false, fmt.Errorf("pod written again without a change: %+v\nwas %+v", p.Status, pod.Status)
+			t.Fatalf("pod written again without a change: %+v\nwas %+v", p.Status, pod.Status)
 		}
 		return false, nil
-	})
-	if !wait.Interrupted(err) {
+	}
+	_ = wait.Until(ctx, 3*time.Second, unchanged)
+	if _, err := unchanged(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -246,9 +251,12 @@ func TestDeletion(t *testing.T) {
 		if !processGone(pid) {
 			t.Errorf("%s: pod deleted while its process %d runs", name, pid)
 		}
-		s.poll(name+" directory removed", func(context.Context) (bool, error) {
+		testenv.Eventually(t, 30*time.Second, name+"'s directory removed", func(context.Context) (bool, error) {
 			_, err := os.Stat(dir)
-			return os.IsNotExist(err), nil
+			if !os.IsNotExist(err) {
+				return false, fmt.Errorf("stat %s: %v", dir, err)
+			}
+			return true, nil
 		})
 	}
 }

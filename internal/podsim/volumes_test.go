@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -115,9 +114,9 @@ func TestPodVolumes(t *testing.T) {
 	t.Cleanup(func() {
 		_ = c.Delete(context.Background(), &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "podsim-volumes"}})
 	})
-	until(t, "the default ServiceAccount", 30*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 30*time.Second, "the default ServiceAccount", func(ctx context.Context) (bool, error) {
 		err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "default"}, &corev1.ServiceAccount{})
-		return err == nil, fmt.Sprint(err), client.IgnoreNotFound(err)
+		return err == nil, err
 	})
 
 	// The writer comes first: it waits for its claim, as a pod applied with it does.
@@ -159,9 +158,12 @@ func TestPodVolumes(t *testing.T) {
 
 	deletePod(t, c, writer)
 	assertUnmounted(t, volume, podRoot, targets)
-	until(t, "the writer's directory removed", 30*time.Second, func(context.Context) (bool, string, error) {
-		_, err := os.Stat(filepath.Join(podRoot, string(writer.UID)))
-		return os.IsNotExist(err), fmt.Sprint(err), nil
+	testenv.Eventually(t, 30*time.Second, "the writer's directory removed", func(context.Context) (bool, error) {
+		dir := filepath.Join(podRoot, string(writer.UID))
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			return false, fmt.Errorf("stat %s: %v", dir, err)
+		}
+		return true, nil
 	})
 
 	reader := volumePod(ns, "reader", "node-2", `set -e; cd /data; sha256sum -c msg.sha256; cat msg`)
@@ -241,12 +243,15 @@ func waiting(p *corev1.Pod) *corev1.ContainerStateWaiting {
 func waitPodVolumes(t *testing.T, c client.Client, pod *corev1.Pod, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
 	var p corev1.Pod
-	until(t, "pod "+pod.Name+" "+what, 90*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 90*time.Second, "pod "+pod.Name+" "+what, func(ctx context.Context) (bool, error) {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
-			return false, err.Error(), client.IgnoreNotFound(err)
+			return false, err
 		}
-		b, _ := json.Marshal(p.Status.ContainerStatuses)
-		return cond(&p), fmt.Sprintf("phase %s on %q, containers %s", p.Status.Phase, p.Spec.NodeName, b), nil
+		if !cond(&p) {
+			b, _ := json.Marshal(p.Status.ContainerStatuses)
+			return false, fmt.Errorf("phase %s on %q, containers %s", p.Status.Phase, p.Spec.NodeName, b)
+		}
+		return true, nil
 	})
 	return &p
 }
@@ -256,12 +261,16 @@ func deletePod(t *testing.T, c client.Client, pod *corev1.Pod) {
 	if err := c.Delete(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
-	until(t, "pod "+pod.Name+" deleted", 60*time.Second, func(ctx context.Context) (bool, string, error) {
-		err := c.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{})
+	testenv.Eventually(t, 60*time.Second, "pod "+pod.Name+" deleted", func(ctx context.Context) (bool, error) {
+		var p corev1.Pod
+		err := c.Get(ctx, client.ObjectKeyFromObject(pod), &p)
 		if apierrors.IsNotFound(err) {
-			return true, "", nil
+			return true, nil
 		}
-		return false, fmt.Sprint(err), err
+		if err == nil {
+			err = fmt.Errorf("pod still there, phase %s, deletion requested %v", p.Status.Phase, p.DeletionTimestamp)
+		}
+		return false, err
 	})
 }
 
@@ -269,10 +278,13 @@ func deletePod(t *testing.T, c client.Client, pod *corev1.Pod) {
 // mount under the pods' or the targets' directories, no loop device of a target's file.
 func assertUnmounted(t *testing.T, volume, podRoot, targets string) {
 	t.Helper()
-	until(t, "volume "+volume+" unpublished and unstaged", 30*time.Second, func(context.Context) (bool, string, error) {
+	testenv.Eventually(t, 30*time.Second, "volume "+volume+" unpublished and unstaged", func(context.Context) (bool, error) {
 		lines := append(mountLines(t, podRoot), mountLines(t, targets)...)
 		loops := testenv.LoopDevices(t, func(f string) bool { return strings.HasPrefix(f, targets+"/") })
-		return len(lines) == 0 && len(loops) == 0, fmt.Sprintf("mounts %v, loop devices %v", lines, loops), nil
+		if len(lines) != 0 || len(loops) != 0 {
+			return false, fmt.Errorf("mounts %v, loop devices %v", lines, loops)
+		}
+		return true, nil
 	})
 }
 
@@ -296,18 +308,4 @@ func mountLines(t *testing.T, path string) []string {
 func podLog(pod *corev1.Pod, root string) string {
 	data, _ := os.ReadFile(filepath.Join(root, string(pod.UID), pod.Spec.Containers[0].Name+".log"))
 	return string(data)
-}
-
-// until polls cond until it holds or timeout passes; the description says what was last seen.
-func until(t *testing.T, what string, timeout time.Duration, cond func(context.Context) (bool, string, error)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		ok, desc, err := cond(ctx)
-		last = desc
-		return ok, err
-	})
-	if err != nil {
-		t.Fatalf("waiting for %s: %v; last seen: %s", what, err, last)
-	}
 }

@@ -3,6 +3,8 @@ package services
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"path/filepath"
 
 	"github.com/spf13/pflag"
@@ -89,18 +91,9 @@ func (s *webhookService) Setup(mgr manager.Manager, env Env) error {
 		return err
 	}
 	env.say("webhook  http://%s/webhook", ln.Addr())
-	// The cache first: a delivery is stored only once the listener knows what exists.
-	if err := mgr.Add(runnableFunc(func(ctx context.Context) error {
-		if err := l.Start(ctx); err != nil {
-			return err
-		}
-		<-ctx.Done()
-		return nil
-	})); err != nil {
-		ln.Close()
-		return err
-	}
-	return mgr.Add(&HTTPServer{Name: "webhook listener", Listener: ln, Handler: l.Handler()})
+	// Until its cache is synced the listener reads the API server directly, and /readyz
+	// says it is not ready yet.
+	return serveWithCache(mgr, "webhook listener", ln, l.Handler(), l.Start)
 }
 
 func metricsAgentEntry() Entry {
@@ -156,8 +149,14 @@ func (s *metricsAgentService) Setup(mgr manager.Manager, env Env) error {
 		return err
 	}
 	env.say("scm      http://%s/metrics   (metrics agent: PullRequest/Branch Events and gauges)", ln.Addr())
+	return serveWithCache(mgr, "metrics agent", ln, a.Handler(), a.Start)
+}
+
+// serveWithCache adds a server whose handler answers from a cache that start fills (and
+// keeps current until ctx ends): the cache's runnable, and the HTTP server on ln.
+func serveWithCache(mgr manager.Manager, name string, ln net.Listener, h http.Handler, start func(context.Context) error) error {
 	if err := mgr.Add(runnableFunc(func(ctx context.Context) error {
-		if err := a.Start(ctx); err != nil {
+		if err := start(ctx); err != nil {
 			return err
 		}
 		<-ctx.Done()
@@ -166,5 +165,5 @@ func (s *metricsAgentService) Setup(mgr manager.Manager, env Env) error {
 		ln.Close()
 		return err
 	}
-	return mgr.Add(&HTTPServer{Name: "metrics agent", Listener: ln, Handler: a.Handler()})
+	return mgr.Add(&HTTPServer{Name: name, Listener: ln, Handler: h})
 }

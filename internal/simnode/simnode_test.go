@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crdipc/crdipc/internal/simnode"
@@ -106,17 +105,14 @@ func isReady(n *corev1.Node) bool { return ready(n) == corev1.ConditionTrue }
 
 func waitNode(t *testing.T, c client.Client, name, what string, ok func(*corev1.Node) bool) {
 	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	testenv.Eventually(t, 30*time.Second, "node "+name+" "+what, func(ctx context.Context) (bool, error) {
 		var n corev1.Node
 		if err := c.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil {
-			last = err.Error()
-			return false, client.IgnoreNotFound(err)
+			return false, err
 		}
-		last = fmt.Sprintf("labels %v, conditions %+v", n.Labels, n.Status.Conditions)
-		return ok(&n), nil
+		if !ok(&n) {
+			return false, fmt.Errorf("labels %v, conditions %+v", n.Labels, n.Status.Conditions)
+		}
+		return true, nil
 	})
-	if err != nil {
-		t.Fatalf("node %s %s: %v; last seen: %s", name, what, err, last)
-	}
 }

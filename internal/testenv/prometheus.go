@@ -90,19 +90,7 @@ func StartPrometheus(t testing.TB, targets map[string]string) *Prometheus {
 			t.Fatalf("prometheus exited: %v", exitErr) // the cleanup shows its log
 		default:
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url+"/-/ready", nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return false, fmt.Errorf("/-/ready: %s", resp.Status)
-		}
-		return true, nil
+		return wait.HTTPOK(p.url + "/-/ready")(ctx)
 	})
 	return p
 }
@@ -139,4 +127,20 @@ func (p *Prometheus) Query(q string) (float64, error) {
 		return 0, fmt.Errorf("sample value %v is not a string", body.Data.Result[0].Value[1])
 	}
 	return strconv.ParseFloat(v, 64)
+}
+
+// WaitFor waits until the PromQL query returns want: Prometheus scrapes every second, so a
+// count takes a scrape or two to show.
+func (p *Prometheus) WaitFor(t testing.TB, timeout time.Duration, query string, want float64) {
+	t.Helper()
+	wait.Eventually(t, timeout, fmt.Sprintf("PromQL %s = %v", query, want), func(context.Context) (bool, error) {
+		got, err := p.Query(query)
+		if err != nil {
+			return false, err
+		}
+		if got != want {
+			return false, fmt.Errorf("got %v", got)
+		}
+		return true, nil
+	})
 }

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"context"
-	"fmt"
 	"net/http"
 	"regexp"
 	"strings"
@@ -39,15 +37,6 @@ func TestSCMPipeline(t *testing.T) {
 		`sum(crdipc_scm_events_total{kind="PullRequest"})`: 1,
 		`crdipc_scm_pullrequests{state="open"}`:            1,
 	} {
-		testenv.Eventually(t, time.Minute, fmt.Sprintf("PromQL %s = %v", query, want), func(context.Context) (bool, error) {
-			got, err := prom.Query(query)
-			if err != nil {
-				return false, err
-			}
-			if got != want {
-				return false, fmt.Errorf("got %v", got)
-			}
-			return true, nil
-		})
+		prom.WaitFor(t, time.Minute, query, want)
 	}
 }

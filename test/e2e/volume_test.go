@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -44,7 +43,7 @@ func TestReplicatedVolume(t *testing.T) {
 	up.kubectl(t, "delete", "pod", "writer", "--wait=true", "--timeout=60s")
 
 	// Unstaged: the replicas were closed cleanly, identical, holding the line.
-	up.eventually(t, time.Minute, "three identical replica files holding the data", up.replicasIdentical(t, dataDir, volume, 3, marker))
+	up.eventually(t, time.Minute, "three identical replica files holding the data", up.replicasIdentical(t, volume, 3, marker))
 
 	// A replica's node goes; another joins.
 	var gone string
@@ -71,7 +70,7 @@ func TestReplicatedVolume(t *testing.T) {
 		}
 		return true, nil
 	})
-	up.eventually(t, time.Minute, "three identical replica files after the rebuild", up.replicasIdentical(t, dataDir, volume, 3, marker))
+	up.eventually(t, time.Minute, "three identical replica files after the rebuild", up.replicasIdentical(t, volume, 3, marker))
 
 	// Another node reads the file back.
 	reader := "node-4"
@@ -149,18 +148,19 @@ func (p *upProcess) waitPodSucceeded(t *testing.T, name string) {
 	})
 }
 
-// replicasIdentical holds when volume has n replica files under dataDir, all with the same
-// bytes, holding marker.
-func (p *upProcess) replicasIdentical(t *testing.T, dataDir, volume string, n int, marker string) func(context.Context) (bool, error) {
+// replicasIdentical holds when volume reports n replica files (each replica's absolute
+// path, from its status.replicas[*].location), all with the same bytes, holding marker.
+func (p *upProcess) replicasIdentical(t *testing.T, volume string, n int, marker string) func(context.Context) (bool, error) {
 	return func(context.Context) (bool, error) {
-		out := p.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", `jsonpath={range .status.replicas[*]}{.node}/pools/{.pool}/crdipc-system/{.name}.img{" "}{end}`)
+		out := p.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", `jsonpath={range .status.replicas[*]}{.location}{" "}{end}`)
 		files := strings.Fields(out)
 		if len(files) != n {
-			return false, fmt.Errorf("%d replicas: %s", len(files), out)
+			replicas := p.kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", "jsonpath={.status.replicas}")
+			return false, fmt.Errorf("%d replica locations, want %d: %s", len(files), n, replicas)
 		}
 		sums := map[string][]string{}
 		for _, f := range files {
-			data, err := os.ReadFile(filepath.Join(dataDir, "nodes", f))
+			data, err := os.ReadFile(f)
 			if err != nil {
 				return false, err
 			}

@@ -174,10 +174,12 @@ func (w *world) testDataPlane(t *testing.T) {
 	if err := w.c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: lost}}); err != nil {
 		t.Fatal(err)
 	}
-	w.eventually(t, "the volume Degraded without "+lost, 30*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 30*time.Second, "the volume Degraded without "+lost, func(ctx context.Context) (bool, error) {
 		v := w.volume(t, id)
-		return v.Status.Phase == storagev1alpha1.VolumePhaseDegraded && int(v.Status.ReadyReplicas) == rf-1 && !onNode(v, lost),
-			fmt.Sprintf("%s, %d ready: %+v", v.Status.Phase, v.Status.ReadyReplicas, v.Status.Replicas), nil
+		if v.Status.Phase != storagev1alpha1.VolumePhaseDegraded || int(v.Status.ReadyReplicas) != rf-1 || onNode(v, lost) {
+			return false, fmt.Errorf("%s, %d ready: %+v", v.Status.Phase, v.Status.ReadyReplicas, v.Status.Replicas)
+		}
+		return true, nil
 	})
 	write(10) // the first writes find the replica gone and leave it; the rest need cf acks
 	if rf-1 < cf {
@@ -188,10 +190,12 @@ func (w *world) testDataPlane(t *testing.T) {
 	// stays staged, then the volume is Healthy again.
 	joined := "node-joined"
 	w.addNode(joined, rf)
-	w.eventually(t, "the volume Healthy with a rebuilt replica on "+joined, 60*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 60*time.Second, "the volume Healthy with a rebuilt replica on "+joined, func(ctx context.Context) (bool, error) {
 		v := w.volume(t, id)
-		return v.Status.Phase == storagev1alpha1.VolumePhaseHealthy && onNode(v, joined),
-			fmt.Sprintf("%s: %+v", v.Status.Phase, v.Status.Replicas), nil
+		if v.Status.Phase != storagev1alpha1.VolumePhaseHealthy || !onNode(v, joined) {
+			return false, fmt.Errorf("%s: %+v", v.Status.Phase, v.Status.Replicas)
+		}
+		return true, nil
 	})
 	write(5)
 	unmount()
@@ -213,9 +217,12 @@ func (w *world) testDataPlane(t *testing.T) {
 	if err := w.c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}); err != nil {
 		t.Fatal(err)
 	}
-	w.eventually(t, "the volume without node-1", 30*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("the volume without node-1, %d replicas ready", rf-1), func(ctx context.Context) (bool, error) {
 		v := w.volume(t, id)
-		return !onNode(v, "node-1") && int(v.Status.ReadyReplicas) == rf-1, fmt.Sprintf("%s: %+v", v.Status.Phase, v.Status.Replicas), nil
+		if onNode(v, "node-1") || int(v.Status.ReadyReplicas) != rf-1 {
+			return false, fmt.Errorf("%s, %d ready: %+v", v.Status.Phase, v.Status.ReadyReplicas, v.Status.Replicas)
+		}
+		return true, nil
 	})
 	dir2, unmount2 = node2.mount(t, id)
 	w.checkFiles(t, dir2, files)

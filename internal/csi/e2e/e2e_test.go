@@ -27,7 +27,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -172,25 +171,12 @@ func impersonate(cfg *rest.Config, user string) *rest.Config {
 	return c
 }
 
-// eventually polls cond until it holds or the deadline passes; desc says what was last seen.
-func (w *world) eventually(t *testing.T, what string, timeout time.Duration, cond func(ctx context.Context) (bool, string, error)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		ok, desc, err := cond(ctx)
-		last = desc
-		return ok, err
-	})
-	if err != nil {
-		t.Fatalf("waiting for %s: %v; last seen: %s", what, err, last)
-	}
-}
-
 func (w *world) waitHealthyPools(n int) {
-	w.eventually(w.t, fmt.Sprintf("%d healthy pools", n), 30*time.Second, func(ctx context.Context) (bool, string, error) {
+	w.t.Helper()
+	testenv.Eventually(w.t, 30*time.Second, fmt.Sprintf("%d healthy pools", n), func(ctx context.Context) (bool, error) {
 		var pools storagev1alpha1.CStorPoolList
 		if err := w.c.List(ctx, &pools); err != nil {
-			return false, "", err
+			return false, err
 		}
 		healthy := 0
 		for _, p := range pools.Items {
@@ -198,7 +184,10 @@ func (w *world) waitHealthyPools(n int) {
 				healthy++
 			}
 		}
-		return healthy >= n, fmt.Sprintf("%d healthy of %d", healthy, len(pools.Items)), nil
+		if healthy < n {
+			return false, fmt.Errorf("%d healthy of %d", healthy, len(pools.Items))
+		}
+		return true, nil
 	})
 }
 
@@ -226,12 +215,17 @@ func (w *world) createPVC(t *testing.T, name string) *corev1.PersistentVolumeCla
 	return pvc
 }
 
+// waitBound waits until pvc is Bound, leaving its latest state in pvc.
 func (w *world) waitBound(t *testing.T, pvc *corev1.PersistentVolumeClaim, timeout time.Duration) {
-	w.eventually(t, "PVC "+pvc.Name+" Bound", timeout, func(ctx context.Context) (bool, string, error) {
+	t.Helper()
+	testenv.Eventually(t, timeout, "PVC "+pvc.Name+" Bound", func(ctx context.Context) (bool, error) {
 		if err := w.c.Get(ctx, client.ObjectKeyFromObject(pvc), pvc); err != nil {
-			return false, "", err
+			return false, err
 		}
-		return pvc.Status.Phase == corev1.ClaimBound, string(pvc.Status.Phase), nil
+		if pvc.Status.Phase != corev1.ClaimBound {
+			return false, fmt.Errorf("phase %q", pvc.Status.Phase)
+		}
+		return true, nil
 	})
 }
 
@@ -342,10 +336,10 @@ func (w *world) testRBAC(t *testing.T) {
 func (w *world) testProvisionWaitsForNode(t *testing.T) {
 	ctx := context.Background()
 	pvc := w.createPVC(t, "waits")
-	w.eventually(t, "retry Events on the PVC", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 20*time.Second, "retry Events on the PVC", func(ctx context.Context) (bool, error) {
 		evs, err := w.events(ctx, pvc)
 		if err != nil {
-			return false, "", err
+			return false, err
 		}
 		n, last := 0, ""
 		for _, e := range evs {
@@ -354,7 +348,10 @@ func (w *world) testProvisionWaitsForNode(t *testing.T) {
 				last = e.Message
 			}
 		}
-		return n >= 2, fmt.Sprintf("%d retries, last %q", n, last), nil
+		if n < 2 {
+			return false, fmt.Errorf("%d retries, last %q", n, last)
+		}
+		return true, nil
 	})
 	if err := w.c.Get(ctx, client.ObjectKeyFromObject(pvc), pvc); err != nil {
 		t.Fatal(err)
@@ -383,16 +380,18 @@ func (w *world) deletePVCAndWait(t *testing.T, pvc *corev1.PersistentVolumeClaim
 	if err := w.c.Delete(ctx, pvc); err != nil {
 		t.Fatal(err)
 	}
-	w.eventually(t, "PV, volume, replicas and files gone", 30*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 30*time.Second, "PV, volume, replicas and files gone", func(ctx context.Context) (bool, error) {
 		pverr := w.c.Get(ctx, client.ObjectKey{Name: pvName}, &corev1.PersistentVolume{})
 		verr := w.c.Get(ctx, client.ObjectKey{Namespace: install.SystemNamespace, Name: pvName}, &storagev1alpha1.CStorVolume{})
 		var rs storagev1alpha1.CStorVolumeReplicaList
 		if err := w.c.List(ctx, &rs, client.InNamespace(install.SystemNamespace), client.MatchingFields{storagev1alpha1.FieldVolume: pvName}); err != nil {
-			return false, "", err
+			return false, err
 		}
 		files := existing(t, all)
-		return apierrors.IsNotFound(pverr) && apierrors.IsNotFound(verr) && len(rs.Items) == 0 && len(files) == 0,
-			fmt.Sprintf("pv: %v, volume: %v, replicas: %d, files: %v", pverr, verr, len(rs.Items), files), nil
+		if !apierrors.IsNotFound(pverr) || !apierrors.IsNotFound(verr) || len(rs.Items) != 0 || len(files) != 0 {
+			return false, fmt.Errorf("pv: %v, volume: %v, replicas: %d, files: %v", pverr, verr, len(rs.Items), files)
+		}
+		return true, nil
 	})
 }
 
@@ -409,29 +408,35 @@ func (w *world) testDriverUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	pvc := w.createPVC(t, "driver-down")
-	w.eventually(t, "an Event naming the unreachable driver", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 20*time.Second, "an Event naming the unreachable driver", func(ctx context.Context) (bool, error) {
 		evs, err := w.events(ctx, pvc)
 		if err != nil {
-			return false, "", err
+			return false, err
 		}
 		var seen []string
 		for _, e := range evs {
 			if e.Type == corev1.EventTypeWarning && e.Reason == "ProvisioningFailed" && strings.Contains(e.Message, "unreachable") && strings.Contains(e.Message, path) {
-				return true, "", nil
+				return true, nil
 			}
 			seen = append(seen, e.Reason+": "+e.Message)
 		}
-		return false, strings.Join(seen, " | "), nil
+		return false, fmt.Errorf("events: %s", strings.Join(seen, " | "))
 	})
-	w.eventually(t, "the sidecar not ready, saying why", 10*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 10*time.Second, "the sidecar not ready, saying why", func(ctx context.Context) (bool, error) {
 		code, body := httpGet(ctx, "http://"+w.sidecarHealth+"/readyz/csi-driver")
-		return code == http.StatusInternalServerError, fmt.Sprintf("%d %s", code, body), nil
+		if code != http.StatusInternalServerError {
+			return false, fmt.Errorf("readyz: %d %s", code, body)
+		}
+		return true, nil
 	})
 	w.startDriver()
 	w.waitBound(t, pvc, 20*time.Second)
-	w.eventually(t, "the sidecar ready again", 10*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 10*time.Second, "the sidecar ready again", func(ctx context.Context) (bool, error) {
 		code, body := httpGet(ctx, "http://"+w.sidecarHealth+"/readyz/csi-driver")
-		return code == http.StatusOK, fmt.Sprintf("%d %s", code, body), nil
+		if code != http.StatusOK {
+			return false, fmt.Errorf("readyz: %d %s", code, body)
+		}
+		return true, nil
 	})
 	if err := w.c.Delete(context.Background(), pvc); err != nil {
 		t.Fatal(err)
@@ -475,10 +480,15 @@ func (w *world) testDriverRestart(t *testing.T) {
 		errc <- err
 	}()
 	id := driver.VolumeID(req.Name)
-	w.eventually(t, "the volume created and waiting", 10*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 10*time.Second, "the volume created and waiting with 3 ready replicas", func(ctx context.Context) (bool, error) {
 		var v storagev1alpha1.CStorVolume
-		err := w.c.Get(ctx, client.ObjectKey{Namespace: install.SystemNamespace, Name: id}, &v)
-		return err == nil && v.Status.ReadyReplicas == 3, fmt.Sprintf("%v %d", err, v.Status.ReadyReplicas), nil
+		if err := w.c.Get(ctx, client.ObjectKey{Namespace: install.SystemNamespace, Name: id}, &v); err != nil {
+			return false, err
+		}
+		if v.Status.ReadyReplicas != 3 {
+			return false, fmt.Errorf("%d ready replicas", v.Status.ReadyReplicas)
+		}
+		return true, nil
 	})
 	w.stopDriver()
 	if err := <-errc; err == nil || !sidecar.Retryable(err) {
@@ -570,11 +580,14 @@ func (w *world) testLifecycle(t *testing.T) {
 	if err := w.c.Create(ctx, va); err != nil {
 		t.Fatal(err)
 	}
-	w.eventually(t, "attached", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 20*time.Second, "attached", func(ctx context.Context) (bool, error) {
 		if err := w.c.Get(ctx, client.ObjectKeyFromObject(va), va); err != nil {
-			return false, "", err
+			return false, err
 		}
-		return va.Status.Attached, fmt.Sprintf("%+v", va.Status), nil
+		if !va.Status.Attached {
+			return false, fmt.Errorf("VolumeAttachment status %+v", va.Status)
+		}
+		return true, nil
 	})
 	if va.Status.AttachmentMetadata["node"] != "node-2" || len(va.Finalizers) == 0 {
 		t.Fatalf("VolumeAttachment %+v", va)
@@ -591,20 +604,20 @@ func (w *world) testLifecycle(t *testing.T) {
 	if err := w.c.Delete(ctx, pvc); err != nil {
 		t.Fatal(err)
 	}
-	w.eventually(t, "PV deletion refused while attached", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 20*time.Second, "PV deletion refused while attached", func(ctx context.Context) (bool, error) {
 		if err := w.c.Get(ctx, client.ObjectKeyFromObject(&pv), &pv); err != nil {
-			return false, "", err
+			return false, err
 		}
 		evs, err := w.events(ctx, &pv)
 		if err != nil {
-			return false, "", err
+			return false, err
 		}
 		for _, e := range evs {
 			if e.Reason == "VolumeFailedDelete" && strings.Contains(e.Message, "still attached to node-2") {
-				return true, "", nil
+				return true, nil
 			}
 		}
-		return false, fmt.Sprintf("PV phase %s, %d events", pv.Status.Phase, len(evs)), nil
+		return false, fmt.Errorf("PV phase %s, %d events, none a VolumeFailedDelete naming node-2", pv.Status.Phase, len(evs))
 	})
 	if err := w.c.Get(ctx, client.ObjectKeyFromObject(&vol), &vol); err != nil || !vol.DeletionTimestamp.IsZero() {
 		t.Fatalf("volume deleted while attached: %v", err)
@@ -613,17 +626,25 @@ func (w *world) testLifecycle(t *testing.T) {
 	if err := w.c.Delete(ctx, va); err != nil {
 		t.Fatal(err)
 	}
-	w.eventually(t, "VolumeAttachment detached and gone", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 20*time.Second, "VolumeAttachment detached and gone", func(ctx context.Context) (bool, error) {
 		err := w.c.Get(ctx, client.ObjectKeyFromObject(va), va)
-		return apierrors.IsNotFound(err), fmt.Sprintf("%v %+v", err, va.Status), nil
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("VolumeAttachment still there, status %+v", va.Status)
+		}
+		return false, err
 	})
 	pvc.Spec.VolumeName = pv.Name
-	w.eventually(t, "PV, volume, replicas and files gone", 40*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 40*time.Second, "PV, volume, replicas and files gone", func(ctx context.Context) (bool, error) {
 		pverr := w.c.Get(ctx, client.ObjectKey{Name: pv.Name}, &corev1.PersistentVolume{})
 		verr := w.c.Get(ctx, client.ObjectKeyFromObject(&vol), &storagev1alpha1.CStorVolume{})
 		left := existing(t, files)
-		return apierrors.IsNotFound(pverr) && apierrors.IsNotFound(verr) && len(left) == 0,
-			fmt.Sprintf("pv: %v, volume: %v, files: %v", pverr, verr, left), nil
+		if !apierrors.IsNotFound(pverr) || !apierrors.IsNotFound(verr) || len(left) != 0 {
+			return false, fmt.Errorf("pv: %v, volume: %v, files: %v", pverr, verr, left)
+		}
+		return true, nil
 	})
 }
 
@@ -724,9 +745,11 @@ func (w *world) testStageFormatOnce(t *testing.T) {
 		if lines := mountInfoLines(t, dir, w.root); len(lines) != 0 {
 			t.Fatalf("mount table after NodeUnstageVolume still holds ours:\n%s", strings.Join(lines, "\n"))
 		}
-		w.eventually(t, "the loop device released", 10*time.Second, func(context.Context) (bool, string, error) {
-			devs := testenv.LoopDevices(t, func(f string) bool { return f == volumeFile })
-			return len(devs) == 0, fmt.Sprintf("%v still back %s", devs, volumeFile), nil
+		testenv.Eventually(t, 10*time.Second, "the loop device released", func(context.Context) (bool, error) {
+			if devs := testenv.LoopDevices(t, func(f string) bool { return f == volumeFile }); len(devs) != 0 {
+				return false, fmt.Errorf("%v still back %s", devs, volumeFile)
+			}
+			return true, nil
 		})
 		// Unstaged cleanly: every replica holds the same bytes.
 		sums := map[string]string{}

@@ -26,6 +26,7 @@ import (
 	"github.com/crdipc/crdipc/internal/services"
 	"github.com/crdipc/crdipc/internal/testenv"
 	"github.com/crdipc/crdipc/internal/testenv/metrics"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 const secret = "metrics-agent-test-secret"
@@ -77,21 +78,7 @@ func startAgent(t *testing.T, cfg *rest.Config, ns string) *runningAgent {
 	}
 	t.Cleanup(stop)
 	r := &runningAgent{Agent: a, URL: "http://" + ln.Addr().String(), stop: stop}
-	testenv.Eventually(t, 30*time.Second, "agent ready", func(ctx context.Context) (bool, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.URL+"/readyz", nil)
-		if err != nil {
-			return false, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return false, fmt.Errorf("/readyz: %s", resp.Status)
-		}
-		return true, nil
-	})
+	testenv.Eventually(t, 30*time.Second, "agent ready", wait.HTTPOK(r.URL+"/readyz"))
 	return r
 }
 

@@ -1,8 +1,6 @@
 package metricsagent_test
 
 import (
-	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -48,16 +46,6 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		`sum(crdipc_webhook_deliveries_total{result="duplicate"})`:                    1,
 		`sum(crdipc_webhook_deliveries_total)`:                                        8,
 	} {
-		// Prometheus scrapes every second: a count takes a scrape or two to show.
-		testenv.Eventually(t, time.Minute, fmt.Sprintf("PromQL %s = %v", query, want), func(context.Context) (bool, error) {
-			got, err := prom.Query(query)
-			if err != nil {
-				return false, err
-			}
-			if got != want {
-				return false, fmt.Errorf("got %v", got)
-			}
-			return true, nil
-		})
+		prom.WaitFor(t, time.Minute, query, want)
 	}
 }

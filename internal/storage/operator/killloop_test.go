@@ -2,6 +2,7 @@ package operator_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/crdipc/crdipc/api/conditions"
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/testenv"
 )
 
 // Kill the operator or an agent at a random write — before the write reaches the API server,
@@ -47,6 +49,18 @@ func TestKillAnyComponentAtAnyWrite(t *testing.T) {
 	op := c.startOperator()
 	claim := c.createClaim("chaos", nil)
 	c.waitPools(claim.Name, 3)
+
+	// settle waits for cond, failing at once when the system breaks an invariant.
+	settle := func(what string, cond func(ctx context.Context) (bool, error)) {
+		t.Helper()
+		testenv.Eventually(t, 30*time.Second, what, func(ctx context.Context) (bool, error) {
+			done, err := cond(ctx)
+			if errors.Is(err, errBroken) {
+				t.Fatalf("%s: %v", what, err)
+			}
+			return done, err
+		})
+	}
 
 	live := map[string]int64{}
 	var deleted []string
@@ -83,9 +97,9 @@ func TestKillAnyComponentAtAnyWrite(t *testing.T) {
 			deleted = append(deleted, gone)
 		}
 
-		c.eventually(fmt.Sprintf("trial %d: %s killed or all converged", i, which), 30*time.Second, func(ctx context.Context) (bool, string, error) {
+		settle(fmt.Sprintf("trial %d: %s killed or all converged", i, which), func(ctx context.Context) (bool, error) {
 			if victim.stopped() {
-				return true, "", nil
+				return true, nil
 			}
 			return c.converged(ctx, claim.Name, live, deleted)
 		})
@@ -101,30 +115,34 @@ func TestKillAnyComponentAtAnyWrite(t *testing.T) {
 		} else {
 			agents[which] = c.startAgent(which)
 		}
-		c.eventually(fmt.Sprintf("trial %d: converged after restarting %s", i, which), 30*time.Second, func(ctx context.Context) (bool, string, error) {
+		settle(fmt.Sprintf("trial %d: converged after restarting %s", i, which), func(ctx context.Context) (bool, error) {
 			return c.converged(ctx, claim.Name, live, deleted)
 		})
 	}
 	t.Logf("kills: %v", kills)
 }
 
-// converged reports whether the system has reached the state the trials asked for. A
-// duplicate pool or replica is an error at once: nothing would ever remove it.
-func (c *cluster) converged(ctx context.Context, claim string, live map[string]int64, deleted []string) (bool, string, error) {
+// errBroken marks what converged finds that nothing would ever repair.
+var errBroken = errors.New("broken")
+
+// converged reports whether the system has reached the state the trials asked for, and if
+// not, what is still pending. A duplicate pool or replica, or a file of the wrong size, is
+// an error wrapping errBroken: nothing would ever remove it.
+func (c *cluster) converged(ctx context.Context, claim string, live map[string]int64, deleted []string) (bool, error) {
 	pools, err := c.pools(ctx, claim)
 	if err != nil {
-		return false, "", err
+		return false, err
 	}
 	perNode := map[string]int{}
 	for _, p := range pools {
 		perNode[p.Spec.NodeName]++
 		if perNode[p.Spec.NodeName] > 1 {
-			return false, "", fmt.Errorf("two pools on node %s: %s", p.Spec.NodeName, describePools(pools))
+			return false, fmt.Errorf("%w: two pools on node %s: %s", errBroken, p.Spec.NodeName, describePools(pools))
 		}
 	}
 	var list storagev1alpha1.CStorVolumeReplicaList
 	if err := c.c.List(ctx, &list, client.InNamespace(c.ns)); err != nil {
-		return false, "", err
+		return false, err
 	}
 	byVolume := map[string][]storagev1alpha1.CStorVolumeReplica{}
 	for _, r := range list.Items {
@@ -134,7 +152,7 @@ func (c *cluster) converged(ctx context.Context, claim string, live map[string]i
 	for name := range live {
 		rs := byVolume[name]
 		if len(rs) > 3 {
-			return false, "", fmt.Errorf("volume %s has %d replicas", name, len(rs))
+			return false, fmt.Errorf("%w: volume %s has %d replicas", errBroken, name, len(rs))
 		}
 		nodes := map[string]bool{}
 		for _, r := range rs {
@@ -144,11 +162,11 @@ func (c *cluster) converged(ctx context.Context, claim string, live map[string]i
 			}
 		}
 		if len(rs) == 3 && len(nodes) != 3 {
-			return false, "", fmt.Errorf("volume %s has replicas on %d nodes", name, len(nodes))
+			return false, fmt.Errorf("%w: volume %s has replicas on %d nodes", errBroken, name, len(nodes))
 		}
 		var v storagev1alpha1.CStorVolume
 		if err := c.c.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: name}, &v); err != nil {
-			return false, "", err
+			return false, err
 		}
 		ready := meta.FindStatusCondition(v.Status.Conditions, conditions.TypeReady)
 		if len(rs) != 3 || ready == nil || ready.Status != "True" || v.Status.ObservedGeneration < v.Generation || v.Status.ReadyReplicas != 3 {
@@ -178,7 +196,7 @@ func (c *cluster) converged(ctx context.Context, claim string, live map[string]i
 		} else if w, ok := want[f]; !ok {
 			pending = append(pending, "file without replica: "+f)
 		} else if w != size {
-			return false, "", fmt.Errorf("replica file %s has %d bytes, want %d", f, size, w)
+			return false, fmt.Errorf("%w: replica file %s has %d bytes, want %d", errBroken, f, size, w)
 		}
 	}
 	for f := range want {
@@ -186,6 +204,9 @@ func (c *cluster) converged(ctx context.Context, claim string, live map[string]i
 			pending = append(pending, "no file for "+f)
 		}
 	}
-	slices.Sort(pending)
-	return len(pending) == 0, strings.Join(pending, "; "), nil
+	if len(pending) > 0 {
+		slices.Sort(pending)
+		return false, errors.New(strings.Join(pending, "; "))
+	}
+	return true, nil
 }

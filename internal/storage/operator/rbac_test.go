@@ -66,7 +66,7 @@ func TestWithShippedRBAC(t *testing.T) {
 	claim := c.createClaim("rbac", nil)
 	c.waitPools(claim.Name, 2)
 	v := c.createVolume("vol", 2, mib)
-	c.waitVolume("vol", 20*time.Second, volumeReady)
+	c.waitVolume("vol", 20*time.Second, "Healthy", volumeReady)
 	c.checkReplicaFiles("vol", 2, mib)
 	if err := c.c.Delete(context.Background(), v); err != nil {
 		t.Fatal(err)
@@ -74,10 +74,12 @@ func TestWithShippedRBAC(t *testing.T) {
 	if err := c.c.Delete(context.Background(), claim); err != nil {
 		t.Fatal(err)
 	}
-	c.eventually("volume, claim and files gone", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 20*time.Second, "volume, claim and files gone", func(ctx context.Context) (bool, error) {
 		verr := c.c.Get(ctx, client.ObjectKeyFromObject(v), &storagev1alpha1.CStorVolume{})
 		cerr := c.c.Get(ctx, client.ObjectKeyFromObject(claim), &storagev1alpha1.StoragePoolClaim{})
-		files := c.replicaFiles()
-		return isNotFound(verr) && isNotFound(cerr) && len(files) == 0, fmt.Sprintf("volume: %v, claim: %v, files: %v", verr, cerr, files), nil
+		if files := c.replicaFiles(); !isNotFound(verr) || !isNotFound(cerr) || len(files) != 0 {
+			return false, fmt.Errorf("volume: %v, claim: %v, files: %v", verr, cerr, files)
+		}
+		return true, nil
 	})
 }

@@ -12,6 +12,7 @@ import (
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/storage/operator"
+	"github.com/crdipc/crdipc/internal/testenv"
 )
 
 // A replica on a node that stays NotReady past the grace period, and one on a node that is
@@ -30,7 +31,7 @@ func TestLostReplicasAreReplaced(t *testing.T) {
 	claim := c.createClaim("replace", nil)
 	c.waitPools(claim.Name, 4)
 	c.createVolume("vol", 3, 4*mib) // on 3 of the 4 nodes
-	v := c.waitVolume("vol", 20*time.Second, volumeReady)
+	v := c.waitVolume("vol", 20*time.Second, "Healthy", volumeReady)
 	nodesOf := func(v *storagev1alpha1.CStorVolume) map[string]bool {
 		m := map[string]bool{}
 		for _, r := range v.Status.Replicas {
@@ -44,10 +45,10 @@ func TestLostReplicasAreReplaced(t *testing.T) {
 	agents[down].stop()
 	setNodeReady(t, c, down, corev1.ConditionFalse)
 	went := time.Now()
-	c.waitVolume("vol", 10*time.Second, func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
+	c.waitVolume("vol", 10*time.Second, "Degraded with 2 ready replicas", func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
 		return v.Status.Phase == storagev1alpha1.VolumePhaseDegraded && v.Status.ReadyReplicas == 2
 	})
-	v = c.waitVolume("vol", 20*time.Second, func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool {
+	v = c.waitVolume("vol", 20*time.Second, "Healthy without a replica on "+down, func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool {
 		return volumeReady(v, ready) && !nodesOf(v)[down]
 	})
 	// Transition times are stored in whole seconds: the grace may end up to 1 s early.
@@ -62,9 +63,15 @@ func TestLostReplicasAreReplaced(t *testing.T) {
 	}
 	setNodeReady(t, c, down, corev1.ConditionTrue)
 	agents[down] = c.startAgent(down)
-	c.eventually("the replaced replica gone once its agent is back", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 20*time.Second, "the replaced replica gone once its agent is back", func(ctx context.Context) (bool, error) {
 		err := c.c.Get(ctx, oldKey, &old)
-		return isNotFound(err), fmt.Sprintf("%v", err), nil
+		if isNotFound(err) {
+			return true, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("replica %s still exists, phase %q", old.Name, old.Status.Phase)
+		}
+		return false, err
 	})
 
 	// A node is deleted: its replica is replaced at once, on the node that is free again.
@@ -76,7 +83,7 @@ func TestLostReplicasAreReplaced(t *testing.T) {
 	if err := c.c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: gone}}); err != nil {
 		t.Fatal(err)
 	}
-	v = c.waitVolume("vol", 20*time.Second, func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool {
+	v = c.waitVolume("vol", 20*time.Second, "Healthy with a replica on "+down+", none on "+gone, func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool {
 		return volumeReady(v, ready) && !nodesOf(v)[gone] && nodesOf(v)[down]
 	})
 }

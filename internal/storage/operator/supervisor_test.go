@@ -17,6 +17,7 @@ import (
 	"github.com/crdipc/crdipc/api/conditions"
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/simnode"
+	"github.com/crdipc/crdipc/internal/testenv"
 	"github.com/crdipc/crdipc/internal/testenv/storagecluster"
 )
 
@@ -44,7 +45,7 @@ func TestSimulatedNodes(t *testing.T) {
 	}
 	c.waitPools(claim.Name, 2)
 	c.createVolume("vol", 3, 8*mib)
-	v := c.waitVolume("vol", 20*time.Second, func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
+	v := c.waitVolume("vol", 20*time.Second, "with 2 ready replicas", func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
 		return v.Status.ReadyReplicas == 2
 	})
 	if msg := meta.FindStatusCondition(v.Status.Conditions, conditions.TypeReady).Message; msg != "2 of 3 replicas placed; waiting for 1 more pool" {
@@ -56,7 +57,7 @@ func TestSimulatedNodes(t *testing.T) {
 	if err := c.c.Create(ctx, node); err != nil {
 		t.Fatal(err)
 	}
-	c.waitVolume("vol", 20*time.Second, volumeReady)
+	c.waitVolume("vol", 20*time.Second, "Healthy", volumeReady)
 	replicas := c.checkReplicaFiles("vol", 3, 8*mib)
 	var onThird *storagev1alpha1.CStorVolumeReplica
 	for i := range replicas {
@@ -78,14 +79,17 @@ func TestSimulatedNodes(t *testing.T) {
 	if err := c.c.Delete(ctx, node); err != nil {
 		t.Fatal(err)
 	}
-	c.eventually("node-3's pool Offline, agent stopped", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 20*time.Second, "node-3's pool Offline, agent stopped", func(ctx context.Context) (bool, error) {
 		var p storagev1alpha1.CStorPool
 		if err := c.c.Get(ctx, client.ObjectKey{Name: onThird.Spec.Pool}, &p); err != nil {
-			return false, "", err
+			return false, err
 		}
-		return p.Status.Phase == storagev1alpha1.PoolPhaseOffline && !sc.Supervisor.Running("node-3"), fmt.Sprintf("%s running=%v", p.Status.Phase, sc.Supervisor.Running("node-3")), nil
+		if running := sc.Supervisor.Running("node-3"); p.Status.Phase != storagev1alpha1.PoolPhaseOffline || running {
+			return false, fmt.Errorf("pool phase %q, agent running=%v", p.Status.Phase, running)
+		}
+		return true, nil
 	})
-	c.waitVolume("vol", 20*time.Second, func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
+	c.waitVolume("vol", 20*time.Second, "Degraded with 2 ready replicas", func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
 		return v.Status.Phase == storagev1alpha1.VolumePhaseDegraded && v.Status.ReadyReplicas == 2
 	})
 
@@ -97,16 +101,18 @@ func TestSimulatedNodes(t *testing.T) {
 	if err := c.c.Delete(ctx, claim); err != nil {
 		t.Fatal(err)
 	}
-	c.eventually("volume, claim, pools and files gone", 20*time.Second, func(ctx context.Context) (bool, string, error) {
+	testenv.Eventually(t, 20*time.Second, "volume, claim, pools and files gone", func(ctx context.Context) (bool, error) {
 		verr := c.c.Get(ctx, client.ObjectKeyFromObject(v), &storagev1alpha1.CStorVolume{})
 		cerr := c.c.Get(ctx, client.ObjectKeyFromObject(claim), &storagev1alpha1.StoragePoolClaim{})
 		pools, err := c.pools(ctx, claim.Name)
 		if err != nil {
-			return false, "", err
+			return false, err
 		}
 		files := c.replicaFiles()
 		// node-3's file stays: its node is gone, nobody can delete it.
-		return isNotFound(verr) && isNotFound(cerr) && len(pools) == 0 && len(files) == 1,
-			fmt.Sprintf("volume: %v, claim: %v, pools: %s, files: %v", verr, cerr, describePools(pools), files), nil
+		if !isNotFound(verr) || !isNotFound(cerr) || len(pools) != 0 || len(files) != 1 {
+			return false, fmt.Errorf("volume: %v, claim: %v, pools: %s, files: %v", verr, cerr, describePools(pools), files)
+		}
+		return true, nil
 	})
 }

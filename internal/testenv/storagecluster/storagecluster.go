@@ -2,12 +2,12 @@ package storagecluster
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crdipc/crdipc/internal/simnode"
@@ -83,17 +83,16 @@ func Start(t *testing.T, o Options) *Cluster {
 // simulated Node the test added.
 func (c *Cluster) WaitLeading(t testing.TB, nodes ...string) {
 	t.Helper()
-	var waiting []string
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		waiting = waiting[:0]
+	testenv.Eventually(t, time.Minute, fmt.Sprintf("the pool agents of %v leading", nodes), func(context.Context) (bool, error) {
+		var waiting []string
 		for _, n := range nodes {
 			if !c.Supervisor.Leading(n) {
 				waiting = append(waiting, n)
 			}
 		}
-		return len(waiting) == 0, nil
+		if len(waiting) != 0 {
+			return false, fmt.Errorf("not yet leading: %v", waiting)
+		}
+		return true, nil
 	})
-	if err != nil {
-		t.Fatalf("waiting for the pool agents of %v to lead: %v", waiting, err)
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 )
@@ -83,5 +84,25 @@ func notMet(ctx context.Context, timeout time.Duration, last, earlier error) err
 		return fmt.Errorf("%s: condition still false; earlier: %w", why, earlier)
 	default:
 		return fmt.Errorf("%s: condition still false", why)
+	}
+}
+
+// HTTPOK is a condition that holds once a GET of url answers 200 OK; until then its error
+// says what answered instead.
+func HTTPOK(url string) func(ctx context.Context) (bool, error) {
+	return func(ctx context.Context) (bool, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return false, fmt.Errorf("GET %s: %s", url, resp.Status)
+		}
+		return true, nil
 	}
 }
