@@ -185,6 +185,16 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 	}
 	done("kube-apiserver ready")
 
+	// CRDs before the controllers: the garbage collector discovers the resources it
+	// watches when it starts and only every 30 s after, so objects of a CRD installed
+	// after it would wait that long for their owners' cascades.
+	if cfg.CRDs {
+		names, err := install.Apply(ctx, cp.RESTConfig)
+		if err != nil {
+			return nil, err
+		}
+		done(fmt.Sprintf("%d CRDs established", len(names)))
+	}
 	controllers := cfg.Controllers
 	if controllers == nil {
 		controllers = DefaultControllers
@@ -196,13 +206,6 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 		}
 		cp.components = append(cp.components, kcm)
 		done("controllers")
-	}
-	if cfg.CRDs {
-		names, err := install.Apply(ctx, cp.RESTConfig)
-		if err != nil {
-			return nil, err
-		}
-		done(fmt.Sprintf("%d CRDs established", len(names)))
 	}
 	return cp, nil
 }
