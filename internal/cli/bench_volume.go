@@ -18,6 +18,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/bench"
 	"github.com/crdipc/crdipc/internal/csi/driver"
+	"github.com/crdipc/crdipc/internal/mountinfo"
 )
 
 func newBenchVolumeCommand() *cobra.Command {
@@ -170,7 +171,7 @@ func removeUnmounted(warn io.Writer, dir string) {
 
 // mountUnder returns a mount point under dir from this process's mount table, or "".
 func mountUnder(dir string) string {
-	f, err := os.Open("/proc/self/mountinfo")
+	f, err := os.Open(mountinfo.Self)
 	if err != nil {
 		return ""
 	}

@@ -13,8 +13,12 @@ import (
 	"strings"
 )
 
-// Self is this process's mount table.
-const Self = "/proc/self/mountinfo"
+// Self is the node's mount table as this process sees it: that of the calling thread. Not
+// /proc/self, which is the main thread's: podsim starts a container from a locked thread it
+// moves into a mount namespace of its own, and when that thread is the main thread Go
+// cannot end it, so /proc/self then shows the container's mounts for good. Every other
+// thread (any goroutine that did not lock one) stays in the node's namespace.
+const Self = "/proc/thread-self/mountinfo"
 
 // Entry is one line of the table.
 type Entry struct {

@@ -31,8 +31,7 @@ func startInMountNamespace(cmd *exec.Cmd, mounts []bindMount, exited <-chan stru
 		err     error
 	}
 	res := make(chan result, 1)
-	go func() {
-		goruntime.LockOSThread()
+	run := func() {
 		created, err := enterMounts(mounts)
 		if err == nil {
 			err = cmd.Start()
@@ -41,9 +40,32 @@ func startInMountNamespace(cmd *exec.Cmd, mounts []bindMount, exited <-chan stru
 		if err == nil {
 			<-exited
 		}
-	}()
+	}
+	go onOwnThread(run)
 	r := <-res
 	return r.created, r.err
+}
+
+// onOwnThread runs f on an OS thread locked to it, which ends when f returns: a thread
+// that entered a namespace of its own must never run other goroutines. It is never the
+// main thread: Go cannot end that one, only park it for good, so a namespace entered there
+// would live on with it, holding whatever is mounted in it (unstaging a volume would wait
+// forever for its loop device), and would become what /proc/self shows.
+func onOwnThread(f func()) {
+	goruntime.LockOSThread()
+	if unix.Gettid() != unix.Getpid() {
+		f()
+		return
+	}
+	// While this goroutine holds the main thread, one that locks a thread cannot get it.
+	locked := make(chan struct{})
+	go func() {
+		goruntime.LockOSThread()
+		close(locked)
+		f()
+	}()
+	<-locked
+	goruntime.UnlockOSThread()
 }
 
 // enterMounts moves the calling (locked) thread into a new mount namespace and bind-mounts
@@ -139,10 +161,7 @@ var mountNS struct {
 func mountNamespaces() error {
 	mountNS.once.Do(func() {
 		done := make(chan error, 1)
-		go func() {
-			goruntime.LockOSThread() // never unlocked: the thread ends with the goroutine
-			done <- unix.Unshare(unix.CLONE_NEWNS)
-		}()
+		go onOwnThread(func() { done <- unix.Unshare(unix.CLONE_NEWNS) })
 		if err := <-done; err != nil {
 			mountNS.err = fmt.Errorf("this process cannot create mount namespaces: %w", err)
 		}

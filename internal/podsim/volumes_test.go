@@ -23,6 +23,7 @@ import (
 	"github.com/crdipc/crdipc/internal/csi/nodeservice"
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
 	"github.com/crdipc/crdipc/internal/install"
+	"github.com/crdipc/crdipc/internal/mountinfo"
 	"github.com/crdipc/crdipc/internal/podsim"
 	"github.com/crdipc/crdipc/internal/podsim/busybox"
 	"github.com/crdipc/crdipc/internal/simnode"
@@ -292,7 +293,7 @@ func assertUnmounted(t *testing.T, volume, podRoot, targets string) {
 // below it.
 func mountLines(t *testing.T, path string) []string {
 	t.Helper()
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	data, err := os.ReadFile(mountinfo.Self)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,6 +36,7 @@ import (
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
 	"github.com/crdipc/crdipc/internal/install"
+	"github.com/crdipc/crdipc/internal/mountinfo"
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/simnode"
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
@@ -815,7 +816,7 @@ func (w *world) testStageFormatOnce(t *testing.T) {
 // mountInfoLines are the lines of this process's mount table that mention any of paths.
 func mountInfoLines(t *testing.T, paths ...string) []string {
 	t.Helper()
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	data, err := os.ReadFile(mountinfo.Self)
 	if err != nil {
 		t.Fatal(err)
 	}
