@@ -12,6 +12,7 @@ import (
 	"io"
 	"io/fs"
 	"path"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -22,11 +23,22 @@ import (
 //go:embed */*.yaml
 var FS embed.FS
 
-// Objects decodes the ServiceAccount, roles and bindings shipped for service, in file
-// order: the account first, then the roles, then the bindings.
+// Objects decodes the ServiceAccount, roles and bindings shipped for service, and any
+// admission policy that narrows them (the pool agent's node restriction): the account
+// first, then the roles, the bindings, then the other files in name order.
 func Objects(service string) ([]*unstructured.Unstructured, error) {
+	files := []string{"service_account.yaml", "role.yaml", "role_binding.yaml"}
+	others, err := fs.Glob(FS, path.Join(service, "*.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range others {
+		if b := path.Base(o); !slices.Contains(files, b) && b != "kustomization.yaml" {
+			files = append(files, b)
+		}
+	}
 	var objs []*unstructured.Unstructured
-	for _, f := range []string{"service_account.yaml", "role.yaml", "role_binding.yaml"} {
+	for _, f := range files {
 		name := path.Join(service, f)
 		data, err := fs.ReadFile(FS, name)
 		if err != nil {

@@ -188,7 +188,15 @@ func startServices(ctx context.Context, admin *rest.Config, o upOptions) (_ *upS
 		SCMNamespace: o.scmNamespace,
 		Listen:       upListener(o),
 		Config:       configFor,
-		Say:          func(l string) { svc.lines = append(svc.lines, l) },
+		NodeConfig: func(service, node string) (*rest.Config, error) {
+			cfg, err := keeper.NodeConfig(ctx, namespaces[service], identity.ServiceAccount(service), node)
+			if err != nil {
+				return nil, err
+			}
+			services.Unthrottle(cfg)
+			return cfg, nil
+		},
+		Say: func(l string) { svc.lines = append(svc.lines, l) },
 	}
 	for _, e := range entries {
 		cfg, err := configFor(e.Name)

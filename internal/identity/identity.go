@@ -44,7 +44,7 @@ type ApplyOptions struct {
 }
 
 // Apply creates or updates (server-side apply) the ServiceAccount, roles and bindings
-// shipped for each service and returns, per service, the namespace of its ServiceAccount.
+// shipped for each service, and the admission policies that narrow them, and returns, per service, the namespace of its ServiceAccount.
 // Namespaces the accounts live in are created if missing.
 func Apply(ctx context.Context, cfg *rest.Config, services []string, o ApplyOptions) (map[string]string, error) {
 	kube, err := kubernetes.NewForConfig(cfg)
@@ -91,6 +91,10 @@ func Apply(ctx context.Context, cfg *rest.Config, services []string, o ApplyOpti
 				req = req.Resource("roles")
 			case "RoleBinding":
 				req = req.Resource("rolebindings")
+			case "ValidatingAdmissionPolicy":
+				req = kube.AdmissionregistrationV1().RESTClient().Patch(types.ApplyPatchType).Resource("validatingadmissionpolicies")
+			case "ValidatingAdmissionPolicyBinding":
+				req = kube.AdmissionregistrationV1().RESTClient().Patch(types.ApplyPatchType).Resource("validatingadmissionpolicybindings")
 			default:
 				return nil, fmt.Errorf("identities: config/rbac/%s ships a %s, which is not an identity object", svc, u.GetKind())
 			}
@@ -132,7 +136,21 @@ type Keeper struct {
 	dir    string
 
 	mu       sync.Mutex
-	accounts map[types.NamespacedName]bool
+	accounts map[account]bool
+}
+
+// account is one token the Keeper keeps: a ServiceAccount's, bound to a Node when node is
+// set.
+type account struct {
+	namespace, name, node string
+}
+
+// file is the base name of the account's token and kubeconfig files.
+func (a account) file() string {
+	if a.node != "" {
+		return a.name + "@" + a.node
+	}
+	return a.name
 }
 
 // NewKeeper returns a Keeper that requests tokens with admin and writes under dir.
@@ -144,33 +162,48 @@ func NewKeeper(admin *rest.Config, dir string) (*Keeper, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("identities: %w", err)
 	}
-	return &Keeper{admin: kube, server: admin, dir: dir, accounts: map[types.NamespacedName]bool{}}, nil
+	return &Keeper{admin: kube, server: admin, dir: dir, accounts: map[account]bool{}}, nil
 }
 
-// Config writes a fresh token of the ServiceAccount namespace/account and its kubeconfig,
+// Config writes a fresh token of the ServiceAccount namespace/name and its kubeconfig,
 // keeps the token fresh from now on (see Run), and returns a client config that
 // authenticates with it and nothing else.
-func (k *Keeper) Config(ctx context.Context, namespace, account string) (*rest.Config, error) {
-	key := types.NamespacedName{Namespace: namespace, Name: account}
-	if err := k.renew(ctx, key); err != nil {
+func (k *Keeper) Config(ctx context.Context, namespace, name string) (*rest.Config, error) {
+	return k.config(ctx, account{namespace: namespace, name: name})
+}
+
+// NodeConfig is Config with a token bound to the Node node, as a DaemonSet pod's projected
+// token is bound to its pod on that node: the API server marks whoever uses it with the user
+// extra authentication.kubernetes.io/node-name (what the pool agents' node restriction
+// checks), and the token dies with the Node.
+func (k *Keeper) NodeConfig(ctx context.Context, namespace, name, node string) (*rest.Config, error) {
+	return k.config(ctx, account{namespace: namespace, name: name, node: node})
+}
+
+func (k *Keeper) config(ctx context.Context, a account) (*rest.Config, error) {
+	if err := k.renew(ctx, a); err != nil {
 		return nil, err
 	}
 	k.mu.Lock()
-	k.accounts[key] = true
+	k.accounts[a] = true
 	k.mu.Unlock()
 	cfg := rest.AnonymousClientConfig(k.server)
-	cfg.BearerTokenFile = k.tokenPath(key)
+	cfg.BearerTokenFile = k.tokenPath(a)
 	cfg.QPS, cfg.Burst = k.server.QPS, k.server.Burst
 	return cfg, nil
 }
 
-// Kubeconfig is the kubeconfig file Config wrote for namespace/account.
-func (k *Keeper) Kubeconfig(namespace, account string) string {
-	return filepath.Join(k.dir, namespace, account+".kubeconfig")
+// Kubeconfig is the kubeconfig file Config wrote for namespace/name.
+func (k *Keeper) Kubeconfig(namespace, name string) string {
+	return k.kubeconfigPath(account{namespace: namespace, name: name})
 }
 
-func (k *Keeper) tokenPath(key types.NamespacedName) string {
-	return filepath.Join(k.dir, key.Namespace, key.Name+".token")
+func (k *Keeper) kubeconfigPath(a account) string {
+	return filepath.Join(k.dir, a.namespace, a.file()+".kubeconfig")
+}
+
+func (k *Keeper) tokenPath(a account) string {
+	return filepath.Join(k.dir, a.namespace, a.file()+".token")
 }
 
 // Run renews every token Config handed out, at a third of its lifetime, until ctx ends.
@@ -184,7 +217,7 @@ func (k *Keeper) Run(ctx context.Context) {
 		case <-t.C:
 		}
 		k.mu.Lock()
-		keys := make([]types.NamespacedName, 0, len(k.accounts))
+		keys := make([]account, 0, len(k.accounts))
 		for key := range k.accounts {
 			keys = append(keys, key)
 		}
@@ -197,14 +230,20 @@ func (k *Keeper) Run(ctx context.Context) {
 	}
 }
 
-func (k *Keeper) renew(ctx context.Context, key types.NamespacedName) error {
-	tr, err := k.admin.CoreV1().ServiceAccounts(key.Namespace).CreateToken(ctx, key.Name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(TokenTTL.Seconds()))},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("identities: requesting a token of %s: %w", key, err)
+func (k *Keeper) renew(ctx context.Context, key account) error {
+	spec := authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(TokenTTL.Seconds()))}
+	if key.node != "" {
+		node, err := k.admin.CoreV1().Nodes().Get(ctx, key.node, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("identities: a token of %s/%s bound to node %s: %w", key.namespace, key.name, key.node, err)
+		}
+		spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: node.Name, UID: node.UID}
 	}
-	if err := os.MkdirAll(filepath.Join(k.dir, key.Namespace), 0o700); err != nil {
+	tr, err := k.admin.CoreV1().ServiceAccounts(key.namespace).CreateToken(ctx, key.name, &authenticationv1.TokenRequest{Spec: spec}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("identities: requesting a token of %s/%s: %w", key.namespace, key.name, err)
+	}
+	if err := os.MkdirAll(filepath.Join(k.dir, key.namespace), 0o700); err != nil {
 		return fmt.Errorf("identities: %w", err)
 	}
 	if err := writeFile(k.tokenPath(key), []byte(tr.Status.Token)); err != nil {
@@ -212,14 +251,14 @@ func (k *Keeper) renew(ctx context.Context, key types.NamespacedName) error {
 	}
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["crdipc"] = &clientcmdapi.Cluster{Server: k.server.Host, CertificateAuthorityData: k.server.CAData, CertificateAuthority: k.server.CAFile}
-	kc.AuthInfos[key.Name] = &clientcmdapi.AuthInfo{TokenFile: k.tokenPath(key)}
-	kc.Contexts[key.Name] = &clientcmdapi.Context{Cluster: "crdipc", AuthInfo: key.Name, Namespace: key.Namespace}
-	kc.CurrentContext = key.Name
+	kc.AuthInfos[key.file()] = &clientcmdapi.AuthInfo{TokenFile: k.tokenPath(key)}
+	kc.Contexts[key.file()] = &clientcmdapi.Context{Cluster: "crdipc", AuthInfo: key.file(), Namespace: key.namespace}
+	kc.CurrentContext = key.file()
 	data, err := clientcmd.Write(*kc)
 	if err != nil {
 		return fmt.Errorf("identities: %w", err)
 	}
-	return writeFile(k.Kubeconfig(key.Namespace, key.Name), data)
+	return writeFile(k.kubeconfigPath(key), data)
 }
 
 // writeFile replaces path atomically, so a reader never sees half a token.

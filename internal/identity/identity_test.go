@@ -2,19 +2,30 @@ package identity_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/config/rbac"
 	"github.com/crdipc/crdipc/internal/identity"
+	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/testenv"
 )
 
@@ -156,5 +167,81 @@ func TestKeeperConfigActsAsTheServiceAccount(t *testing.T) {
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("%s: listing Secrets: %v, want Forbidden", name, err)
 		}
+	}
+}
+
+// TestPoolAgentNodeRestriction: with a token bound to its node, the pool agent of node A may
+// write A's pools and A's Lease, and is refused — with a message naming the policy — on
+// node B's; without a node-bound token it may write none.
+func TestPoolAgentNodeRestriction(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	namespaces, err := identity.Apply(ctx, env.Config, []string{"pool-agent"}, identity.ApplyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := namespaces["pool-agent"]
+	nodes := []string{"restricted-a", "restricted-b"}
+	for _, n := range nodes {
+		if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+			t.Fatal(err)
+		}
+		pool := &storagev1alpha1.CStorPool{
+			ObjectMeta: metav1.ObjectMeta{Name: "pool-" + n},
+			Spec:       storagev1alpha1.CStorPoolSpec{NodeName: n, Claim: "claim", Capacity: resource.MustParse("1Gi")},
+		}
+		if err := env.Client.Create(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k, err := identity.NewKeeper(env.Config, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound, err := k.NodeConfig(ctx, ns, identity.ServiceAccount("pool-agent"), nodes[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	unbound, err := k.Config(ctx, ns, identity.ServiceAccount("pool-agent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	patchPool := func(cfg *rest.Config, node string) error {
+		c, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
+		if err != nil {
+			return err
+		}
+		pool := &storagev1alpha1.CStorPool{ObjectMeta: metav1.ObjectMeta{Name: "pool-" + node}}
+		return c.Patch(ctx, pool, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"touched":"yes"}}}`)))
+	}
+	createLease := func(cfg *rest.Config, node string) error {
+		kube := kubernetes.NewForConfigOrDie(cfg)
+		_, err := kube.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: storagev1alpha1.NodeLeaseName(node)}}, metav1.CreateOptions{})
+		return err
+	}
+	const policy = "crdipc-pool-agent-node-restriction"
+	// The API server takes a moment to load a new policy.
+	testenv.Eventually(t, 30*time.Second, "node B's pool refused to node A's agent", func(context.Context) (bool, error) {
+		err := patchPool(bound, nodes[1])
+		if err == nil || !strings.Contains(err.Error(), policy) || !strings.Contains(err.Error(), "may write only objects of its own node") {
+			return false, fmt.Errorf("patching node B's pool: %v", err)
+		}
+		return true, nil
+	})
+	if err := patchPool(bound, nodes[0]); err != nil {
+		t.Errorf("node A's agent patching node A's pool: %v", err)
+	}
+	if err := createLease(bound, nodes[1]); err == nil || !strings.Contains(err.Error(), "may write only its own node Lease") {
+		t.Errorf("node A's agent creating node B's Lease: %v, want refused", err)
+	}
+	if err := createLease(bound, nodes[0]); err != nil {
+		t.Errorf("node A's agent creating its own Lease: %v", err)
+	}
+	if err := patchPool(unbound, nodes[0]); err == nil || !strings.Contains(err.Error(), "token bound to its node") {
+		t.Errorf("an agent without a node-bound token patching a pool: %v, want refused", err)
+	}
+	// Others are not concerned: the admin may still write any node's pool.
+	if err := patchPool(env.Config, nodes[1]); err != nil {
+		t.Errorf("admin patching a pool: %v", err)
 	}
 }

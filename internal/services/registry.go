@@ -69,6 +69,9 @@ type Local struct {
 	// Config returns the client config of another service's identity: the simulated
 	// nodes run the CSI node plugins as the CSI driver.
 	Config func(service string) (*rest.Config, error)
+	// NodeConfig is Config with a token bound to a node, for a service that runs once
+	// per node (the pool agents); nil: Config's.
+	NodeConfig func(service, node string) (*rest.Config, error)
 	// Say adds a line to what up prints about its services: addresses, secrets.
 	Say func(line string)
 }

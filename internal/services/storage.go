@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/crdipc/crdipc/internal/storage/agent"
@@ -125,7 +126,13 @@ func (s *poolAgentService) Setup(mgr manager.Manager, env Env) error {
 		if err != nil {
 			return err
 		}
-		if _, err := agent.AddSupervisor(infra, env.Config, agent.SupervisorOptions{Root: root, Agent: o}); err != nil {
+		so := agent.SupervisorOptions{Root: root, Agent: o}
+		if env.Local.NodeConfig != nil {
+			// Each agent with a token bound to its node: the node restriction lets it
+			// write only that node's pools, replicas and Lease.
+			so.Config = func(node string) (*rest.Config, error) { return env.Local.NodeConfig("pool-agent", node) }
+		}
+		if _, err := agent.AddSupervisor(infra, env.Config, so); err != nil {
 			return err
 		}
 		if err := mgr.Add(runnableFunc(infra.Start)); err != nil {

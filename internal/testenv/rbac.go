@@ -29,3 +29,17 @@ func (e *Env) AsServiceAccount(t testing.TB, name string, bindIn ...string) *res
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: identity.Username(namespaces[name], name)}
 	return cfg
 }
+
+// NodeNameExtra is the user extra the API server sets from a Node- or Pod-bound
+// ServiceAccount token: the node the token was issued for.
+const NodeNameExtra = "authentication.kubernetes.io/node-name"
+
+// AsPoolAgent is AsServiceAccount(t, "pool-agent") for the agent of node: it acts as one
+// holding a token bound to node does, with the user extra the pool agents' node restriction
+// (config/rbac/pool-agent/node_restriction.yaml) checks.
+func (e *Env) AsPoolAgent(t testing.TB, node string) *rest.Config {
+	t.Helper()
+	cfg := e.AsServiceAccount(t, "pool-agent")
+	cfg.Impersonate.Extra = map[string][]string{NodeNameExtra: {node}}
+	return cfg
+}

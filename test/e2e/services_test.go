@@ -24,6 +24,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
 	"github.com/crdipc/crdipc/internal/testenv/wait"
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 // TestUpServicesBooks: `up --services=books` runs the Book controller and nothing else, and
@@ -184,16 +185,6 @@ func TestProcessPerService(t *testing.T) {
 		// CSI node plugins as the CSI driver.
 		{name: "nodes", args: []string{"nodes", "--kubeconfig", up.kubeconfig, "--count", "3", "--root", filepath.Join(run, "pods"), "--csi-dir", filepath.Join(run, "csi-nodes"), "--csi-kubeconfig", kubeconfig(sys, "csi-driver")}},
 	}
-	for i := 1; i <= 3; i++ {
-		node := fmt.Sprintf("node-%d", i)
-		procs = append(procs, &serviceProcess{name: "pool-agent-" + node, args: []string{
-			"pool-agent", "--kubeconfig", kubeconfig(sys, "pool-agent"), "--node", node,
-			"--root", filepath.Join(run, "nodes", node), "--data-addr", fmt.Sprintf("127.1.9.%d:0", i),
-			// A DaemonSet pod keeps its name across restarts: the agent takes its node's
-			// Lease back at once.
-			"--identity", "pool-agent-" + node, "--metrics-bind-address", "0", "--health-probe-bind-address", "0",
-		}})
-	}
 	logs := filepath.Join(run, "logs")
 	if err := os.MkdirAll(logs, 0o755); err != nil {
 		t.Fatal(err)
@@ -218,7 +209,39 @@ func TestProcessPerService(t *testing.T) {
 				t.Logf("--- %s (restarted %d times), last lines:\n%s", p.name, p.restarts, b)
 			}
 		}
+	}) // A pool agent acts with a token bound to its node (on a cluster, its DaemonSet pod's
+	// projected token): the node restriction admits nothing else. The nodes come first.
+	up.eventually(t, time.Minute, "three simulated nodes", func(context.Context) (bool, error) {
+		nodes := strings.Fields(up.kubectl(t, "get", "nodes", "-o", "name"))
+		if len(nodes) != 3 {
+			return false, fmt.Errorf("nodes: %v", nodes)
+		}
+		return true, nil
 	})
+	for i := 1; i <= 3; i++ {
+		node := fmt.Sprintf("node-%d", i)
+		token := strings.TrimSpace(up.kubectl(t, "create", "token", "crdipc-pool-agent", "-n", sys, "--bound-object-kind", "Node", "--bound-object-name", node, "--duration", "2h"))
+		agentKubeconfig := filepath.Join(run, "pool-agent-"+node+".kubeconfig")
+		kc, err := clientcmd.LoadFromFile(kubeconfig(sys, "pool-agent"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range kc.AuthInfos {
+			a.TokenFile, a.Token = "", token
+		}
+		if err := clientcmd.WriteToFile(*kc, agentKubeconfig); err != nil {
+			t.Fatal(err)
+		}
+		p := &serviceProcess{name: "pool-agent-" + node, log: filepath.Join(logs, "pool-agent-"+node+".log"), args: []string{
+			"pool-agent", "--kubeconfig", agentKubeconfig, "--node", node,
+			"--root", filepath.Join(run, "nodes", node), "--data-addr", fmt.Sprintf("127.1.9.%d:0", i),
+			// A DaemonSet pod keeps its name across restarts: the agent takes its node's
+			// Lease back at once.
+			"--identity", "pool-agent-" + node, "--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+		}}
+		p.start(t)
+		procs = append(procs, p)
+	}
 
 	// The requests, sent while services die.
 	up.kubectl(t, "apply", "-f", "../../config/samples/storage_v1alpha1_storagepoolclaim.yaml")

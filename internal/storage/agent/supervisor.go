@@ -33,6 +33,10 @@ type SupervisorOptions struct {
 	Agent Options
 	// NoData runs the agents without their replica data services.
 	NoData bool
+	// Config, when set, gives each node's agent its own client config: a token bound to
+	// the node, which the pool agents' node restriction requires. Default: the
+	// Supervisor's config.
+	Config func(node string) (*rest.Config, error)
 }
 
 // dataIP is the loopback address of the i-th simulated node's replica data service (i ≥ 1):
@@ -167,7 +171,14 @@ func (s *Supervisor) startAgent(node string) error {
 	// crash the agent takes its node's Lease back at once instead of waiting for it to
 	// expire.
 	o.Identity = "crdipc-up/" + node
-	a, err := New(s.cfg, o)
+	cfg := s.cfg
+	if s.o.Config != nil {
+		var err error
+		if cfg, err = s.o.Config(node); err != nil {
+			return err
+		}
+	}
+	a, err := New(cfg, o)
 	if err != nil {
 		return err
 	}

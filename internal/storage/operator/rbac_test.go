@@ -22,7 +22,6 @@ import (
 func TestWithShippedRBAC(t *testing.T) {
 	c := newCluster(t)
 	opCfg := c.env.AsServiceAccount(t, "storage-operator")
-	agentCfg := c.env.AsServiceAccount(t, "pool-agent")
 
 	mgr := testenv.NewManager(t, opCfg, func(o *ctrl.Options) {
 		o.LeaderElection, o.LeaderElectionID = true, "storage-operator-rbac-test.crdipc.io"
@@ -46,7 +45,8 @@ func TestWithShippedRBAC(t *testing.T) {
 	for i := 1; i <= 2; i++ {
 		node := c.nodeName(i)
 		c.addNode(node)
-		a, err := agent.New(agentCfg, agent.Options{Node: node, Root: c.agentRoot(node), Resync: time.Second})
+		// Each agent as its node's: the node restriction admits nothing else.
+		a, err := agent.New(c.env.AsPoolAgent(t, node), agent.Options{Node: node, Root: c.agentRoot(node), Resync: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
