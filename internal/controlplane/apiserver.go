@@ -27,6 +27,9 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki)
 	port := ln.Addr().(*net.TCPAddr).Port
 	args := []string{
 		"--etcd-servers=" + etcdURL,
+		"--etcd-cafile=" + p.etcdCACert,
+		"--etcd-certfile=" + p.etcdClientCert,
+		"--etcd-keyfile=" + p.etcdClientKey,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
 		"--secure-port=" + strconv.Itoa(port),

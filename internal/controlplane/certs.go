@@ -27,6 +27,11 @@ type pki struct {
 	adminCert, adminKey           string
 	serviceAccountKey             string
 	controllerCert, controllerKey string
+	// etcd has a CA of its own, so no certificate of the cluster's CA (an admin's, a
+	// controller's) opens etcd: only the API server's etcd client certificate does.
+	etcdCACert, etcdCAKey         string
+	etcdServerCert, etcdServerKey string
+	etcdClientCert, etcdClientKey string
 }
 
 func newPKI(dir string) pki {
@@ -42,6 +47,12 @@ func newPKI(dir string) pki {
 		serviceAccountKey: p("service-account.key"),
 		controllerCert:    p("controller-manager.crt"),
 		controllerKey:     p("controller-manager.key"),
+		etcdCACert:        p("etcd-ca.crt"),
+		etcdCAKey:         p("etcd-ca.key"),
+		etcdServerCert:    p("etcd-server.crt"),
+		etcdServerKey:     p("etcd-server.key"),
+		etcdClientCert:    p("apiserver-etcd-client.crt"),
+		etcdClientKey:     p("apiserver-etcd-client.key"),
 	}
 }
 
@@ -51,7 +62,11 @@ func (p pki) ensure() error {
 	if err := os.MkdirAll(p.dir, 0o700); err != nil {
 		return fmt.Errorf("creating pki dir: %w", err)
 	}
-	caCert, caKey, err := p.ensureCA()
+	caCert, caKey, err := ensureCA(p.caCert, p.caKey, "crdipc-ca")
+	if err != nil {
+		return err
+	}
+	etcdCACert, etcdCAKey, err := ensureCA(p.etcdCACert, p.etcdCAKey, "crdipc-etcd-ca")
 	if err != nil {
 		return err
 	}
@@ -82,6 +97,30 @@ func (p pki) ensure() error {
 			return err
 		}
 	}
+	etcdLeafs := []struct {
+		cert, key string
+		tmpl      x509.Certificate
+	}{
+		// Server and peer: the lone member's peer listener asks for a client certificate too.
+		{p.etcdServerCert, p.etcdServerKey, x509.Certificate{
+			Subject:     pkix.Name{CommonName: "etcd"},
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+			DNSNames:    []string{"localhost"},
+			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		}},
+		{p.etcdClientCert, p.etcdClientKey, x509.Certificate{
+			Subject:     pkix.Name{CommonName: "kube-apiserver-etcd-client"},
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		}},
+	}
+	for _, l := range etcdLeafs {
+		if exists(l.cert) && exists(l.key) {
+			continue
+		}
+		if err := writeLeaf(l.cert, l.key, l.tmpl, etcdCACert, etcdCAKey); err != nil {
+			return err
+		}
+	}
 	if !exists(p.serviceAccountKey) {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
@@ -94,9 +133,9 @@ func (p pki) ensure() error {
 	return nil
 }
 
-func (p pki) ensureCA() (*x509.Certificate, crypto.Signer, error) {
-	if exists(p.caCert) && exists(p.caKey) {
-		return loadPair(p.caCert, p.caKey)
+func ensureCA(certPath, keyPath, name string) (*x509.Certificate, crypto.Signer, error) {
+	if exists(certPath) && exists(keyPath) {
+		return loadPair(certPath, keyPath)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -104,7 +143,7 @@ func (p pki) ensureCA() (*x509.Certificate, crypto.Signer, error) {
 	}
 	tmpl := x509.Certificate{
 		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "crdipc-ca"},
+		Subject:               pkix.Name{CommonName: name},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().AddDate(10, 0, 0),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
@@ -115,10 +154,10 @@ func (p pki) ensureCA() (*x509.Certificate, crypto.Signer, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating CA certificate: %w", err)
 	}
-	if err := writeKey(p.caKey, key); err != nil {
+	if err := writeKey(keyPath, key); err != nil {
 		return nil, nil, err
 	}
-	if err := writePEM(p.caCert, "CERTIFICATE", der, 0o644); err != nil {
+	if err := writePEM(certPath, "CERTIFICATE", der, 0o644); err != nil {
 		return nil, nil, err
 	}
 	cert, err := x509.ParseCertificate(der)

@@ -138,7 +138,7 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 	}
 	done("certificates")
 
-	cp.etcd, err = startEtcd(ctx, filepath.Join(dir, "etcd"), filepath.Join(dir, "logs", "etcd.log"))
+	cp.etcd, err = startEtcd(ctx, filepath.Join(dir, "etcd"), filepath.Join(dir, "logs", "etcd.log"), cp.pki)
 	if err != nil {
 		return nil, err
 	}
@@ -230,6 +230,9 @@ func runComponent(name string, run func() error) *component {
 
 // DataDir is the absolute path of the control plane's data directory.
 func (cp *ControlPlane) DataDir() string { return cp.dataDir }
+
+// EtcdURL is etcd's client address (https; it admits only a certificate of etcd's CA).
+func (cp *ControlPlane) EtcdURL() string { return cp.etcd.clientURL }
 
 // Stop shuts every component down, waits for them and releases the data
 // directory. It is safe to call more than once.

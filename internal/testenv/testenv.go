@@ -153,3 +153,6 @@ func (e *Env) Restart(t testing.TB) {
 		t.Fatalf("testenv: restarted control plane serves %s, not %s as before", e.cp.URL, url)
 	}
 }
+
+// EtcdURL is the control plane's etcd client address, for tests of who may reach it.
+func (e *Env) EtcdURL() string { return e.cp.EtcdURL() }
