@@ -23,6 +23,7 @@ type upOptions struct {
 	metricsAddr    string
 	healthAddr     string
 	webhookAddr    string
+	webhookOpsAddr string
 	scmMetricsAddr string
 	scmNamespace   string
 	nodes          int
@@ -88,7 +89,7 @@ Ctrl-C shuts everything down.`,
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			o.explicit = map[string]bool{}
-			for _, f := range []string{"metrics-addr", "health-addr", "webhook-addr", "scm-metrics-addr", "console-addr"} {
+			for _, f := range []string{"metrics-addr", "health-addr", "webhook-addr", "webhook-ops-addr", "scm-metrics-addr", "console-addr"} {
 				o.explicit[f] = cmd.Flags().Changed(f)
 			}
 			return runUp(ctx, cmd.OutOrStdout(), o)
@@ -98,6 +99,7 @@ Ctrl-C shuts everything down.`,
 	cmd.Flags().StringVar(&o.metricsAddr, "metrics-addr", "127.0.0.1:8080", "address for the services' Prometheus /metrics")
 	cmd.Flags().StringVar(&o.healthAddr, "health-addr", "127.0.0.1:8081", "address for the services' /healthz and /readyz")
 	cmd.Flags().StringVar(&o.webhookAddr, "webhook-addr", "127.0.0.1:8090", "address of the GitHub webhook listener (POST /webhook)")
+	cmd.Flags().StringVar(&o.webhookOpsAddr, "webhook-ops-addr", "127.0.0.1:8091", "address of the webhook listener's /metrics, /healthz and /readyz, apart from /webhook")
 	cmd.Flags().StringVar(&o.scmMetricsAddr, "scm-metrics-addr", "127.0.0.1:9102", "address of the SCM metrics agent's /metrics")
 	cmd.Flags().StringVar(&o.scmNamespace, "scm-namespace", "default", "namespace for PullRequests, Branches and their Events")
 	cmd.Flags().StringVar(&o.consoleAddr, "console-addr", defaultConsoleAddr, "address of the live console, a web page of nodes, pools, replicas, volumes, requests, deliveries and networks (default taken: any free port on its host)")

@@ -87,6 +87,8 @@ func upListener(o upOptions) func(name, addr string) (net.Listener, error) {
 		switch name {
 		case "webhook listener":
 			addr, flag = o.webhookAddr, "webhook-addr"
+		case "webhook listener ops":
+			addr, flag = o.webhookOpsAddr, "webhook-ops-addr"
 		case "metrics agent":
 			addr, flag = o.scmMetricsAddr, "scm-metrics-addr"
 		}

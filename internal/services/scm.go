@@ -17,6 +17,7 @@ import (
 // DefaultWebhookAddr and DefaultSCMMetricsAddr are where up serves the SCM services.
 const (
 	DefaultWebhookAddr    = "127.0.0.1:8090"
+	DefaultWebhookOpsAddr = "127.0.0.1:8091"
 	DefaultSCMMetricsAddr = "127.0.0.1:9102"
 )
 
@@ -35,25 +36,27 @@ It answers 2xx only after the object and the Event are stored, 4xx with the
 reason for input that can never succeed, and 503 when the API server is
 unreachable, so GitHub shows the delivery as failed and it can be redelivered.
 
-/healthz, /readyz (API server reachable) and /metrics share the listen address.
+/webhook is the only path on --listen, the address GitHub reaches; /healthz,
+/readyz (API server reachable) and /metrics are on --ops-listen.
 Replicas do not need a leader: every write is idempotent and ordered.`,
 		Example: `  crdipc webhook-listener --secret-file /etc/crdipc/webhook-secret --namespace scm
   CRDIPC_WEBHOOK_SECRET=s3cret crdipc webhook-listener --listen 127.0.0.1:8090`,
 		Kind: Server,
 		New: func() Service {
-			return &webhookService{addr: ":8090", o: webhook.Options{Namespace: "default", MaxBodyBytes: webhook.DefaultMaxBodyBytes, Timeout: webhook.DefaultTimeout}}
+			return &webhookService{addr: ":8090", opsAddr: ":8091", o: webhook.Options{Namespace: "default", MaxBodyBytes: webhook.DefaultMaxBodyBytes, Timeout: webhook.DefaultTimeout}}
 		},
 	}
 }
 
 type webhookService struct {
-	o                webhook.Options
-	secretFile, addr string
+	o                         webhook.Options
+	secretFile, addr, opsAddr string
 }
 
 func (s *webhookService) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.o.Namespace, "namespace", s.o.Namespace, "namespace for PullRequests, Branches and their Events")
-	fs.StringVar(&s.addr, "listen", s.addr, "address for /webhook, /healthz, /readyz and /metrics")
+	fs.StringVar(&s.addr, "listen", s.addr, "address for /webhook, the one GitHub reaches")
+	fs.StringVar(&s.opsAddr, "ops-listen", s.opsAddr, "address for /healthz, /readyz and /metrics, apart from the webhook's")
 	fs.StringVar(&s.secretFile, "secret-file", "", "file holding the webhook secret (default: $"+webhook.SecretEnv+")")
 	fs.Int64Var(&s.o.MaxBodyBytes, "max-body-bytes", s.o.MaxBodyBytes, fmt.Sprintf("largest body accepted (GitHub sends at most %d)", webhook.MaxMaxBodyBytes))
 	fs.DurationVar(&s.o.Timeout, "timeout", s.o.Timeout, "budget for storing one delivery; GitHub waits 10s")
@@ -61,11 +64,11 @@ func (s *webhookService) AddFlags(fs *pflag.FlagSet) {
 }
 
 func (s *webhookService) Setup(mgr manager.Manager, env Env) error {
-	o, addr := s.o, s.addr
+	o, addr, opsAddr := s.o, s.addr, s.opsAddr
 	var secret []byte
 	var err error
 	if env.Local != nil {
-		o.Namespace, addr = env.Local.SCMNamespace, DefaultWebhookAddr
+		o.Namespace, addr, opsAddr = env.Local.SCMNamespace, DefaultWebhookAddr, DefaultWebhookOpsAddr
 		path := filepath.Join(env.Local.DataDir, "webhook-secret")
 		var created bool
 		if secret, created, err = webhook.EnsureSecretFile(path); err != nil {
@@ -90,7 +93,16 @@ func (s *webhookService) Setup(mgr manager.Manager, env Env) error {
 	if err != nil {
 		return err
 	}
-	env.say("webhook  http://%s/webhook", ln.Addr())
+	opsLn, err := env.listen("webhook listener ops", opsAddr)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	env.say("webhook  http://%s/webhook   ops http://%s/metrics", ln.Addr(), opsLn.Addr())
+	if err := mgr.Add(&HTTPServer{Name: "webhook listener ops", Listener: opsLn, Handler: l.OpsHandler()}); err != nil {
+		ln.Close()
+		return err
+	}
 	// Until its cache is synced the listener reads the API server directly, and /readyz
 	// says it is not ready yet.
 	return serveWithCache(mgr, "webhook listener", ln, l.Handler(), l.Start)

@@ -40,14 +40,14 @@ func TestGrafanaDashboard(t *testing.T) {
 	dataDir := t.TempDir()
 	up := startUp(t, dataDir)
 	printed := up.output.String()
-	webhookURL := regexp.MustCompile(`(?m)^\s*webhook\s+(http://(\S+)/webhook)`).FindStringSubmatch(printed)
+	webhookURL := regexp.MustCompile(`(?m)^\s*webhook\s+(http://(\S+)/webhook)\s+ops http://(\S+)/metrics`).FindStringSubmatch(printed)
 	agentAddr := regexp.MustCompile(`(?m)^\s*scm\s+http://(\S+)/metrics`).FindStringSubmatch(printed)
 	servicesAddr := regexp.MustCompile(`(?m)^\s*metrics\s+http://(\S+)/metrics`).FindStringSubmatch(printed)
 	if webhookURL == nil || agentAddr == nil || servicesAddr == nil {
 		t.Fatalf("up did not print the webhook, scm and metrics addresses:\n%s", printed)
 	}
 	targets := map[string]string{
-		grafanaListenerJob: webhookURL[2], // the listener serves /metrics next to /webhook
+		grafanaListenerJob: webhookURL[3], // the listener's /metrics, apart from /webhook
 		grafanaAgentJob:    agentAddr[1],
 	}
 	if strings.HasSuffix(servicesAddr[1], ":0") {

@@ -11,7 +11,7 @@ import (
 // developer's machine) starts all the same, on free ports it prints; an address given by flag
 // that is taken fails loudly, naming it.
 func TestUpWithDefaultPortsTaken(t *testing.T) {
-	defaults := []string{"127.0.0.1:8080", "127.0.0.1:8081", "127.0.0.1:8090", "127.0.0.1:9102", "127.0.0.1:8070"}
+	defaults := []string{"127.0.0.1:8080", "127.0.0.1:8081", "127.0.0.1:8090", "127.0.0.1:8091", "127.0.0.1:9102", "127.0.0.1:8070"}
 	for _, addr := range defaults {
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {

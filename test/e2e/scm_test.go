@@ -20,6 +20,11 @@ func TestSCMPipeline(t *testing.T) {
 	if webhookURL == nil || metricsURL == nil {
 		t.Fatalf("up did not print the webhook and metrics addresses:\n%s", up.output.String())
 	}
+	// The port GitHub reaches serves /webhook alone: the listener's metrics and probes are on
+	// a port of their own.
+	if r, err := http.Get(strings.TrimSuffix(webhookURL[1], "/webhook") + "/metrics"); err != nil || r.StatusCode != http.StatusNotFound {
+		t.Errorf("/metrics on the webhook port: %v %v, want 404", r, err)
+	}
 	hook := newWebhookSender(t, up, dataDir)
 	for range 3 { // a delivery and two redeliveries: 2xx each
 		hook.send(t, "pull_request", "pull_request-opened.json", "72d3162e-cc78-11e3-81ab-4c9367dc0958", http.StatusOK)

@@ -71,7 +71,7 @@ type upProcess struct {
 func startUp(t *testing.T, dataDir string, extra ...string) *upProcess {
 	t.Helper()
 	args := append([]string{"up", "--data-dir", dataDir, "--metrics-addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0",
-		"--webhook-addr", "127.0.0.1:0", "--scm-metrics-addr", "127.0.0.1:0"}, extra...)
+		"--webhook-addr", "127.0.0.1:0", "--webhook-ops-addr", "127.0.0.1:0", "--scm-metrics-addr", "127.0.0.1:0"}, extra...)
 	return startIn(t, "", args...)
 }
 

@@ -33,6 +33,8 @@ type harness struct {
 	ns  string
 	l   *webhook.Listener
 	srv *httptest.Server
+	// ops serves the listener's /healthz, /readyz and /metrics, on a port of their own.
+	ops *httptest.Server
 }
 
 // newHarness starts a listener for a fresh namespace behind a real HTTP server, with its
@@ -75,9 +77,11 @@ func newUnstartedHarness(t testing.TB, cfg *rest.Config, mod ...func(*webhook.Op
 	}
 	srv := httptest.NewServer(l.Handler())
 	t.Cleanup(srv.Close)
+	ops := httptest.NewServer(l.OpsHandler())
+	t.Cleanup(ops.Close)
 	// A delivery that hangs fails its test instead of the whole run.
 	srv.Client().Timeout = 20 * time.Second
-	return &harness{t: t, env: env, ns: ns, l: l, srv: srv}
+	return &harness{t: t, env: env, ns: ns, l: l, srv: srv, ops: ops}
 }
 
 func sign(secret string, body []byte) string {

@@ -80,6 +80,7 @@ type Listener struct {
 	started atomic.Bool
 	metrics *metrics
 	handler http.Handler
+	ops     http.Handler
 }
 
 // New checks opts and returns a Listener; it does not contact the API server.
@@ -139,16 +140,24 @@ func New(opts Options) (*Listener, error) {
 		return nil, fmt.Errorf("creating cache: %w", err)
 	}
 	l := &Listener{opts: opts, client: c, rest: dc.RESTClient(), cache: cc, metrics: m}
+	// Two handlers for two ports: what GitHub (the Internet) reaches, and what the cluster's
+	// probes and Prometheus do. Nothing about the listener's internals faces the Internet.
 	mux := http.NewServeMux()
 	mux.Handle("/webhook", http.HandlerFunc(l.serveWebhook))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", l.serveReady)
-	mux.Handle("/metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
 	l.handler = mux
+	ops := http.NewServeMux()
+	ops.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	ops.HandleFunc("/readyz", l.serveReady)
+	ops.Handle("/metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
+	l.ops = ops
 	return l, nil
 }
 
-// Handler serves /webhook, /healthz, /readyz and /metrics.
+// OpsHandler serves /healthz, /readyz and /metrics: serve it on a port of its own, apart
+// from Handler's, which faces GitHub.
+func (l *Listener) OpsHandler() http.Handler { return l.ops }
+
+// Handler serves /webhook, and nothing else: it faces the Internet.
 func (l *Listener) Handler() http.Handler { return l.handler }
 
 // Registry is the registry the listener's metrics are in.

@@ -18,7 +18,7 @@ func TestMetrics(t *testing.T) {
 	bad.Header.Set("X-Hub-Signature-256", sign("wrong", []byte("x")))
 	h.do(bad)
 
-	mfs := metrics.Scrape(t, h.srv.URL+"/metrics")
+	mfs := metrics.Scrape(t, h.ops.URL+"/metrics")
 	for _, tc := range []struct {
 		event, result string
 		want          float64
@@ -37,8 +37,14 @@ func TestMetrics(t *testing.T) {
 		t.Error("no Go runtime metrics")
 	}
 	for _, path := range []string{"/healthz", "/readyz"} {
-		if r, err := http.Get(h.srv.URL + path); err != nil || r.StatusCode != 200 {
+		if r, err := http.Get(h.ops.URL + path); err != nil || r.StatusCode != 200 {
 			t.Errorf("%s: %v %v", path, r, err)
+		}
+	}
+	// The port GitHub reaches serves /webhook and nothing else.
+	for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
+		if r, err := http.Get(h.srv.URL + path); err != nil || r.StatusCode != http.StatusNotFound {
+			t.Errorf("%s on the webhook port: %v %v, want 404", path, r, err)
 		}
 	}
 }

@@ -34,7 +34,7 @@ func TestAPIServerUnavailable(t *testing.T) {
 		t.Fatalf("API server down, yet objects exist: %v", c)
 	}
 	// The listener's readiness follows the API server.
-	if r, err := h.srv.Client().Get(h.srv.URL + "/readyz"); err != nil || r.StatusCode != http.StatusServiceUnavailable {
+	if r, err := h.ops.Client().Get(h.ops.URL + "/readyz"); err != nil || r.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("/readyz with API server down: %v %v", r, err)
 	}
 
@@ -45,7 +45,7 @@ func TestAPIServerUnavailable(t *testing.T) {
 	if c := h.counts(); c != [3]int{1, 0, 1} {
 		t.Errorf("after redelivery: %v, want one PullRequest and one Event", c)
 	}
-	if r, err := h.srv.Client().Get(h.srv.URL + "/readyz"); err != nil || r.StatusCode != http.StatusOK {
+	if r, err := h.ops.Client().Get(h.ops.URL + "/readyz"); err != nil || r.StatusCode != http.StatusOK {
 		t.Errorf("/readyz with API server up: %v %v", r, err)
 	}
 }
