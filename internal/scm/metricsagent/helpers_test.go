@@ -114,6 +114,8 @@ func waitTotal(t *testing.T, a *runningAgent, n float64) {
 type sender struct {
 	t   testing.TB
 	srv *httptest.Server
+	// ops serves the listener's /metrics, apart from /webhook, as it runs.
+	ops *httptest.Server
 	seq int
 	mu  sync.Mutex
 }
@@ -125,7 +127,9 @@ func newSender(t testing.TB, cfg *rest.Config, ns string) *sender {
 	}
 	srv := httptest.NewServer(l.Handler())
 	t.Cleanup(srv.Close)
-	return &sender{t: t, srv: srv}
+	ops := httptest.NewServer(l.OpsHandler())
+	t.Cleanup(ops.Close)
+	return &sender{t: t, srv: srv, ops: ops}
 }
 
 func (s *sender) nextDelivery() string {

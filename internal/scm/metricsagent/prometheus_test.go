@@ -19,7 +19,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 
 	prom := testenv.StartPrometheus(t, map[string]string{
 		"crdipc-metrics-agent":    strings.TrimPrefix(agent.URL, "http://"),
-		"crdipc-webhook-listener": strings.TrimPrefix(s.srv.URL, "http://"),
+		"crdipc-webhook-listener": strings.TrimPrefix(s.ops.URL, "http://"),
 	})
 
 	s.send("pull_request", pullRequest(t, 1, "opened", "open", false, 1))
