@@ -62,9 +62,7 @@ func (s *upServices) stop() error {
 		if err := <-r.done; err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", r.name, err))
 		}
-		if st, ok := r.svc.(interface{ Stop() }); ok {
-			st.Stop()
-		}
+		services.Stop(r.svc)
 	}
 	s.cancel()
 	for _, d := range s.done {
@@ -159,23 +157,28 @@ func startServices(ctx context.Context, admin *rest.Config, o upOptions) (_ *upS
 	if err != nil {
 		return nil, err
 	}
+	// One token per account, requested once here (the keeper renews it): every service's
+	// config, selected or not, so each kubeconfig is on disk for a process of its own.
+	configs := map[string]*rest.Config{}
+	for _, name := range accounts {
+		cfg, err := keeper.Config(ctx, namespaces[name], identity.ServiceAccount(name))
+		if err != nil {
+			return nil, err
+		}
+		services.Unthrottle(cfg)
+		configs[name] = cfg
+	}
 	configFor := func(service string) (*rest.Config, error) {
 		if service == "nodes" {
 			// The simulated nodes are the cluster's nodes, not a crdipc service: they act
 			// with up's own credentials, as kubelets act as system:node:<name>.
 			return rest.CopyConfig(admin), nil
 		}
-		cfg, err := keeper.Config(ctx, namespaces[service], identity.ServiceAccount(service))
-		if err != nil {
-			return nil, err
+		cfg, ok := configs[service]
+		if !ok {
+			return nil, fmt.Errorf("no identity for service %q", service)
 		}
-		services.Unthrottle(cfg)
-		return cfg, nil
-	}
-	for _, name := range accounts {
-		if _, err := configFor(name); err != nil {
-			return nil, err
-		}
+		return rest.CopyConfig(cfg), nil
 	}
 	svc.background(bgCtx, func(ctx context.Context) error { keeper.Run(ctx); return nil })
 	svc.lines = append(svc.lines, fmt.Sprintf("accounts one ServiceAccount and kubeconfig per service under %s", idDir))

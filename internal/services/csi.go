@@ -50,11 +50,6 @@ func (s *csiDriverService) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.httpAddr, "http-bind-address", s.httpAddr, "address for /healthz, /readyz (the CSI Probe) and Prometheus /metrics ('0' disables)")
 }
 
-// CSIEndpoint is the socket of up's CSI driver (controller) under its data dir.
-func CSIEndpoint(dataDir string) (string, error) {
-	return driver.Endpoint(filepath.Join(dataDir, "csi", "csi.sock"))
-}
-
 func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 	o, endpoint, httpAddr := s.o, s.endpoint, s.httpAddr
 	if env.Local != nil {

@@ -81,9 +81,12 @@ type cacheOptioner interface {
 	CacheOptions() (cache.Options, error)
 }
 
-// stopper is a service with something to stop after its manager stopped.
-type stopper interface {
-	Stop()
+// Stop stops what svc runs beside its manager (the simulated nodes' CSI node plugins), if
+// anything; call it after the manager stopped.
+func Stop(svc Service) {
+	if st, ok := svc.(interface{ Stop() }); ok {
+		st.Stop()
+	}
 }
 
 // Table is every crdipc service, in the order up starts them (and stops them in reverse:

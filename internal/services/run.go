@@ -166,9 +166,7 @@ func Run(ctx context.Context, e Entry, svc Service, s Standalone) error {
 		return err
 	}
 	err = mgr.Start(ctx)
-	if st, ok := svc.(stopper); ok {
-		st.Stop()
-	}
+	Stop(svc)
 	return err
 }
 

@@ -24,6 +24,8 @@ import (
 
 	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
 	"github.com/crdipc/crdipc/internal/testenv/wait"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -284,8 +286,41 @@ func TestProcessPerService(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	killed := map[string]int{}
+	// The chaos keeps the cluster's pace: the next kill comes once the services have moved on
+	// since the last one, a random 1 to 3 writes to crdipc-system's Leases later (leader,
+	// heartbeat and node Leases are renewed every few seconds while services run).
+	adminCfg, err := clientcmd.BuildConfigFromFlags("", up.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube := kubernetes.NewForConfigOrDie(adminCfg)
+	leasesVersion := func(ctx context.Context) (string, error) {
+		l, err := kube.CoordinationV1().Leases(sys).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return "", err
+		}
+		return l.ResourceVersion, nil
+	}
+	movedOn := func(renewals int) {
+		for range renewals {
+			before, err := leasesVersion(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			up.eventually(t, 30*time.Second, "a Lease renewed since the last kill", func(ctx context.Context) (bool, error) {
+				now, err := leasesVersion(ctx)
+				if err != nil {
+					return false, err
+				}
+				if now == before {
+					return false, fmt.Errorf("Leases still at resourceVersion %s", now)
+				}
+				return true, nil
+			})
+		}
+	}
 	for range kills {
-		time.Sleep(time.Duration(1000+rng.IntN(2000)) * time.Millisecond) // the chaos's own pace, not a wait for a condition
+		movedOn(1 + rng.IntN(3))
 		for _, p := range procs {
 			if p.exitedEarly() {
 				b, _ := os.ReadFile(p.log)

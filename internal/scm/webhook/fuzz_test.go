@@ -39,7 +39,7 @@ func FuzzWebhook(f *testing.F) {
 	delivery := 0
 	f.Fuzz(func(t *testing.T, event string, body []byte) {
 		if strings.ContainsFunc(event, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
-			t.Skip("not a value an HTTP client can send in a header")
+			return // not a value an HTTP client can send in a header: nothing to check
 		}
 		delivery++
 		h.t = t

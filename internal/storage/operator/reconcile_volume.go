@@ -370,41 +370,40 @@ func plural(n int, word string) string {
 // poolToVolumes maps a pool change to the volumes it may concern: those still missing
 // replicas, and those with a replica on the pool.
 func (h *volumeHandler) poolToVolumes(ctx context.Context, o client.Object) []reconcile.Request {
-	var list storagev1alpha1.CStorVolumeList
-	if err := h.c.List(ctx, &list); err != nil {
-		return nil
-	}
-	var reqs []reconcile.Request
-	for i := range list.Items {
-		v := &list.Items[i]
+	return h.volumesWhere(ctx, func(v *storagev1alpha1.CStorVolume) bool {
 		if !v.DeletionTimestamp.IsZero() {
-			continue
+			return false
 		}
 		concerned := len(v.Status.Replicas) < int(v.Status.DesiredReplicas) || v.Status.DesiredReplicas == 0
 		for _, r := range v.Status.Replicas {
 			concerned = concerned || r.Pool == o.GetName()
 		}
-		if concerned {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(v)})
-		}
-	}
-	return reqs
+		return concerned
+	})
 }
 
 // nodeToVolumes maps a node change to the volumes with a replica on the node.
 func (h *volumeHandler) nodeToVolumes(ctx context.Context, o client.Object) []reconcile.Request {
+	return h.volumesWhere(ctx, func(v *storagev1alpha1.CStorVolume) bool {
+		for _, r := range v.Status.Replicas {
+			if r.Node == o.GetName() {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// volumesWhere requests a reconcile of every cached volume that concerned says is.
+func (h *volumeHandler) volumesWhere(ctx context.Context, concerned func(*storagev1alpha1.CStorVolume) bool) []reconcile.Request {
 	var list storagev1alpha1.CStorVolumeList
 	if err := h.c.List(ctx, &list); err != nil {
 		return nil
 	}
 	var reqs []reconcile.Request
 	for i := range list.Items {
-		v := &list.Items[i]
-		for _, r := range v.Status.Replicas {
-			if r.Node == o.GetName() {
-				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(v)})
-				break
-			}
+		if concerned(&list.Items[i]) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 		}
 	}
 	return reqs
