@@ -27,6 +27,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/identity"
+	"github.com/crdipc/crdipc/internal/safefile"
 	"github.com/crdipc/crdipc/internal/services"
 )
 
@@ -99,7 +100,7 @@ func startServices(ctx context.Context, admin *rest.Config, o upOptions) (_ *upS
 	if err != nil {
 		return nil, err
 	}
-	logFile, err := os.OpenFile(filepath.Join(o.dataDir, "logs", "crdipc.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logFile, err := safefile.OpenFile(filepath.Join(o.dataDir, "logs", "crdipc.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening service log: %w", err)
 	}

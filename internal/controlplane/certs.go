@@ -15,6 +15,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/crdipc/crdipc/internal/safefile"
 )
 
 // pki holds the paths of the files the control plane's TLS and service
@@ -184,11 +186,11 @@ func writeLeaf(certPath, keyPath string, tmpl x509.Certificate, ca *x509.Certifi
 }
 
 func loadPair(certPath, keyPath string) (*x509.Certificate, crypto.Signer, error) {
-	certPEM, err := os.ReadFile(certPath)
+	certPEM, err := safefile.ReadFile(certPath)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading %s: %w", certPath, err)
 	}
-	keyPEM, err := os.ReadFile(keyPath)
+	keyPEM, err := safefile.ReadFile(keyPath)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading %s: %w", keyPath, err)
 	}
@@ -216,17 +218,10 @@ func writeKey(path string, key *ecdsa.PrivateKey) error {
 	return writePEM(path, "EC PRIVATE KEY", der, 0o600)
 }
 
-// writePEM writes via a temporary file and rename so a crash never leaves a
-// half-written key that a restart would then fail to parse.
+// writePEM writes atomically and durably (safefile) so a crash never leaves a half-written
+// or lost key that a restart would then fail to parse or silently replace.
 func writePEM(path, typ string, der []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
+	return safefile.Write(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode)
 }
 
 func serial() *big.Int {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/crdipc/crdipc/internal/install"
+	"github.com/crdipc/crdipc/internal/safefile"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -278,12 +279,12 @@ func (cp *ControlPlane) Stop() error {
 // lock behind (unlike a PID file).
 func lockDataDir(dir string) (*os.File, error) {
 	path := filepath.Join(dir, "lock")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := safefile.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening lock file: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(path)
+		holder, _ := safefile.ReadFile(path)
 		_ = f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("%w: %s (held by pid %s); stop it or pick another --data-dir", ErrDataDirInUse, dir, strings.TrimSpace(string(holder)))
@@ -306,7 +307,7 @@ func listen(dir string, port int) (net.Listener, error) {
 		}
 		return ln, recordPort(portFile, ln)
 	}
-	if b, err := os.ReadFile(portFile); err == nil {
+	if b, err := safefile.ReadFile(portFile); err == nil {
 		if ln, err := net.Listen("tcp", "127.0.0.1:"+strings.TrimSpace(string(b))); err == nil {
 			return ln, nil
 		}
@@ -320,7 +321,7 @@ func listen(dir string, port int) (net.Listener, error) {
 
 func recordPort(path string, ln net.Listener) error {
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	if err := os.WriteFile(path, []byte(port+"\n"), 0o600); err != nil {
+	if err := safefile.Write(path, []byte(port+"\n"), 0o600); err != nil {
 		ln.Close()
 		return fmt.Errorf("recording port: %w", err)
 	}
@@ -333,10 +334,11 @@ func writeKubeconfig(path, server, ca, cert, key, user string) error {
 	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificate: cert, ClientKey: key}
 	cfg.Contexts["crdipc"] = &clientcmdapi.Context{Cluster: "crdipc", AuthInfo: user}
 	cfg.CurrentContext = "crdipc"
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+	data, err := clientcmd.Write(*cfg)
+	if err != nil {
 		return fmt.Errorf("writing kubeconfig: %w", err)
 	}
-	return nil
+	return safefile.Write(path, data, 0o600)
 }
 
 // waitReady polls /readyz. Polling is right here: there is nothing to watch

@@ -1,9 +1,11 @@
 package controlplane
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -58,5 +60,35 @@ func TestCheckDataDir(t *testing.T) {
 		if err := checkDataDir(other); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
 			t.Errorf("another user's directory: %v", err)
 		}
+	}
+}
+
+// A CA planted as symlinks into the data dir (to another user's or another cluster's key)
+// is refused, not adopted: the keys are read without following links.
+func TestPKIRefusesSymlinkedKeys(t *testing.T) {
+	dir := t.TempDir()
+	if err := newPKI(filepath.Join(dir, "real")).ensure(); err != nil {
+		t.Fatal(err)
+	}
+	planted := newPKI(filepath.Join(dir, "planted"))
+	if err := os.MkdirAll(planted.dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"ca.crt", "ca.key"} {
+		if err := os.Symlink(filepath.Join(dir, "real", name), filepath.Join(planted.dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := planted.ensure()
+	if !errors.Is(err, syscall.ELOOP) {
+		t.Fatalf("ensure with a symlinked CA: %v, want a refusal (ELOOP)", err)
+	}
+	// Fresh certificates are files of their own, written whole.
+	fresh := newPKI(filepath.Join(dir, "fresh"))
+	if err := fresh.ensure(); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(fresh.adminKey); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("admin key: %v, %v; want a regular 0600 file", fi, err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/crdipc/crdipc/internal/safefile"
 	"k8s.io/klog/v2"
 )
 
@@ -22,7 +23,7 @@ func redirectLogs(dir string) error {
 	var err error
 	logsOnce.Do(func() {
 		var f *os.File
-		f, err = os.OpenFile(filepath.Join(dir, "control-plane.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		f, err = safefile.OpenFile(filepath.Join(dir, "control-plane.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		if err != nil {
 			err = fmt.Errorf("opening control plane log: %w", err)
 			return

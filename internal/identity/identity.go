@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/crdipc/crdipc/config/rbac"
+	"github.com/crdipc/crdipc/internal/safefile"
 )
 
 // FieldManager names the identity objects' writes in managedFields.
@@ -263,23 +264,7 @@ func (k *Keeper) renew(ctx context.Context, key account) error {
 
 // writeFile replaces path atomically, so a reader never sees half a token.
 func writeFile(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("identities: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("identities: writing %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("identities: writing %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("identities: writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := safefile.Write(path, data, 0o600); err != nil {
 		return fmt.Errorf("identities: %w", err)
 	}
 	return nil

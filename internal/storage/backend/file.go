@@ -2,8 +2,6 @@ package backend
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/safefile"
 )
 
 // File keeps pools as directories under Root/pools and replicas as sparse files,
@@ -67,7 +66,7 @@ func (f *File) CreatePool(ctx context.Context, p Pool) (PoolState, error) {
 	case errors.Is(err, fs.ErrNotExist):
 		// New, or a create that was interrupted before the marker: finish it.
 		data, _ := json.Marshal(poolMarker{Name: p.Name, Type: p.Type, Capacity: p.Capacity, Created: time.Now().UTC()})
-		if err := writeFileAtomic(filepath.Join(dir, markerName), data); err != nil {
+		if err := safefile.Write(filepath.Join(dir, markerName), data, 0o640); err != nil {
 			return PoolState{}, fmt.Errorf("writing pool marker: %w", err)
 		}
 	case err != nil:
@@ -146,21 +145,13 @@ func (f *File) CreateReplica(ctx context.Context, p Pool, r Replica) (ReplicaSta
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return ReplicaState{}, fmt.Errorf("creating replica directory: %w", err)
 	}
-	removeTemporaries(path)
-	tmp := path + ".tmp-" + randomSuffix()
-	file, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o640)
-	if err != nil {
+	if err := safefile.RemoveTemporaries(path); err != nil {
 		return ReplicaState{}, fmt.Errorf("creating replica file: %w", err)
 	}
-	err = file.Truncate(r.Capacity) // sparse: no blocks are allocated until written
-	if cerr := file.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
+	err = safefile.WriteFrom(path, 0o640, func(file *os.File) error {
+		return file.Truncate(r.Capacity) // sparse: no blocks are allocated until written
+	})
 	if err != nil {
-		os.Remove(tmp)
 		return ReplicaState{}, fmt.Errorf("creating replica file: %w", err)
 	}
 	return statReplica(path)
@@ -186,14 +177,16 @@ func (f *File) DeleteReplica(ctx context.Context, p Pool, r Replica) error {
 	if err := os.Remove(path + MetaSuffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing replica metadata: %w", err)
 	}
-	removeTemporaries(path)
-	_ = os.Remove(path + MetaSuffix + ".tmp") // an interrupted metadata write
-	_ = os.Remove(filepath.Dir(path))         // the namespace directory, if now empty
+	// What interrupted writes of the file or its metadata left.
+	if err := errors.Join(safefile.RemoveTemporaries(path), safefile.RemoveTemporaries(path+MetaSuffix)); err != nil {
+		return fmt.Errorf("removing replica temporaries: %w", err)
+	}
+	_ = os.Remove(filepath.Dir(path)) // the namespace directory, if now empty
 	return nil
 }
 
 func statReplica(path string) (ReplicaState, error) {
-	fi, err := os.Stat(path)
+	fi, err := os.Lstat(path) // a symlink is not a replica file
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return ReplicaState{}, fmt.Errorf("replica file %s: %w", path, ErrNotFound)
@@ -252,7 +245,7 @@ func (f *File) poolState(dir string, p Pool) (PoolState, error) {
 
 func readMarker(dir string) (poolMarker, error) {
 	var m poolMarker
-	data, err := os.ReadFile(filepath.Join(dir, markerName))
+	data, err := safefile.ReadFile(filepath.Join(dir, markerName))
 	if err != nil {
 		return m, err
 	}
@@ -260,35 +253,4 @@ func readMarker(dir string) (poolMarker, error) {
 		return m, fmt.Errorf("pool marker in %s is damaged: %w", dir, err)
 	}
 	return m, nil
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp-" + randomSuffix()
-	if err := os.WriteFile(tmp, data, 0o640); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
-}
-
-// removeTemporaries removes what interrupted creates of path left behind.
-func removeTemporaries(path string) {
-	leftovers, _ := filepath.Glob(globEscape(path) + ".tmp-*")
-	for _, l := range leftovers {
-		os.Remove(l)
-	}
-}
-
-func globEscape(s string) string {
-	r := strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`)
-	return r.Replace(s)
-}
-
-func randomSuffix() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

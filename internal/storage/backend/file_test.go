@@ -124,14 +124,15 @@ func TestFileCreateReplicaCleansInterruptedCreate(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	// What a create killed between open and rename leaves behind.
-	if err := os.WriteFile(path+".tmp-dead", nil, 0o640); err != nil {
+	// What a create killed between open and rename leaves behind (safefile's temporary).
+	dead := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp-dead")
+	if err := os.WriteFile(dead, nil, 0o640); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.CreateReplica(ctx, p, r); err != nil {
 		t.Fatal(err)
 	}
-	left, _ := filepath.Glob(path + ".tmp-*")
+	left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".*.tmp-*"))
 	if len(left) != 0 {
 		t.Fatalf("temporaries left: %v", left)
 	}

@@ -7,11 +7,11 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
 
+	"github.com/crdipc/crdipc/internal/safefile"
 	"golang.org/x/sys/unix"
 )
 
@@ -98,7 +98,7 @@ type replica struct {
 }
 
 func openReplica(id string, loc Location) (*replica, error) {
-	f, err := os.OpenFile(loc.Data, os.O_RDWR, 0)
+	f, err := safefile.OpenFile(loc.Data, os.O_RDWR, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("replica file %s: %w", loc.Data, ErrNotFound)
 	}
@@ -133,7 +133,7 @@ func (r *replica) close() error { return r.f.Close() }
 // at revision 0, which never wins source selection against one that was written.
 func readMeta(path string) (meta, error) {
 	var m meta
-	data, err := os.ReadFile(path)
+	data, err := safefile.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return m, nil
 	}
@@ -153,32 +153,8 @@ func writeMeta(path string, m meta) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
+	if err := safefile.Write(path, data, 0o600); err != nil {
 		return fmt.Errorf("writing replica metadata: %w", err)
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing replica metadata: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("renaming replica metadata: %w", err)
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return fmt.Errorf("syncing metadata directory: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("syncing metadata directory: %w", err)
 	}
 	return nil
 }
