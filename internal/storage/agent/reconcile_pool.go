@@ -86,13 +86,18 @@ func (h *poolHandler) Handle(ctx context.Context, pool *storagev1alpha1.CStorPoo
 		}
 	}
 	pool.Status.Phase = storagev1alpha1.PoolPhaseHealthy
-	if st.Degraded {
+	if st.Degraded || st.Full {
 		pool.Status.Phase = storagev1alpha1.PoolPhaseDegraded
 	}
 	pool.Status.Capacity = &storagev1alpha1.PoolCapacity{
 		Total: *resource.NewQuantity(st.Total, resource.BinarySI),
 		Used:  *resource.NewQuantity(st.Used, resource.BinarySI),
 		Free:  *resource.NewQuantity(st.Free, resource.BinarySI),
+	}
+	if st.Full {
+		// Degraded rather than failed: its replicas still serve reads, and nothing new is
+		// placed on it (placement takes Healthy pools only) until space is freed.
+		return ipc.Result{Reason: ReasonNoSpace, Message: fmt.Sprintf("the file system of pool %s on node %s is full (under 1 MiB available): writes to its replicas fail (ENOSPC)", st.Location, h.node), RequeueAfter: h.resync}, nil
 	}
 	if st.Degraded {
 		return ipc.Result{Reason: conditions.ReasonDegraded, Message: fmt.Sprintf("pool %s on node %s is degraded", st.Location, h.node), RequeueAfter: h.resync}, nil

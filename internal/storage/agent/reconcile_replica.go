@@ -35,6 +35,11 @@ type replicaHandler struct {
 // ReasonRebuilding: the replica is being filled from a healthy one (Ready=False, not terminal).
 const ReasonRebuilding = "Rebuilding"
 
+// ReasonNoSpace: the replica's writes fail because its pool's file system is full
+// (ENOSPC). Not terminal: once space is freed the volume's target takes it back in and
+// rebuilds it.
+const ReasonNoSpace = "NoSpace"
+
 // rebuildPoll is how often a rebuilding replica's progress is brought into its status.
 const rebuildPoll = time.Second
 
@@ -115,6 +120,15 @@ func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVol
 			}
 			// The file is there; whether its data is current is not known yet.
 			return ipc.Result{Reason: conditions.ReasonReconciling, Message: err.Error(), RequeueAfter: rebuildPoll}, nil
+		}
+		if ds.noSpace != "" {
+			r.Status.Phase = storagev1alpha1.ReplicaPhaseError
+			return ipc.Result{
+				Reason: ReasonNoSpace,
+				Message: fmt.Sprintf("writes fail, the file system of pool %s on node %s is full (ENOSPC): %s; free space there and the volume's target rebuilds this replica",
+					pool.Name, h.node, ds.noSpace),
+				RequeueAfter: rebuildPoll,
+			}, nil
 		}
 		if ds.rebuilding {
 			r.Status.Phase = storagev1alpha1.ReplicaPhaseRebuilding

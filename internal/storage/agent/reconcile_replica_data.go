@@ -14,6 +14,8 @@ import (
 type dataState struct {
 	rebuilding bool
 	message    string
+	// noSpace is the data service's report of a write that failed for a full file system.
+	noSpace string
 }
 
 // reconcileData brings the data path's view of replica r into its status — the endpoint
@@ -36,6 +38,11 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 		return dataState{}, fmt.Errorf("replica data service: %w", err)
 	}
 	r.Status.Revision = int64(info.Revision)
+	if info.NoSpace != "" {
+		// Whatever else holds (a target writing it, a rebuild): its writes fail until
+		// space is freed, and the target has dropped it from the write set.
+		return dataState{noSpace: info.NoSpace}, nil
+	}
 	if info.Rebuilding && (info.RebuildError == "" || info.Session) {
 		return h.rebuilding(r, info), nil
 	}

@@ -33,6 +33,9 @@ type PoolState struct {
 	Total, Used, Free int64
 	// Degraded: the pool serves I/O with reduced redundancy (a zpool's DEGRADED health).
 	Degraded bool
+	// Full: the file system under the pool has (almost) no space left, whatever its
+	// replicas were promised: writes to thin replicas fail with ENOSPC.
+	Full bool
 }
 
 // ReplicaState is a replica as found on the node.

@@ -240,7 +240,7 @@ func (f *File) poolState(dir string, p Pool) (PoolState, error) {
 	// pool's status on every resync.
 	fsAvail := int64(st.Bavail) * int64(st.Bsize) / mib * mib
 	total := min(p.Capacity, fsTotal)
-	return PoolState{Location: dir, Total: total, Used: used, Free: max(0, min(total-used, fsAvail))}, nil
+	return PoolState{Location: dir, Total: total, Used: used, Free: max(0, min(total-used, fsAvail)), Full: fsAvail == 0}, nil
 }
 
 func readMarker(dir string) (poolMarker, error) {

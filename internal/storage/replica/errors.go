@@ -1,6 +1,10 @@
 package replica
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"syscall"
+)
 
 // Sentinel errors. They travel as status codes, so errors.Is works on errors returned by a
 // Client as well as on the server side.
@@ -16,6 +20,9 @@ var (
 	ErrTooLarge = errors.New("request too large")
 	// ErrInvalid: a malformed request, e.g. out of range or unaligned.
 	ErrInvalid = errors.New("invalid request")
+	// ErrNoSpace: the replica's file system is full (ENOSPC, or EDQUOT for a quota). The
+	// write, copy or flush failed and changed nothing that a later rebuild relies on.
+	ErrNoSpace = errors.New("no space left on the replica's file system (ENOSPC)")
 	// ErrClosed: the connection is closed; every call on it fails with this.
 	ErrClosed = errors.New("replica connection closed")
 )
@@ -29,6 +36,7 @@ const (
 	statusNoSession uint8 = 4
 	statusTooLarge  uint8 = 5
 	statusInvalid   uint8 = 6
+	statusNoSpace   uint8 = 7
 )
 
 var statusErrors = map[uint8]error{
@@ -37,6 +45,15 @@ var statusErrors = map[uint8]error{
 	statusNoSession: ErrNoSession,
 	statusTooLarge:  ErrTooLarge,
 	statusInvalid:   ErrInvalid,
+	statusNoSpace:   ErrNoSpace,
+}
+
+// noSpace marks a file system's "full" errors with ErrNoSpace, so they travel as such.
+func noSpace(err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%w: %w", ErrNoSpace, err)
+	}
+	return err
 }
 
 func statusOf(err error) uint8 {

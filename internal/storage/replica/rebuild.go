@@ -67,6 +67,7 @@ func (s *Server) startRebuild(r *replica, sourceAddr, sourceID string) error {
 	s.mu.Unlock()
 
 	fail := func(err error) error {
+		s.noteSpace(r.id, err)
 		msg := err.Error()
 		st.err.Store(&msg)
 		st.startErr = err
@@ -90,6 +91,7 @@ func (s *Server) startRebuild(r *replica, sourceAddr, sourceID string) error {
 	s.log.Info("rebuild started", "replica", r.id, "source", st.source)
 	go func() {
 		err := s.copyFrom(ctx, r, st, sourceAddr, sourceID)
+		s.noteSpace(r.id, err)
 		switch {
 		case err == nil:
 			s.log.Info("rebuild done", "replica", r.id, "source", st.source, "bytes", st.total.Load())

@@ -53,6 +53,10 @@ type Info struct {
 	// Session: a writer session is open now, so Dirty means "being written" rather than
 	// "its writer went away without closing".
 	Session bool `json:"session"`
+	// NoSpace is the last write, copy or flush that failed because the file system is full
+	// (ErrNoSpace), while none has succeeded since; empty otherwise. Not durable: a full
+	// file system shows again at the next write.
+	NoSpace string `json:"noSpace,omitempty"`
 }
 
 // Extent is an allocated range of a replica file.
@@ -154,7 +158,7 @@ func writeMeta(path string, m meta) error {
 		return err
 	}
 	if err := safefile.Write(path, data, 0o600); err != nil {
-		return fmt.Errorf("writing replica metadata: %w", err)
+		return fmt.Errorf("writing replica metadata: %w", noSpace(err))
 	}
 	return nil
 }
@@ -214,7 +218,7 @@ func (r *replica) writeAt(p []byte, off int64, rev uint64) error {
 	_, err := r.f.WriteAt(p, off)
 	r.applyMu.RUnlock()
 	if err != nil {
-		return fmt.Errorf("writing replica %s: %w", r.id, err)
+		return fmt.Errorf("writing replica %s: %w", r.id, noSpace(err))
 	}
 	r.bumpRevision(rev)
 	return nil
@@ -259,7 +263,7 @@ func (r *replica) datasync() error {
 		}
 	})
 	if err != nil {
-		return fmt.Errorf("fdatasync replica %s: %w", r.id, err)
+		return fmt.Errorf("fdatasync replica %s: %w", r.id, noSpace(err))
 	}
 	return nil
 }
@@ -370,7 +374,7 @@ func (r *replica) applyCopy(p []byte, off int64) error {
 	var werr error
 	r.fresh.eachStale(off, int64(len(p)), func(o, n int64) bool {
 		if _, err := r.f.WriteAt(p[o-off:o-off+n], o); err != nil {
-			werr = fmt.Errorf("writing replica %s: %w", r.id, err)
+			werr = fmt.Errorf("writing replica %s: %w", r.id, noSpace(err))
 			return false
 		}
 		return true

@@ -58,6 +58,9 @@ type Server struct {
 	replicas map[string]*replica
 	rebuilds map[string]*rebuildState
 	conns    map[*serverConn]struct{}
+	// noSpace holds, by replica id, the last write that failed for a full file system
+	// while none has succeeded since (Info.NoSpace). A sync.Map: every write looks it up.
+	noSpace sync.Map
 
 	connWG   sync.WaitGroup
 	copierWG sync.WaitGroup
@@ -473,6 +476,10 @@ func (c *serverConn) handle(h reqHeader, id string, buf *[]byte) outFrame {
 		return errorFrame(h.id, err)
 	}
 	f, err := c.do(r, h, payload)
+	switch h.op {
+	case opWrite, opFlush, opCloseSession:
+		c.s.noteSpace(r.id, err)
+	}
 	if err != nil {
 		return errorFrame(h.id, fmt.Errorf("replica %s on node %s: %w", id, c.s.o.Node, err))
 	}
@@ -585,6 +592,19 @@ func (c *serverConn) infoFrame(r *replica) (outFrame, error) {
 	return outFrame{payload: data}, nil
 }
 
+// noteSpace records the outcome of a write to replica id: a failure for lack of space is
+// kept until a write succeeds.
+func (s *Server) noteSpace(id string, err error) {
+	switch {
+	case errors.Is(err, ErrNoSpace):
+		s.noSpace.Store(id, fmt.Sprintf("%s: %v", time.Now().UTC().Format(time.RFC3339), err))
+	case err == nil:
+		if _, ok := s.noSpace.Load(id); ok {
+			s.noSpace.Delete(id)
+		}
+	}
+}
+
 func (s *Server) info(r *replica) Info {
 	m := r.durable()
 	in := Info{
@@ -599,6 +619,9 @@ func (s *Server) info(r *replica) Info {
 	}
 	if m.Rebuilding {
 		in.RebuildSource = m.RebuildSource
+	}
+	if v, ok := s.noSpace.Load(r.id); ok {
+		in.NoSpace = v.(string)
 	}
 	s.mu.Lock()
 	st := s.rebuilds[r.id]
