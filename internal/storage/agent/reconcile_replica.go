@@ -40,6 +40,12 @@ const ReasonRebuilding = "Rebuilding"
 // rebuilds it.
 const ReasonNoSpace = "NoSpace"
 
+// poolFull reports whether the pool handler found pool's file system full at its last look.
+func poolFull(pool *storagev1alpha1.CStorPool) bool {
+	ready := meta.FindStatusCondition(pool.Status.Conditions, conditions.TypeReady)
+	return ready != nil && ready.Reason == ReasonNoSpace
+}
+
 // rebuildPoll is how often a rebuilding replica's progress is brought into its status.
 const rebuildPoll = time.Second
 
@@ -113,7 +119,7 @@ func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVol
 		Used:  *resource.NewQuantity(st.Allocated, resource.BinarySI),
 	}
 	if h.data != nil {
-		ds, err := h.reconcileData(ctx, r)
+		ds, err := h.reconcileData(ctx, r, poolFull(&pool))
 		if err != nil {
 			if ctx.Err() != nil {
 				return ipc.Result{}, ctx.Err()

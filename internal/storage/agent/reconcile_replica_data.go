@@ -24,7 +24,11 @@ type dataState struct {
 // node was away while the others took writes, or one a target left dirty. While a target
 // writes it (a writer session is open) the target decides, since only it knows which
 // writes each replica has acknowledged.
-func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica) (dataState, error) {
+//
+// A replica whose last write failed for lack of space is reported so while a target writes
+// it (the target takes it back in once it can) or its pool is still full; with space back
+// and no target, it is treated as any dirty replica and rebuilt from a clean peer.
+func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica, poolFull bool) (dataState, error) {
 	d := h.data
 	r.Status.Endpoint = d.endpoint
 	id := storagev1alpha1.ReplicaDataID(r.Namespace, r.Name)
@@ -38,9 +42,7 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 		return dataState{}, fmt.Errorf("replica data service: %w", err)
 	}
 	r.Status.Revision = int64(info.Revision)
-	if info.NoSpace != "" {
-		// Whatever else holds (a target writing it, a rebuild): its writes fail until
-		// space is freed, and the target has dropped it from the write set.
+	if info.NoSpace != "" && (info.Session || poolFull) {
 		return dataState{noSpace: info.NoSpace}, nil
 	}
 	if info.Rebuilding && (info.RebuildError == "" || info.Session) {
