@@ -21,10 +21,10 @@ func storageOperatorEntry() Entry {
 		Short:   "Run the storage operator (seed 000): claims → pools, volumes → replicas",
 		Long: `storage-operator reconciles the storage.crdipc.io kinds it owns:
 
-  StoragePoolClaim  one CStorPool, named <claim>-<node>, per Ready node matching the
+  StoragePoolClaim  one CStorPool, named <claim>-<node>-<hash>, per Ready node matching the
                     claim's nodeSelector, up to maxPools; nodes that join later get one.
                     Deleting a claim deletes its empty pools.
-  CStorVolume       replicationFactor CStorVolumeReplicas, named <volume>-<pool>, on
+  CStorVolume       replicationFactor CStorVolumeReplicas, named <volume>-<pool>-<hash>, on
                     distinct Healthy pools (distinct nodes first, then least used). With
                     fewer pools than replicas it places what fits, reports Waiting
                     ("2 of 3 replicas placed; waiting for 1 more pool") and places the

@@ -13,24 +13,32 @@ const MaxGeneratedNameLength = 63
 // PoolName is the name of the CStorPool of claim on node. It is a function of the two names
 // only, so two operators racing to create the pool create the same object and one of them
 // gets AlreadyExists — never two pools for one node (an OpenEBS bug with generated names).
+// The operator finds a claim's pools by spec (claim, nodeName), not by this name, so pools
+// named by an earlier scheme ("<claim>-<node>") are kept and no second one is made.
 func PoolName(claim, node string) string { return joinName(claim, node) }
 
 // ReplicaName is the name of the CStorVolumeReplica of volume on pool, deterministic for the
-// same reason as PoolName.
+// same reason as PoolName; replicas, too, are found by spec (volume, pool) and owner.
 func ReplicaName(volume, pool string) string { return joinName(volume, pool) }
 
-// joinName joins parts with "-". A result longer than MaxGeneratedNameLength is cut and
-// suffixed with a hash of the whole, so distinct inputs keep distinct names.
+// nameHashLength is how many hex digits of a hash of its parts a derived name carries.
+const nameHashLength = 10
+
+// joinName joins parts with "-", cut to fit, and appends a hash of the parts. The hash tells
+// apart parts that read alike once joined ("a-b"+"c" and "a"+"b-c" are both "a-b-c"), so
+// distinct parts never share a name, however long. Dots become dashes: the result is a DNS
+// label of at most MaxGeneratedNameLength characters.
 func joinName(parts ...string) string {
-	name := strings.Join(parts, "-")
-	if len(name) <= MaxGeneratedNameLength {
-		return name
-	}
+	// "/" is in no object name, so the hashed string tells the parts apart.
 	sum := sha256.Sum256([]byte(strings.Join(parts, "/")))
-	hash := hex.EncodeToString(sum[:])[:10]
-	// A DNS label or subdomain may not end in '-' or '.', nor have ".-".
-	prefix := strings.TrimRight(name[:MaxGeneratedNameLength-len(hash)-1], "-.")
-	return prefix + "-" + hash
+	hash := hex.EncodeToString(sum[:])[:nameHashLength]
+	// A DNS label may neither start nor end with '-'.
+	readable := strings.TrimLeft(strings.ReplaceAll(strings.Join(parts, "-"), ".", "-"), "-")
+	readable = strings.TrimRight(readable[:min(len(readable), MaxGeneratedNameLength-len(hash)-1)], "-")
+	if readable == "" {
+		return hash
+	}
+	return readable + "-" + hash
 }
 
 // DataCASecret is the Secret, in the crdipc system namespace, holding the certificate

@@ -1,6 +1,7 @@
 package v1alpha1_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -10,27 +11,44 @@ import (
 )
 
 func TestPoolAndReplicaNames(t *testing.T) {
-	if got := v1alpha1.PoolName("sample-claim", "node-1"); got != "sample-claim-node-1" {
-		t.Errorf("PoolName = %q", got)
+	pool := v1alpha1.PoolName("sample-claim", "node-1")
+	if !strings.HasPrefix(pool, "sample-claim-node-1-") || len(pool) != len("sample-claim-node-1-")+10 {
+		t.Errorf("PoolName = %q, want sample-claim-node-1-<10 hex digits>", pool)
 	}
-	if got := v1alpha1.ReplicaName("vol", "sample-claim-node-1"); got != "vol-sample-claim-node-1" {
-		t.Errorf("ReplicaName = %q", got)
+	if got := v1alpha1.ReplicaName("vol", pool); !strings.HasPrefix(got, "vol-"+pool+"-") {
+		t.Errorf("ReplicaName = %q, want vol-%s-<hash>", got, pool)
 	}
-	long := strings.Repeat("a", 60)
-	a, b := v1alpha1.PoolName(long, "node-1"), v1alpha1.PoolName(long, "node-2")
-	if a == b {
-		t.Errorf("long names collide: %q", a)
-	}
-	if a != v1alpha1.PoolName(long, "node-1") {
+	if pool != v1alpha1.PoolName("sample-claim", "node-1") {
 		t.Error("PoolName is not deterministic")
 	}
-	for _, n := range []string{a, b, v1alpha1.ReplicaName(strings.Repeat("v", 51)+".xxxxxxxx", "pool"), v1alpha1.PoolName(strings.Repeat("c.", 40), "node.example.com")} {
+	long := strings.Repeat("a", 60)
+	all := map[string]string{}
+	check := func(what, n string) {
+		t.Helper()
 		if len(n) > v1alpha1.MaxGeneratedNameLength {
-			t.Errorf("%q is %d long", n, len(n))
+			t.Errorf("%s: %q is %d long", what, n, len(n))
 		}
-		if errs := validation.IsDNS1123Subdomain(n); len(errs) > 0 {
-			t.Errorf("%q: %v", n, errs)
+		if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
+			t.Errorf("%s: %q: %v", what, n, errs)
 		}
+		if other, ok := all[n]; ok {
+			t.Errorf("%s and %s share the name %q", what, other, n)
+		}
+		all[n] = what
+	}
+	// Parts that read alike once joined with "-", or once cut to fit, get distinct names.
+	for _, p := range [][2]string{
+		{"a-b", "c"}, {"a", "b-c"}, {"a-b-c", ""}, {"", "a-b-c"},
+		{"claim", "node.example.com"}, {"claim", "node-example-com"}, {"claim-node", "example.com"},
+		{long, "node-1"}, {long, "node-2"}, {long + "x", "node-1"},
+		{strings.Repeat("c.", 40), "node.example.com"}, {strings.Repeat("v", 51) + ".xxxxxxxx", "pool"},
+		{strings.Repeat("-", 70), "n"},
+	} {
+		check(fmt.Sprintf("PoolName(%q, %q)", p[0], p[1]), v1alpha1.PoolName(p[0], p[1]))
+	}
+	// The collision of the old scheme ("<claim>-<node>", and "<volume>-<pool>").
+	if v1alpha1.PoolName("a-b", "c") == v1alpha1.PoolName("a", "b-c") || v1alpha1.ReplicaName("v-p", "1") == v1alpha1.ReplicaName("v", "p-1") {
+		t.Error("names of different parts collide")
 	}
 }
 

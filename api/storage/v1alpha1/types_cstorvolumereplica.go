@@ -127,8 +127,8 @@ type CStorVolumeReplicaStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 }
 
-// CStorVolumeReplica is one replica of a CStorVolume on one pool (seed 000, step 3), named
-// <volume>-<pool>. The operator creates it; the agent on spec.nodeName creates the data.
+// CStorVolumeReplica is one replica of a CStorVolume on one pool, named
+// <volume>-<pool>-<hash>. The operator creates it; the agent on spec.nodeName creates the data.
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:path=cstorvolumereplicas,singular=cstorvolumereplica,scope=Namespaced,shortName=cvr,categories={crdipc,crdipc-storage}

@@ -77,8 +77,12 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 			resp.NextToken = tokenPrefix + base64.RawURLEncoding.EncodeToString([]byte(resp.Entries[len(resp.Entries)-1].Volume.VolumeId))
 			break
 		}
+		v, err := csiVolume(vol)
+		if err != nil {
+			return nil, err
+		}
 		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{
-			Volume: csiVolume(vol),
+			Volume: v,
 			Status: &csi.ListVolumesResponse_VolumeStatus{PublishedNodeIds: sortedKeys(published(vol))},
 		})
 	}
@@ -107,7 +111,8 @@ func (d *Driver) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (
 		if p.Status.Phase != storagev1alpha1.PoolPhaseHealthy || p.Status.Capacity == nil || !p.DeletionTimestamp.IsZero() {
 			continue
 		}
-		if free := p.Status.Capacity.Free.Value(); free > perNode[p.Spec.NodeName] {
+		// A free space beyond an int64 (none the agents report) is skipped, not wrapped.
+		if free, err := storagev1alpha1.Bytes(p.Status.Capacity.Free); err == nil && free > perNode[p.Spec.NodeName] {
 			perNode[p.Spec.NodeName] = free
 		}
 	}

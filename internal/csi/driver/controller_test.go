@@ -9,8 +9,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/scheme"
 )
 
@@ -35,5 +39,43 @@ func TestCreateVolumeRefusesUnsupportedFsType(t *testing.T) {
 		if msg := unsupported(mount(fs)[0]); msg != "" {
 			t.Errorf("fsType %q refused: %s", fs, msg)
 		}
+	}
+}
+
+// A unit test with the fake client: a CStorVolume already holding the volume's id for
+// another request — another CSI name, or none (made by hand) — is AlreadyExists, never
+// taken for the request's volume.
+func TestCreateVolumeRefusesAnotherRequestsVolume(t *testing.T) {
+	taken := func(annotations map[string]string) *storagev1alpha1.CStorVolume {
+		return &storagev1alpha1.CStorVolume{
+			ObjectMeta: metav1.ObjectMeta{Namespace: install.SystemNamespace, Name: "pvc-1", Annotations: annotations},
+			Spec:       storagev1alpha1.CStorVolumeSpec{Capacity: resource.MustParse("1Gi")},
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		vol  *storagev1alpha1.CStorVolume
+		want string
+	}{
+		{name: "another name", vol: taken(map[string]string{AnnotationName: "other"}), want: `volume id pvc-1 belongs to volume name "other"`},
+		{name: "made by hand", vol: taken(nil), want: "volume id pvc-1 is taken by a CStorVolume the driver did not create"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(tc.vol).Build()
+			d, err := New(Options{Client: c, Registerer: prometheus.NewRegistry()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = d.CreateVolume(context.Background(), &csi.CreateVolumeRequest{
+				Name: "pvc-1", CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30},
+				VolumeCapabilities: []*csi.VolumeCapability{{
+					AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+					AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+				}},
+			})
+			if status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("CreateVolume: %v, want AlreadyExists with %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -16,10 +16,15 @@ import (
 
 // compatible reports ALREADY_EXISTS when an existing volume does not match the request.
 func compatible(vol *storagev1alpha1.CStorVolume, req *csi.CreateVolumeRequest, size int64, rf int32, cf *int32) error {
-	if n := vol.Annotations[AnnotationName]; n != req.GetName() {
+	if n, ok := vol.Annotations[AnnotationName]; !ok {
+		return status.Errorf(codes.AlreadyExists, "volume id %s is taken by a CStorVolume the driver did not create (no %s annotation)", vol.Name, AnnotationName)
+	} else if n != req.GetName() {
 		return status.Errorf(codes.AlreadyExists, "volume id %s belongs to volume name %q", vol.Name, n)
 	}
-	have := vol.Spec.Capacity.Value()
+	have, err := storagev1alpha1.Bytes(vol.Spec.Capacity)
+	if err != nil {
+		return status.Errorf(codes.AlreadyExists, "volume %q exists with capacity %s, incompatible with the request: %v", req.GetName(), vol.Spec.Capacity.String(), err)
+	}
 	r := req.GetCapacityRange()
 	if have < r.GetRequiredBytes() || (r.GetLimitBytes() > 0 && have > r.GetLimitBytes()) || (r == nil && have != size) {
 		return status.Errorf(codes.AlreadyExists, "volume %q exists with capacity %d bytes, incompatible with the request", req.GetName(), have)

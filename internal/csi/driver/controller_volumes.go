@@ -78,11 +78,16 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 			},
 		}
 		if err := d.c.Create(ctx, vol); apierrors.IsAlreadyExists(err) {
-			// A concurrent call with the same name won: use its volume.
+			// A concurrent call with the same name won: use its volume (compatible, below,
+			// refuses it if it is another name's).
 			vol = newVolume()
 			if err := d.c.Get(ctx, d.volumeKey(id), vol); err != nil {
 				return nil, apiError("reading volume", err)
 			}
+		} else if invalidField(err, "spec.capacity") {
+			// Beyond what a CStorVolume may hold (the CRD admits less than 8Ei; a 16Ei
+			// claim arrives clamped to 2^63-1 bytes): no pool could ever hold it.
+			return nil, status.Errorf(codes.OutOfRange, "capacity %d bytes is unsupported: %v", size, err)
 		} else if err != nil {
 			return nil, apiError("creating volume", err)
 		}
@@ -98,7 +103,25 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err := d.awaitReady(ctx, vol); err != nil {
 		return nil, err
 	}
-	return &csi.CreateVolumeResponse{Volume: csiVolume(vol)}, nil
+	v, err := csiVolume(vol)
+	if err != nil {
+		return nil, err
+	}
+	return &csi.CreateVolumeResponse{Volume: v}, nil
+}
+
+// invalidField reports whether err is the API server refusing an object for field.
+func invalidField(err error, field string) bool {
+	var se *apierrors.StatusError
+	if !apierrors.IsInvalid(err) || !errors.As(err, &se) || se.ErrStatus.Details == nil {
+		return false
+	}
+	for _, c := range se.ErrStatus.Details.Causes {
+		if c.Field == field {
+			return true
+		}
+	}
+	return false
 }
 
 // awaitReady waits for vol to be Ready within the caller's deadline, less a margin so the
@@ -120,10 +143,21 @@ func (d *Driver) awaitReady(ctx context.Context, vol *storagev1alpha1.CStorVolum
 	case err == nil:
 		return nil
 	case errors.As(err, &terr):
-		if terr.Reason == conditions.ReasonInvalidSpec {
+		if terr.Reason != conditions.ReasonInvalidSpec {
+			return status.Errorf(codes.Internal, "volume %s: %s", vol.Name, terr.Message)
+		}
+		if big, err := d.largerThanEveryPool(ctx, vol); err != nil {
+			return err
+		} else if !big {
 			return status.Errorf(codes.InvalidArgument, "volume %s: %s", vol.Name, terr.Message)
 		}
-		return status.Errorf(codes.Internal, "volume %s: %s", vol.Name, terr.Message)
+		// The operator refuses a volume no pool could ever hold, and it has placed
+		// nothing. The caller takes OutOfRange as final and will not delete what it
+		// never got, so the volume goes now rather than stay behind unclaimed.
+		if err := d.deleteUnplaced(ctx, vol); err != nil {
+			return err
+		}
+		return status.Errorf(codes.OutOfRange, "volume %s: %s", vol.Name, terr.Message)
 	case errors.Is(err, ipc.ErrDeleted):
 		return status.Errorf(codes.Aborted, "volume %s was deleted while it was being created", vol.Name)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
@@ -139,19 +173,61 @@ func (d *Driver) awaitReady(ctx context.Context, vol *storagev1alpha1.CStorVolum
 	}
 }
 
-func csiVolume(vol *storagev1alpha1.CStorVolume) *csi.Volume {
+// largerThanEveryPool confirms the operator's verdict that vol is too large for any pool:
+// its capacity exceeds that of every pool there is (the operator also counts the pools the
+// claims will make, which the driver may not read).
+func (d *Driver) largerThanEveryPool(ctx context.Context, vol *storagev1alpha1.CStorVolume) (bool, error) {
+	size, err := storagev1alpha1.Bytes(vol.Spec.Capacity)
+	if err != nil {
+		return true, nil
+	}
+	var pools storagev1alpha1.CStorPoolList
+	if err := d.c.List(ctx, &pools); err != nil {
+		return false, apiError("listing pools", err)
+	}
+	for _, p := range pools.Items {
+		if n, err := storagev1alpha1.Bytes(p.Spec.Capacity); err == nil && n >= size && p.DeletionTimestamp.IsZero() {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// deleteUnplaced deletes vol if it holds no replica and is published nowhere. A volume that
+// changed since it was read (a pool came, a replica was placed) is left alone and the call
+// is to be retried (Aborted).
+func (d *Driver) deleteUnplaced(ctx context.Context, vol *storagev1alpha1.CStorVolume) error {
+	if len(vol.Status.Replicas) > 0 || len(published(vol)) > 0 || !vol.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	err := d.c.Delete(ctx, vol, client.Preconditions{UID: &vol.UID, ResourceVersion: &vol.ResourceVersion})
+	switch {
+	case err == nil, apierrors.IsNotFound(err):
+		return nil
+	case apierrors.IsConflict(err):
+		return status.Errorf(codes.Aborted, "volume %s changed while found too large for every pool; retry", vol.Name)
+	default:
+		return apiError("deleting the volume no pool can hold", err)
+	}
+}
+
+func csiVolume(vol *storagev1alpha1.CStorVolume) (*csi.Volume, error) {
 	rf := vol.Spec.ReplicationFactor
 	if rf == 0 {
 		rf = storagev1alpha1.DefaultReplicationFactor
 	}
+	size, err := storagev1alpha1.Bytes(vol.Spec.Capacity)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %s: capacity: %v", vol.Name, err)
+	}
 	return &csi.Volume{
 		VolumeId:      vol.Name,
-		CapacityBytes: vol.Spec.Capacity.Value(),
+		CapacityBytes: size,
 		VolumeContext: map[string]string{
 			ParamReplicaCount: strconv.Itoa(int(rf)),
 			"namespace":       vol.Namespace,
 		},
-	}
+	}, nil
 }
 
 // DeleteVolume implements csi.ControllerServer. A missing volume is success; a published

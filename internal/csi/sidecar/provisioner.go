@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -17,8 +18,11 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/lru"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
+
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 )
 
 // ParamFSType is the StorageClass parameter naming the file system of mount volumes, as
@@ -33,13 +37,33 @@ type provisioner struct {
 	o      Options
 	rec    record.EventRecorder
 	log    logr.Logger
+	// failed holds the claims whose provisioning failed for good (a final code, or a claim
+	// no request can be made of), by UID, with the resourceVersion that failed. The library
+	// looks at a pending claim again on every resync and update; only a changed claim is
+	// worth another call. Bounded: a forgotten claim costs one more call, as after a restart.
+	failed *lru.Cache
+}
+
+// failedClaimsRemembered bounds provisioner.failed.
+const failedClaimsRemembered = 4096
+
+var _ controller.Qualifier = (*provisioner)(nil)
+
+// ShouldProvision implements controller.Qualifier: not a claim that failed for good and has
+// not changed since.
+func (p *provisioner) ShouldProvision(_ context.Context, pvc *corev1.PersistentVolumeClaim) bool {
+	if rv, ok := p.failed.Get(pvc.UID); ok && rv == pvc.ResourceVersion {
+		p.log.V(1).Info("not retrying a claim that failed for good until it changes", "claim", client.ObjectKeyFromObject(pvc), "resourceVersion", rv)
+		return false
+	}
+	return true
 }
 
 // newProvisioner returns the library's controller for driver name. Its state machine is
 // upstream's: PVC → Provision → PV with claimRef (bound by the PV binder in the control
 // plane), provisioned-by annotation and finalizer; released PV → Delete → PV removed.
 func newProvisioner(ctx context.Context, kube kubernetes.Interface, c client.Client, name string, cc csi.ControllerClient, o Options, rec record.EventRecorder, l logr.Logger) *controller.ProvisionController {
-	p := &provisioner{driver: name, csi: cc, c: c, o: o, rec: rec, log: l}
+	p := &provisioner{driver: name, csi: cc, c: c, o: o, rec: rec, log: l, failed: lru.New(failedClaimsRemembered)}
 	ctx = klog.NewContext(ctx, l)
 	return controller.NewProvisionController(ctx, kube, name, p,
 		// The manager elects the leader; a second election inside would only add latency.
@@ -113,7 +137,20 @@ func (p *provisioner) createRequest(opts controller.ProvisionOptions) (*csi.Crea
 	if !ok || size.Sign() <= 0 {
 		return nil, fmt.Errorf("claim %s/%s requests no storage", pvc.Namespace, pvc.Name)
 	}
-	limit := pvc.Spec.Resources.Limits[corev1.ResourceStorage]
+	// Checked, not Quantity.Value, which wraps some values past an int64 around to
+	// negative ones. (Binary suffixes are clamped when parsed: 16Ei arrives as 2^63-1,
+	// which the driver refuses with OutOfRange.)
+	required, err := storagev1alpha1.Bytes(size)
+	if err != nil {
+		return nil, fmt.Errorf("claim %s/%s requests storage of %s: %w", pvc.Namespace, pvc.Name, size.String(), err)
+	}
+	var limit int64
+	if l, ok := pvc.Spec.Resources.Limits[corev1.ResourceStorage]; ok && l.Sign() > 0 {
+		if limit, err = storagev1alpha1.Bytes(l); err != nil {
+			// A limit past every byte count limits nothing.
+			limit = math.MaxInt64
+		}
+	}
 	params := map[string]string{}
 	for k, v := range class.Parameters {
 		if k == ParamFSType {
@@ -134,7 +171,7 @@ func (p *provisioner) createRequest(opts controller.ProvisionOptions) (*csi.Crea
 	}
 	return &csi.CreateVolumeRequest{
 		Name:               opts.PVName,
-		CapacityRange:      &csi.CapacityRange{RequiredBytes: size.Value(), LimitBytes: limit.Value()},
+		CapacityRange:      &csi.CapacityRange{RequiredBytes: required, LimitBytes: limit},
 		Parameters:         params,
 		VolumeCapabilities: caps,
 	}, nil
@@ -174,11 +211,13 @@ func capability(m corev1.PersistentVolumeAccessMode, vm *corev1.PersistentVolume
 }
 
 // final records a final failure as a Warning Event on the claim, with the driver's message,
-// and tells the library to stop: final codes are not retried. The claim is looked at again
-// when it changes or at the next resync.
+// and tells the library to stop: final codes (OutOfRange for a size no pool could ever hold,
+// InvalidArgument, AlreadyExists, …) are not retried, and the claim is not tried again until
+// it changes (ShouldProvision).
 func (p *provisioner) final(pvc *corev1.PersistentVolumeClaim, err error) error {
 	p.rec.Event(pvc, corev1.EventTypeWarning, "ProvisioningFailed", err.Error())
-	p.log.Info("provisioning failed, not retrying", "claim", client.ObjectKeyFromObject(pvc), "error", err.Error())
+	p.log.Info("provisioning failed, not retrying until the claim changes", "claim", client.ObjectKeyFromObject(pvc), "error", err.Error())
+	p.failed.Add(pvc.UID, pvc.ResourceVersion)
 	return &controller.IgnoredError{Reason: err.Error()}
 }
 

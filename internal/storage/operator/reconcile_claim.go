@@ -44,9 +44,23 @@ func (h *claimHandler) Handle(ctx context.Context, claim *storagev1alpha1.Storag
 		have[p.Spec.NodeName] = true
 	}
 	provisioned := int32(len(pools.Items))
+	var collisions []string
 	for _, node := range newPoolNodes(claim, eligible, have) {
 		pool := newPool(claim, node)
-		if err := h.c.Create(ctx, pool); err != nil && !apierrors.IsAlreadyExists(err) {
+		err := h.c.Create(ctx, pool)
+		if apierrors.IsAlreadyExists(err) {
+			// Another operator made it a moment ago (the cache does not show it yet) — or
+			// the name is another pool's, and this node has none.
+			var existing storagev1alpha1.CStorPool
+			if err := h.live.Get(ctx, client.ObjectKeyFromObject(pool), &existing); err != nil {
+				return ipc.Result{}, fmt.Errorf("reading pool %s: %w", pool.Name, err)
+			}
+			if existing.Spec.Claim != claim.Name || existing.Spec.NodeName != node {
+				collisions = append(collisions, fmt.Sprintf("pool name %s for node %s is taken by the pool of claim %s on node %s",
+					pool.Name, node, existing.Spec.Claim, existing.Spec.NodeName))
+				continue
+			}
+		} else if err != nil {
 			return ipc.Result{}, fmt.Errorf("creating pool %s: %w", pool.Name, err)
 		}
 		provisioned++
@@ -63,6 +77,11 @@ func (h *claimHandler) Handle(ctx context.Context, claim *storagev1alpha1.Storag
 		desired = min(desired, *claim.Spec.MaxPools)
 	}
 	claim.Status.DesiredPools, claim.Status.ProvisionedPools, claim.Status.HealthyPools = desired, provisioned, healthy
+	if len(collisions) > 0 {
+		// Terminal for this generation (a Warning Event, no retry loop); node and pool
+		// changes call the handler again.
+		return ipc.Result{}, ipc.Terminal("name collision: %s", strings.Join(collisions, "; "))
+	}
 	minPools := max(claim.Spec.MinPools, 1)
 	if healthy >= minPools {
 		return ipc.Done(fmt.Sprintf("%d of %d pools healthy", healthy, provisioned)), nil

@@ -52,7 +52,7 @@ func TestEligibleNodesAndNewPools(t *testing.T) {
 	}
 
 	p := newPool(claim, "n0")
-	if p.Name != "fast-n0" || p.Spec.NodeName != "n0" || p.Spec.Claim != "fast" || p.Spec.PoolType != storagev1alpha1.PoolTypeMirrored ||
+	if p.Name != storagev1alpha1.PoolName("fast", "n0") || p.Spec.NodeName != "n0" || p.Spec.Claim != "fast" || p.Spec.PoolType != storagev1alpha1.PoolTypeMirrored ||
 		p.Spec.Capacity.String() != "5Gi" {
 		t.Fatalf("pool %+v", p)
 	}

@@ -2,11 +2,13 @@ package operator
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
-	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 )
 
 // choosePools picks up to need pools for new replicas of a volume of the given capacity
@@ -25,7 +27,7 @@ func choosePools(pools []storagev1alpha1.CStorPool, have []storagev1alpha1.CStor
 	for i := range pools {
 		p := &pools[i]
 		if p.Status.Phase == storagev1alpha1.PoolPhaseHealthy && p.DeletionTimestamp.IsZero() && !onPool[p.Name] &&
-			p.Spec.Capacity.Value()-used[p.Name] >= capacity {
+			poolFree(p, used) >= capacity {
 			candidates = append(candidates, p)
 		}
 	}
@@ -39,8 +41,8 @@ func choosePools(pools []storagev1alpha1.CStorPool, have []storagev1alpha1.CStor
 				return -1
 			}
 			// The least used fraction of its capacity first.
-			fa := float64(used[a.Name]) / float64(max(a.Spec.Capacity.Value(), 1))
-			fb := float64(used[b.Name]) / float64(max(b.Spec.Capacity.Value(), 1))
+			fa := float64(used[a.Name]) / float64(max(poolBytes(a), 1))
+			fb := float64(used[b.Name]) / float64(max(poolBytes(b), 1))
 			if fa != fb {
 				if fa < fb {
 					return -1
@@ -51,37 +53,135 @@ func choosePools(pools []storagev1alpha1.CStorPool, have []storagev1alpha1.CStor
 		})
 		picked = append(picked, best)
 		onNode[best.Spec.NodeName] = true
-		used[best.Name] += capacity
+		used[best.Name] = addBytes(used[best.Name], capacity)
 		candidates = slices.DeleteFunc(candidates, func(p *storagev1alpha1.CStorPool) bool { return p == best })
 	}
 	return picked
 }
 
-// shortfall says why the Healthy pools that hold no replica of a volume take none of
-// capacity: they are too small or too full. "" when no such pool is refused for its space,
-// so that "waiting for 1 more pool" never hides that three pools exist but none can hold
-// the volume.
+// poolBytes is a pool's configured capacity in bytes. The CRD keeps it within an int64; a
+// value beyond (written around the validation) counts as 0, a pool that takes nothing,
+// rather than as whatever Quantity.Value makes of it.
+func poolBytes(p *storagev1alpha1.CStorPool) int64 {
+	n, err := storagev1alpha1.Bytes(p.Spec.Capacity)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
+// poolFree is what is left of a pool's capacity once its replicas take theirs; negative
+// when overcommitted. Both terms are non-negative, so the difference cannot overflow.
+func poolFree(p *storagev1alpha1.CStorPool, used map[string]int64) int64 {
+	return poolBytes(p) - used[p.Name]
+}
+
+// addBytes adds two non-negative byte counts, saturating at the largest int64: a pool whose
+// replicas add up to more than that is full, never (as a wrapped-around sum would say)
+// empty.
+func addBytes(a, b int64) int64 {
+	if b > math.MaxInt64-a {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+func quantity(n int64) *resource.Quantity { return resource.NewQuantity(n, resource.BinarySI) }
+
+// neverFits says why no pool could ever hold a replica of a volume of capacity bytes, or ""
+// when one could. A pool's capacity is fixed when it is made, so it could when an existing
+// pool (not being deleted, in whatever phase: an Offline one may come back) is at least
+// that large in total, or when a claim makes pools that large for the nodes that join.
+// Free space does not count: replicas come and go. With neither pools nor claims yet,
+// nothing is known and nothing is refused.
+func neverFits(pools []storagev1alpha1.CStorPool, claims []storagev1alpha1.StoragePoolClaim, capacity int64) string {
+	var (
+		npools, nclaims        int
+		largestPool, claimPool int64
+	)
+	for i := range pools {
+		p := &pools[i]
+		if !p.DeletionTimestamp.IsZero() {
+			continue
+		}
+		npools++
+		largestPool = max(largestPool, poolBytes(p))
+	}
+	for i := range claims {
+		c := &claims[i]
+		if !c.DeletionTimestamp.IsZero() {
+			continue
+		}
+		nclaims++
+		if n, err := storagev1alpha1.Bytes(c.Spec.Capacity); err == nil {
+			claimPool = max(claimPool, n)
+		}
+	}
+	if npools+nclaims == 0 || largestPool >= capacity || claimPool >= capacity {
+		return ""
+	}
+	var why []string
+	if npools > 0 {
+		why = append(why, fmt.Sprintf("the largest of %d %s holds %s", npools, plural(npools, "pool"), quantity(largestPool)))
+	} else {
+		why = append(why, "there is no pool yet")
+	}
+	if nclaims > 0 {
+		claimsMake := "the storage pool claim makes"
+		if nclaims > 1 {
+			claimsMake = fmt.Sprintf("the %d storage pool claims make", nclaims)
+		}
+		why = append(why, fmt.Sprintf("%s pools of at most %s", claimsMake, quantity(claimPool)))
+	}
+	return fmt.Sprintf("no pool could ever hold a replica of %s: %s; a larger volume needs a StoragePoolClaim with a larger capacity",
+		quantity(capacity), strings.Join(why, ", and "))
+}
+
+// shortfall says why the pools that hold no replica of a volume take none of capacity:
+// some are too small for it for good, some large enough ones are too full now. "" when no
+// pool is refused for its space, so that "waiting for 1 more pool" means exactly that the
+// volume needs another pool, and never hides that pools exist but cannot hold it.
 func shortfall(pools []storagev1alpha1.CStorPool, have []storagev1alpha1.CStorVolumeReplica, used map[string]int64, capacity int64) string {
 	onPool := map[string]bool{}
 	for _, r := range have {
 		onPool[r.Spec.Pool] = true
 	}
-	n, mostFree := 0, int64(0)
+	var (
+		small, full       int
+		largest, mostFree int64
+	)
 	for i := range pools {
 		p := &pools[i]
-		if p.Status.Phase != storagev1alpha1.PoolPhaseHealthy || !p.DeletionTimestamp.IsZero() || onPool[p.Name] {
+		if !p.DeletionTimestamp.IsZero() || onPool[p.Name] {
 			continue
 		}
-		free := p.Spec.Capacity.Value() - used[p.Name]
-		if free >= capacity {
-			continue
+		switch total := poolBytes(p); {
+		case total < capacity:
+			small++
+			largest = max(largest, total)
+		case p.Status.Phase != storagev1alpha1.PoolPhaseHealthy:
+			// Large enough; it is its phase that keeps it out, and the placed/waiting
+			// counts say so.
+		case poolFree(p, used) < capacity:
+			full++
+			mostFree = max(mostFree, poolFree(p, used))
 		}
-		n++
-		mostFree = max(mostFree, free)
 	}
-	if n == 0 {
-		return ""
+	var why []string
+	if full > 0 {
+		why = append(why, fmt.Sprintf("no pool has %s free (%d healthy %s large enough without a replica of this volume %s too full: the most free space left is %s)",
+			quantity(capacity), full, plural(full, "pool"), isAre(full), quantity(mostFree)))
 	}
-	return fmt.Sprintf("%d healthy %s without a replica of this volume cannot hold %s (the most free space left is %s)",
-		n, plural(n, "pool"), resource.NewQuantity(capacity, resource.BinarySI), resource.NewQuantity(max(mostFree, 0), resource.BinarySI))
+	if small > 0 {
+		why = append(why, fmt.Sprintf("%d %s without a replica of this volume %s smaller than %s (the largest holds %s)",
+			small, plural(small, "pool"), isAre(small), quantity(capacity), quantity(largest)))
+	}
+	return strings.Join(why, "; ")
+}
+
+func isAre(n int) string {
+	if n == 1 {
+		return "is"
+	}
+	return "are"
 }

@@ -3,6 +3,7 @@ package operator
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -135,6 +136,11 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 	if rf == 0 {
 		rf = int(storagev1alpha1.DefaultReplicationFactor)
 	}
+	size, err := storagev1alpha1.Bytes(vol.Spec.Capacity)
+	if err != nil || size <= 0 {
+		// The CRD admits neither; an object written around it is refused, not wrapped around.
+		return ipc.Result{}, ipc.InvalidSpec("capacity %s is not a positive number of bytes within an int64", vol.Spec.Capacity.String())
+	}
 	replicas, err := h.replicas(ctx, h.c, vol)
 	if err != nil {
 		return ipc.Result{}, err
@@ -158,16 +164,29 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 	if err != nil {
 		return ipc.Result{}, err
 	}
+	if len(replicas) == 0 {
+		// Nothing placed yet: a volume no pool could ever hold fails now, instead of waiting
+		// for pools that would be too small as well. Pool changes still call the handler
+		// again (poolToVolumes), so a larger pool, when one comes, is used.
+		var claims storagev1alpha1.StoragePoolClaimList
+		if err := h.c.List(ctx, &claims); err != nil {
+			return ipc.Result{}, fmt.Errorf("listing claims: %w", err)
+		}
+		if why := neverFits(pools.Items, claims.Items, size); why != "" {
+			summarize(vol, rf, replicas, byName)
+			return ipc.Result{}, ipc.InvalidSpec("%s", why)
+		}
+	}
 	var (
-		blocked []string
-		used    map[string]int64
+		blocked, collisions []string
+		used                map[string]int64
 	)
 	if len(replicas) < rf {
 		if used, err = h.poolUsage(ctx); err != nil {
 			return ipc.Result{}, err
 		}
 		// The replicas are independent: create them at once, one write latency for all.
-		picks := choosePools(pools.Items, replicas, used, vol.Spec.Capacity.Value(), rf-len(replicas))
+		picks := choosePools(pools.Items, replicas, used, size, rf-len(replicas))
 		created := make([]*storagev1alpha1.CStorVolumeReplica, len(picks))
 		errs := make([]error, len(picks))
 		var wg sync.WaitGroup
@@ -185,14 +204,19 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 			switch {
 			case apierrors.IsAlreadyExists(errs[i]):
 				// Created a moment ago by another operator (before leader election settled),
-				// or left by an earlier volume of the same name, on its way out.
+				// or left by an earlier volume of the same name, on its way out — or, for a
+				// name of some other volume and pool, a collision: never counted as placed.
 				var existing storagev1alpha1.CStorVolumeReplica
-				if err := h.live.Get(ctx, client.ObjectKeyFromObject(r), &existing); err != nil && !apierrors.IsNotFound(err) {
-					return ipc.Result{}, err
+				err := h.live.Get(ctx, client.ObjectKeyFromObject(r), &existing)
+				if err != nil && !apierrors.IsNotFound(err) {
+					return ipc.Result{}, fmt.Errorf("reading replica %s: %w", r.Name, err)
 				}
-				if ref := metav1.GetControllerOf(&existing); ref != nil && ref.UID == vol.UID {
+				switch ref := metav1.GetControllerOf(&existing); {
+				case err == nil && (existing.Spec.Volume != vol.Name || existing.Spec.Pool != r.Spec.Pool):
+					collisions = append(collisions, fmt.Sprintf("replica name %s is taken by the replica of volume %s on pool %s", r.Name, existing.Spec.Volume, existing.Spec.Pool))
+				case ref != nil && ref.UID == vol.UID:
 					replicas = append(replicas, existing)
-				} else {
+				default:
 					blocked = append(blocked, r.Name)
 				}
 			case errs[i] != nil:
@@ -205,8 +229,14 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 		}
 	}
 	res := summarize(vol, rf, replicas, byName)
+	if len(collisions) > 0 {
+		// Terminal for this generation (a Warning Event, no retry loop); a pool change
+		// calls the handler again, and a freed name is then taken.
+		slices.Sort(collisions)
+		return ipc.Result{}, ipc.Terminal("name collision: %s", strings.Join(collisions, "; "))
+	}
 	if len(replicas) < rf {
-		if why := shortfall(pools.Items, replicas, used, vol.Spec.Capacity.Value()); why != "" {
+		if why := shortfall(pools.Items, replicas, used, size); why != "" {
 			res.Message += "; " + why
 		}
 	}
@@ -242,7 +272,11 @@ func (h *volumeHandler) poolUsage(ctx context.Context) (map[string]int64, error)
 	}
 	used := map[string]int64{}
 	for _, r := range all.Items {
-		used[r.Spec.Pool] += r.Spec.Capacity.Value()
+		n, err := storagev1alpha1.Bytes(r.Spec.Capacity)
+		if err != nil || n < 0 {
+			n = math.MaxInt64 // beyond what the CRD admits: count its pool as full
+		}
+		used[r.Spec.Pool] = addBytes(used[r.Spec.Pool], n)
 	}
 	return used, nil
 }

@@ -35,7 +35,7 @@ func TestClaimMakesOnePoolPerNode(t *testing.T) {
 	claim := c.createClaim("pools", ptr.To(int32(4)))
 	pools := c.waitPools(claim.Name, 3)
 	for _, p := range pools {
-		if want := claim.Name + "-" + p.Spec.NodeName; p.Name != want {
+		if want := storagev1alpha1.PoolName(claim.Name, p.Spec.NodeName); p.Name != want {
 			t.Errorf("pool %s, want name %s", p.Name, want)
 		}
 		if _, err := os.Stat(filepath.Join(c.agentRoot(p.Spec.NodeName), "pools", p.Name, ".crdipc-pool.json")); err != nil {
