@@ -17,6 +17,7 @@ generate: ## Regenerate deepcopy functions and CRD manifests from api/.
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-storage-operator paths=./internal/storage/operator/... output:rbac:artifacts:config=config/rbac/storage-operator
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-pool-agent paths=./internal/storage/agent/... output:rbac:artifacts:config=config/rbac/pool-agent
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-csi-driver paths=./internal/csi/driver/... output:rbac:artifacts:config=config/rbac/csi-driver
+	$(CONTROLLER_GEN) rbac:roleName=crdipc-csi-node paths=./internal/csi/nodeservice/... output:rbac:artifacts:config=config/rbac/csi-node
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-csi-sidecar paths=./internal/csi/sidecar/... output:rbac:artifacts:config=config/rbac/csi-sidecar
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-webhook-listener paths=./internal/scm/webhook/... output:rbac:artifacts:config=config/rbac/webhook-listener
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-metrics-agent paths=./internal/scm/metricsagent/... output:rbac:artifacts:config=config/rbac/metrics-agent

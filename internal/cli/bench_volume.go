@@ -137,7 +137,8 @@ func startVolumeServices(ctx context.Context, cfg *rest.Config, nodes int, root 
 		return nil, "", err
 	}
 	// A registry of its own: the driver's metrics are not served here.
-	d, err := driver.New(driver.Options{Config: cfg, NodeID: "node-1", TargetDir: filepath.Join(root, "targets"), Registerer: prometheus.NewRegistry()})
+	// Staging and target paths are under root too: it is the kubelet root.
+	d, err := driver.New(driver.Options{Config: cfg, NodeID: "node-1", TargetDir: filepath.Join(root, "targets"), KubeletRoot: root, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		stopStorage()
 		return nil, "", err

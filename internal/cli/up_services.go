@@ -146,6 +146,8 @@ func startServices(ctx context.Context, admin *rest.Config, o upOptions) (_ *upS
 			accounts = append(accounts, e.Name)
 		}
 	}
+	// The simulated nodes' CSI node plugins, which are no service of their own.
+	accounts = append(accounts, "csi-node")
 	namespaces, err := identity.Apply(ctx, admin, accounts, identity.ApplyOptions{BindIn: map[string]string{
 		"webhook-listener": o.scmNamespace,
 		"metrics-agent":    o.scmNamespace,

@@ -78,6 +78,16 @@ func TestShippedRolesAllowOnlyWhatEachServiceNeeds(t *testing.T) {
 			{verb: "create", resource: "persistentvolumes"},
 			{verb: "get", resource: "secrets", namespace: "default"},
 		},
+		"csi-node": {
+			// Read-only: the node plugin stages volumes; the controller creates and deletes them.
+			{verb: "get", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys, allowed: true},
+			{verb: "list", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys, allowed: true},
+			{verb: "create", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys},
+			{verb: "delete", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys},
+			{verb: "update", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys},
+			{verb: "get", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: "default"},
+			{verb: "list", resource: "secrets", namespace: sys},
+		},
 		"csi-sidecar": {
 			{verb: "create", resource: "persistentvolumes", allowed: true},
 			{verb: "create", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys},

@@ -53,7 +53,7 @@ func TestPodVolumes(t *testing.T) {
 	targets := filepath.Join(csiDir, "targets")
 
 	// The CSI driver (controller, and node-1's Node service) on a socket, as in up.
-	d, err := driver.New(driver.Options{Config: env.Config, NodeID: "node-1", TargetDir: filepath.Join(targets, "node-1")})
+	d, err := driver.New(driver.Options{Config: env.Config, NodeID: "node-1", TargetDir: filepath.Join(targets, "node-1"), KubeletRoot: podRoot})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestPodVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Start(t, "csi driver", func(ctx context.Context) error { return d.ServeListener(ctx, l) })
-	nodes, err := nodeservice.New(nodeservice.Options{Config: env.Config, Dir: csiDir, Drivers: map[string]*driver.Driver{"node-1": d}})
+	nodes, err := nodeservice.New(nodeservice.Options{Config: env.Config, Dir: csiDir, KubeletRoot: podRoot, Drivers: map[string]*driver.Driver{"node-1": d}})
 	if err != nil {
 		t.Fatal(err)
 	}

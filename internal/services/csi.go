@@ -46,6 +46,7 @@ func (s *csiDriverService) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.endpoint, "endpoint", s.endpoint, "Unix socket to serve CSI on")
 	fs.StringVar(&s.o.NodeID, "node-id", "", "node this instance serves for the Node service (empty: controller only)")
 	fs.StringVar(&s.o.TargetDir, "target-dir", "/var/lib/crdipc/csi/targets", "where the Node service mounts the FUSE files of the volumes it stages (one directory per volume)")
+	fs.StringVar(&s.o.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "the kubelet's root directory (--root-dir): the Node service stages, publishes and unpublishes only paths inside it")
 	fs.StringVar(&s.o.Namespace, "namespace", install.SystemNamespace, "namespace of the CStorVolumes the driver creates")
 	fs.StringVar(&s.httpAddr, "http-bind-address", s.httpAddr, "address for /healthz, /readyz (the CSI Probe) and Prometheus /metrics ('0' disables)")
 }

@@ -30,11 +30,13 @@ other images wait with reason ImageNotSimulated. It mounts a pod's
 PersistentVolumeClaims of the CSI driver csi.crdipc.io as kubelet does, through
 each node's CSI node plugin (NodeStage, then NodePublish), which it runs on
 --csi-dir/nodes/<node>/csi.sock; a container with volumes runs in its own mount
-namespace. This needs root (mounts, FUSE, loop devices).
+namespace. This needs root (mounts, FUSE, loop devices). --root is the kubelets'
+root directory: the node plugins stage and publish only inside it.
 
 It acts as the cluster's nodes, with the kubeconfig's credentials (a real kubelet
 acts as system:node:<name>); the CSI node plugins act with those of
---csi-kubeconfig (default: the same), as the CSI driver's ServiceAccount would.
+--csi-kubeconfig (default: the same), as the node plugin's ServiceAccount
+(crdipc-csi-node, read-only) would.
 The pool agents of the nodes are a service of their own (crdipc pool-agent).`,
 		Example: `  crdipc nodes --count 3 --root /var/lib/crdipc/pods --csi-dir /var/lib/crdipc/csi`,
 		Kind:    Server,
@@ -52,7 +54,7 @@ type nodesService struct {
 
 func (s *nodesService) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&s.count, "count", s.count, "Nodes to create at start (node-1 … node-N) if missing; labelled Nodes created later are served too")
-	fs.StringVar(&s.root, "root", s.root, "directory of the pods' files, one directory per pod")
+	fs.StringVar(&s.root, "root", s.root, "directory of the pods' files, one directory per pod, and the kubelets' root directory")
 	fs.StringVar(&s.csiDir, "csi-dir", s.csiDir, "directory of the nodes' CSI sockets (nodes/<node>/csi.sock) and volume targets (targets/<node>)")
 	fs.StringVar(&s.csiKubecfg, "csi-kubeconfig", "", "kubeconfig the CSI node plugins act with (default: --kubeconfig)")
 }
@@ -64,7 +66,7 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 	switch {
 	case env.Local != nil:
 		count, root, csiDir = env.Local.Nodes, filepath.Join(env.Local.DataDir, "pods"), filepath.Join(env.Local.DataDir, "csi")
-		if csiCfg, err = env.Local.Config("csi-driver"); err != nil {
+		if csiCfg, err = env.Local.Config("csi-node"); err != nil {
 			return err
 		}
 	case s.csiKubecfg != "":
@@ -78,7 +80,7 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 	if err := simnode.Add(mgr, simnode.Options{Nodes: count}); err != nil {
 		return err
 	}
-	if s.csi, err = nodeservice.New(nodeservice.Options{Config: rest.CopyConfig(csiCfg), Dir: csiDir}); err != nil {
+	if s.csi, err = nodeservice.New(nodeservice.Options{Config: rest.CopyConfig(csiCfg), Dir: csiDir, KubeletRoot: root}); err != nil {
 		return err
 	}
 	btcdImage := btcd.Image{}

@@ -66,8 +66,8 @@ type Local struct {
 	SCMNamespace string
 	// Listen binds a listener for name at addr; a taken default address moves to a free port.
 	Listen func(name, addr string) (net.Listener, error)
-	// Config returns the client config of another service's identity: the simulated
-	// nodes run the CSI node plugins as the CSI driver.
+	// Config returns the client config of another identity: the simulated nodes run the
+	// CSI node plugins as "csi-node".
 	Config func(service string) (*rest.Config, error)
 	// NodeConfig is Config with a token bound to a node, for a service that runs once
 	// per node (the pool agents); nil: Config's.

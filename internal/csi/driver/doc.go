@@ -10,14 +10,13 @@
 // deterministic CStorVolume name, so a call retried after a timeout or a driver restart finds
 // the volume the first call created instead of creating a second one.
 //
-// The Node service works on this node's replica file (the file backend's sparse file). It
-// offers STAGE_UNSTAGE_VOLUME: for mount access NodeStageVolume makes a file system on the
-// file unless it has one (k8s.io/mount-utils FormatAndMount: blkid, mkfs, never a reformat)
-// and loop-mounts it on the staging path (mount(8) -o loop, whose loop device autoclears on
-// unmount); NodePublishVolume bind-mounts the staging path onto the target. Block access
-// stages nothing and bind-mounts the file onto the target. On a host that refuses to mount
-// (mount(2) EPERM/EACCES, or no loop device), the file system is still made but the loop mount
-// is skipped: the staging path gets LinkName, a symbolic link to the replica file, and the
-// target gets the file itself at LinkName (bind-mounted where mount(2) is allowed, else
-// linked). docs/csi.md says exactly what each call does.
+// The Node service offers STAGE_UNSTAGE_VOLUME: NodeStageVolume starts the volume's target
+// on this node (the engine writing every replica over the data path) and presents it as a
+// loop device over a FUSE file under the target directory; for mount access it makes a file
+// system on it unless it has one (k8s.io/mount-utils FormatAndMount: blkid, mkfs, never a
+// reformat) and mounts it nodev,nosuid on the staging path. NodePublishVolume bind-mounts
+// the staging path (or, for block access, the loop device) onto the target, remounted
+// nodev,nosuid (block: nosuid). Staging and target paths must lie inside the kubelet root,
+// symbolic links followed; NodeUnpublishVolume and NodeUnstageVolume unmount only what is
+// this volume's. docs/csi.md says exactly what each call does.
 package driver

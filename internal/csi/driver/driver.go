@@ -69,6 +69,9 @@ type Options struct {
 	// TargetDir holds the FUSE mounts of the volume targets this node runs (one directory
 	// per staged volume); default /var/lib/crdipc/csi/targets.
 	TargetDir string
+	// KubeletRoot is the kubelet's root directory: the Node service stages, publishes,
+	// unmounts and removes only paths inside it; default DefaultKubeletRoot.
+	KubeletRoot string
 	// DefaultCapacity is the size of a volume whose request names none; default 1 GiB.
 	DefaultCapacity int64
 	// CreateTimeout bounds how long CreateVolume waits for the volume when the caller's
@@ -136,6 +139,12 @@ func New(o Options) (*Driver, error) {
 	}
 	if abs, err := filepath.Abs(o.TargetDir); err == nil {
 		o.TargetDir = abs
+	}
+	if o.KubeletRoot == "" {
+		o.KubeletRoot = DefaultKubeletRoot
+	}
+	if abs, err := filepath.Abs(o.KubeletRoot); err == nil {
+		o.KubeletRoot = abs
 	}
 	c := o.Client
 	if c == nil {

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/crdipc/crdipc/internal/mountinfo"
 )
 
@@ -19,7 +21,8 @@ type mountEntry struct {
 	point    string // the mount point
 	readonly bool   // the per-mount read-only flag
 	fstype   string
-	source   string // for a loop mount the loop device, e.g. /dev/loop3
+	source   string   // for a loop mount the loop device, e.g. /dev/loop3
+	options  []string // the per-mount options: rw or ro, nodev, nosuid, relatime, …
 }
 
 // mountAt returns the topmost mount whose mount point is path, if any. The table is read, not
@@ -51,7 +54,9 @@ func parseMountInfo(line string) (mountEntry, bool) {
 	if !ok {
 		return mountEntry{}, false
 	}
-	return mountEntry{dev: e.Dev, root: e.Root, point: e.MountPoint, readonly: e.ReadOnly, fstype: e.FSType, source: e.Source}, true
+	// Field 6 is the per-mount options; Parse has checked there are that many.
+	opts := strings.Split(strings.Fields(line)[5], ",")
+	return mountEntry{dev: e.Dev, root: e.Root, point: e.MountPoint, readonly: e.ReadOnly, fstype: e.FSType, source: e.Source, options: opts}, true
 }
 
 // isMountPoint reports whether path is a mount point; an unreadable table counts as no.
@@ -72,6 +77,20 @@ func loopBackingFile(dev string) string {
 		return ""
 	}
 	return strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)")
+}
+
+// loopDeviceOf is the loop device (such as /dev/loop3) whose device node path is, for
+// instance through a bind mount, or "" when path is no loop device.
+func loopDeviceOf(path string) string {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return ""
+	}
+	sys, err := filepath.EvalSymlinks(fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev)))
+	if err != nil || !strings.HasPrefix(filepath.Base(sys), "loop") {
+		return ""
+	}
+	return "/dev/" + filepath.Base(sys)
 }
 
 // sameFile reports whether paths a and b name the same existing file.

@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -16,7 +17,7 @@ import (
 
 // LinkName is what a target directory held where an earlier version of the driver, on a
 // host that would not let it mount, published a replica file: NodeUnpublishVolume still
-// removes it.
+// removes it when it is a symbolic link.
 const LinkName = "crdipc-volume.img"
 
 // NodeGetCapabilities implements csi.NodeServer: STAGE_UNSTAGE_VOLUME, since a mount volume
@@ -38,31 +39,17 @@ func (d *Driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.Nod
 
 // NodePublishVolume implements csi.NodeServer: it makes the volume staged on this node
 // available at the target path. Mount access bind-mounts the staging path (the mounted file
-// system) onto the target directory, remounted read-only when asked. Block access
-// bind-mounts the volume's loop device onto the target path.
+// system) onto the target directory, nodev and nosuid, remounted read-only when asked. Block
+// access bind-mounts the volume's loop device onto the target path, nosuid.
 func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
-	case req.GetTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "target path is required")
-	case req.GetVolumeCapability() == nil:
-		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
-	}
-	if msg := unsupported(req.GetVolumeCapability()); msg != "" {
-		return nil, status.Error(codes.InvalidArgument, msg)
-	}
-	block := req.GetVolumeCapability().GetBlock() != nil
-	if !block && req.GetStagingTargetPath() == "" {
-		return nil, status.Error(codes.InvalidArgument, "staging target path is required for a mount volume: the driver stages it (STAGE_UNSTAGE_VOLUME)")
+	staging, target, err := d.checkPublish(req)
+	if err != nil {
+		return nil, err
 	}
 	if d.o.NodeID == "" {
 		return nil, status.Error(codes.FailedPrecondition, "this driver instance serves no node")
 	}
 	id := req.GetVolumeId()
-	if isInvalidName(id) {
-		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
-	}
 	done, err := d.lockVolume(id)
 	if err != nil {
 		return nil, err
@@ -75,11 +62,56 @@ func (d *Driver) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		}
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not staged on node %s", id, d.o.NodeID)
 	}
-	target := req.GetTargetPath()
-	if block {
-		return &csi.NodePublishVolumeResponse{}, d.node().publishFile(s.export.Device(), target, req.GetReadonly())
+	if req.GetVolumeCapability().GetBlock() != nil {
+		return &csi.NodePublishVolumeResponse{}, d.publishBlock(id, s.export.Device(), target, req.GetReadonly())
 	}
-	return &csi.NodePublishVolumeResponse{}, d.publishMount(id, s.export.Device(), req.GetStagingTargetPath(), target, req.GetReadonly())
+	return &csi.NodePublishVolumeResponse{}, d.publishMount(id, s.export.Device(), staging, target, req.GetReadonly())
+}
+
+// checkPublish refuses a NodePublishVolume request before anything on the node changes,
+// and returns its staging path ("" for block access) and target path resolved inside the
+// kubelet root.
+func (d *Driver) checkPublish(req *csi.NodePublishVolumeRequest) (staging, target string, err error) {
+	switch {
+	case req.GetVolumeId() == "":
+		return "", "", status.Error(codes.InvalidArgument, "volume id is required")
+	case req.GetTargetPath() == "":
+		return "", "", status.Error(codes.InvalidArgument, "target path is required")
+	case req.GetVolumeCapability() == nil:
+		return "", "", status.Error(codes.InvalidArgument, "volume capability is required")
+	}
+	c := req.GetVolumeCapability()
+	if msg := unsupported(c); msg != "" {
+		return "", "", status.Error(codes.InvalidArgument, msg)
+	}
+	if msg := checkMountFlags(c.GetMount().GetMountFlags()); msg != "" {
+		return "", "", status.Error(codes.InvalidArgument, msg)
+	}
+	block := c.GetBlock() != nil
+	if !block && req.GetStagingTargetPath() == "" {
+		return "", "", status.Error(codes.InvalidArgument, "staging target path is required for a mount volume: the driver stages it (STAGE_UNSTAGE_VOLUME)")
+	}
+	if target, err = d.kubeletPath("target path", req.GetTargetPath()); err != nil {
+		return "", "", err
+	}
+	if !block {
+		if staging, err = d.kubeletPath("staging target path", req.GetStagingTargetPath()); err != nil {
+			return "", "", err
+		}
+	}
+	if isInvalidName(req.GetVolumeId()) {
+		return "", "", status.Errorf(codes.NotFound, "volume %s not found", req.GetVolumeId())
+	}
+	return staging, target, nil
+}
+
+// kubeletPath is underRoot for a path of a request, which must lie inside the kubelet root.
+func (d *Driver) kubeletPath(what, p string) (string, error) {
+	r, err := underRoot(d.o.KubeletRoot, p)
+	if err != nil {
+		return "", status.Errorf(codes.InvalidArgument, "%s %q must lie inside the kubelet root %s (--kubelet-root): %v", what, p, d.o.KubeletRoot, err)
+	}
+	return r, nil
 }
 
 // volumeExists answers NotFound for a volume the API server does not know.
@@ -91,6 +123,14 @@ func (d *Driver) volumeExists(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// Mount flags of what the driver mounts into a pod: a volume's content is data, never a way
+// to device nodes or set-user-ID programs on the node. A published block volume is itself a
+// device node, so it is nosuid only: nodev would make it unopenable.
+const (
+	mountFlags = unix.MS_NODEV | unix.MS_NOSUID
+	blockFlags = unix.MS_NOSUID
+)
 
 // publishMount bind-mounts the staged file system (on dev) onto the target directory.
 func (d *Driver) publishMount(id, dev, staging, target string, readonly bool) error {
@@ -108,6 +148,10 @@ func (d *Driver) publishMount(id, dev, staging, target string, readonly bool) er
 	if err := os.MkdirAll(target, 0o750); err != nil {
 		return status.Errorf(codes.Internal, "creating target %s: %v", target, err)
 	}
+	// Made now, so resolved now: a link swapped in on the way must not lead out.
+	if target, err = d.kubeletPath("target path", target); err != nil {
+		return err
+	}
 	if cur, ok, err := mountAt(target); err != nil {
 		return status.Error(codes.Internal, err.Error())
 	} else if ok {
@@ -119,60 +163,67 @@ func (d *Driver) publishMount(id, dev, staging, target string, readonly bool) er
 		}
 		return nil
 	}
-	if err := h.mount(staging, target, "", unix.MS_BIND, ""); err != nil {
-		return status.Errorf(codes.Internal, "bind-mounting %s on %s: %v", staging, target, err)
-	}
+	flags := uintptr(mountFlags)
 	if readonly {
-		if err := h.mount("", target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
-			_ = h.unmount(target, 0)
-			return status.Errorf(codes.Internal, "remounting %s read-only: %v", target, err)
-		}
+		flags |= unix.MS_RDONLY
+	}
+	if err := h.bind(staging, target, flags); err != nil {
+		return status.Errorf(codes.Internal, "publishing volume %s: %v", id, err)
 	}
 	return nil
 }
 
-// publishFile bind-mounts src onto dst, or links dst to src where mounting is not allowed.
+// publishBlock bind-mounts the loop device dev onto the target file, which it creates.
 // Publishing twice is a no-op.
-func (h *host) publishFile(src, dst string, readonly bool) error {
-	if cur, err := os.Readlink(dst); err == nil {
-		if cur == src {
-			return nil
+func (d *Driver) publishBlock(id, dev, target string, readonly bool) error {
+	h := d.node()
+	if _, ok, err := mountAt(target); err != nil {
+		return status.Error(codes.Internal, err.Error())
+	} else if ok {
+		if !sameFile(target, dev) {
+			return status.Errorf(codes.AlreadyExists, "target %s is already a mount point of something other than volume %s", target, id)
 		}
-		return status.Errorf(codes.AlreadyExists, "%s is already published from %s", dst, cur)
-	}
-	if isMountPoint(dst) {
 		return nil
 	}
-	f, err := os.OpenFile(dst, os.O_CREATE|os.O_RDONLY, 0o600)
+	// O_NOFOLLOW: the target is made here, never reached through a link.
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY|unix.O_NOFOLLOW, 0o600)
 	if err != nil && !errors.Is(err, unix.EISDIR) {
-		return status.Errorf(codes.Internal, "creating %s: %v", dst, err)
+		return status.Errorf(codes.Internal, "creating target %s: %v", target, err)
 	}
 	if f != nil {
 		_ = f.Close()
 	}
-	flags := uintptr(unix.MS_BIND)
-	err = h.mount(src, dst, "", flags, "")
-	if err == nil && readonly {
-		if err = h.mount("", dst, "", flags|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
-			_ = h.unmount(dst, 0)
+	if target, err = d.kubeletPath("target path", target); err != nil {
+		return err
+	}
+	flags := uintptr(blockFlags)
+	if readonly {
+		flags |= unix.MS_RDONLY
+	}
+	if err := h.bind(dev, target, flags); err != nil {
+		return status.Errorf(codes.Internal, "publishing volume %s: %v", id, err)
+	}
+	return nil
+}
+
+// bind bind-mounts src onto dst with the per-mount flags (MS_NODEV, MS_NOSUID, MS_RDONLY),
+// which a bind mount takes only from a remount; a failed remount leaves nothing mounted.
+func (h *host) bind(src, dst string, flags uintptr) error {
+	if err := h.mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mounting %s on %s: %w", src, dst, err)
+	}
+	if err := h.mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|flags, ""); err != nil {
+		if uerr := h.unmount(dst, 0); uerr != nil {
+			return fmt.Errorf("remounting %s with its flags: %w (and unmounting it again: %v)", dst, err, uerr)
 		}
-	}
-	if err == nil {
-		return nil
-	}
-	if !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EACCES) {
-		return status.Errorf(codes.Internal, "bind-mounting %s on %s: %v", src, dst, err)
-	}
-	// No mount privilege (an unprivileged container, a laptop): link instead.
-	_ = os.Remove(dst)
-	if err := os.Symlink(src, dst); err != nil {
-		return status.Errorf(codes.Internal, "linking %s to %s: %v", dst, src, err)
+		return fmt.Errorf("remounting %s with its flags: %w", dst, err)
 	}
 	return nil
 }
 
 // NodeUnpublishVolume implements csi.NodeServer: it undoes NodePublishVolume; a target that
-// is already gone is success.
+// is already gone is success. Only what the driver published for this volume is unmounted:
+// a mount of anything else at the target is refused and left, target and all.
 func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	switch {
 	case req.GetVolumeId() == "":
@@ -180,35 +231,65 @@ func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVo
 	case req.GetTargetPath() == "":
 		return nil, status.Error(codes.InvalidArgument, "target path is required")
 	}
-	done, err := d.lockVolume(req.GetVolumeId())
+	// Not followed if it is a link: a link is removed, never gone through.
+	target, err := underRootNoFollow(d.o.KubeletRoot, req.GetTargetPath())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "target path %q must lie inside the kubelet root %s (--kubelet-root): %v", req.GetTargetPath(), d.o.KubeletRoot, err)
+	}
+	id := req.GetVolumeId()
+	done, err := d.lockVolume(id)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
 	h := d.node()
-	target := req.GetTargetPath()
-	// The target first: once it is unmounted, a LinkName inside it is ours, not the volume's.
-	for _, p := range []string{target, filepath.Join(target, LinkName)} {
-		for i := 0; isMountPoint(p); i++ {
-			if i == maxUnmounts {
-				return nil, status.Errorf(codes.Internal, "%s is still a mount point after %d unmounts", p, i)
-			}
-			if err := h.unmount(p, 0); errors.Is(err, unix.EINVAL) {
-				break // not a mount point after all
-			} else if err != nil {
-				return nil, status.Errorf(codes.Internal, "unmounting %s: %v", p, err)
-			}
+	for i := 0; ; i++ {
+		m, mounted, err := mountAt(target)
+		if err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		if !mounted {
+			break
+		}
+		if i == maxUnmounts {
+			return nil, status.Errorf(codes.Internal, "%s is still a mount point after %d unmounts", target, i)
+		}
+		if !d.published(id, m, target) {
+			return nil, status.Errorf(codes.FailedPrecondition, "target %s is a mount point of %s, which is not volume %s as crdipc publishes it: not unmounting it", target, m.source, id)
+		}
+		if err := h.unmount(target, 0); errors.Is(err, unix.EINVAL) {
+			break // not a mount point after all
+		} else if err != nil {
+			return nil, status.Errorf(codes.Internal, "unmounting %s: %v", target, err)
 		}
 	}
-	if err := os.Remove(filepath.Join(target, LinkName)); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) {
-		return nil, status.Errorf(codes.Internal, "removing %s: %v", target, err)
+	// Once the target is unmounted, a LinkName inside it is ours, not the volume's: an earlier
+	// version linked the volume there. A mount there is not.
+	link := filepath.Join(target, LinkName)
+	if isMountPoint(link) {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s is a mount point, which crdipc does not publish: not unmounting it", link)
+	}
+	if fi, err := os.Lstat(link); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		if err := os.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, status.Errorf(codes.Internal, "removing %s: %v", link, err)
+		}
 	}
 	// The spec has the plugin remove the target path it published to: the block target
-	// file or link, or the (now empty) mount directory.
+	// file, or the (now empty) mount directory.
 	if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, status.Errorf(codes.Internal, "removing %s: %v", target, err)
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+// published reports whether mount m at target is volume id as NodePublishVolume mounts it:
+// the whole file system on the volume's loop device (mount access), or the loop device node
+// itself (block access).
+func (d *Driver) published(id string, m mountEntry, target string) bool {
+	if m.root == "/" && d.ours(id, m.source) {
+		return true
+	}
+	return d.ours(id, loopDeviceOf(target))
 }
 
 // lockVolume marks a Node call on volume id as in flight and returns the function that ends

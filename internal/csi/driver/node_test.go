@@ -34,7 +34,8 @@ func TestNodeWithoutBlockDevices(t *testing.T) {
 		Status:     storagev1alpha1.CStorVolumeStatus{Replicas: []storagev1alpha1.VolumeReplicaStatus{{Name: "vol-p", Pool: "p", Node: "n1", Endpoint: "127.0.0.1:1"}}},
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(vol).Build()
-	d, err := New(Options{Client: c, NodeID: "n1", TargetDir: t.TempDir()})
+	dir := t.TempDir()
+	d, err := New(Options{Client: c, NodeID: "n1", TargetDir: t.TempDir(), KubeletRoot: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +54,6 @@ func TestNodeWithoutBlockDevices(t *testing.T) {
 			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 		}
 	}
-	dir := t.TempDir()
 	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "target")
 
 	// The reason reaches the CO (and so a user's kubectl describe pod).

@@ -59,43 +59,25 @@ func (d *Driver) node() *host {
 // capability's mount flags; block access stops at the device, which NodePublishVolume
 // bind-mounts.
 func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume id is required")
-	case req.GetStagingTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
-	case req.GetVolumeCapability() == nil:
-		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
-	}
-	c := req.GetVolumeCapability()
-	if msg := unsupported(c); msg != "" {
-		return nil, status.Error(codes.InvalidArgument, msg)
+	staging, fsType, err := d.checkStage(req)
+	if err != nil {
+		return nil, err
 	}
 	if d.o.NodeID == "" {
 		return nil, status.Error(codes.FailedPrecondition, "this driver instance serves no node")
 	}
-	var fsType string
-	if m := c.GetMount(); m != nil {
-		var msg string
-		if fsType, msg = d.node().fsType(m.GetFsType()); msg != "" {
-			return nil, status.Error(codes.InvalidArgument, msg)
-		}
-		if msg := checkMountFlags(m.GetMountFlags()); msg != "" {
-			return nil, status.Error(codes.InvalidArgument, msg)
-		}
-	}
 	id := req.GetVolumeId()
-	if isInvalidName(id) {
-		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
-	}
 	done, err := d.lockVolume(id)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	staging := req.GetStagingTargetPath()
 	if err := os.MkdirAll(staging, 0o750); err != nil {
 		return nil, status.Errorf(codes.Internal, "creating staging path %s: %v", staging, err)
+	}
+	// Made now, so resolved now: a link swapped in on the way must not lead out.
+	if staging, err = d.kubeletPath("staging target path", staging); err != nil {
+		return nil, err
 	}
 	s := d.stagedVolume(id)
 	if s == nil {
@@ -104,10 +86,10 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		if m, mounted, err := mountAt(staging); err != nil {
 			return nil, status.Error(codes.Internal, err.Error())
 		} else if mounted {
-			if !d.ours(m.source) {
+			if !d.ours(id, m.source) {
 				return nil, status.Errorf(codes.AlreadyExists, "staging path %s is already a mount point of %s, not of volume %s", staging, m.source, id)
 			}
-			if err := d.unmountAll(staging); err != nil {
+			if err := d.unmountAll(id, staging); err != nil {
 				return nil, err
 			}
 		}
@@ -116,17 +98,56 @@ func (d *Driver) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		}
 		d.setStaged(id, s)
 	}
+	c := req.GetVolumeCapability()
 	if c.GetBlock() != nil {
 		return &csi.NodeStageVolumeResponse{}, nil
 	}
 	return &csi.NodeStageVolumeResponse{}, d.stageMount(id, s.export.Device(), staging, fsType, c.GetMount().GetMountFlags())
 }
 
-// ours reports whether a mount source is a loop device presenting one of this driver's
-// volume targets.
-func (d *Driver) ours(source string) bool {
+// checkStage refuses a NodeStageVolume request before anything on the node changes, and
+// returns its staging path resolved inside the kubelet root and, for mount access, the file
+// system to make.
+func (d *Driver) checkStage(req *csi.NodeStageVolumeRequest) (staging, fsType string, err error) {
+	switch {
+	case req.GetVolumeId() == "":
+		return "", "", status.Error(codes.InvalidArgument, "volume id is required")
+	case req.GetStagingTargetPath() == "":
+		return "", "", status.Error(codes.InvalidArgument, "staging target path is required")
+	case req.GetVolumeCapability() == nil:
+		return "", "", status.Error(codes.InvalidArgument, "volume capability is required")
+	}
+	c := req.GetVolumeCapability()
+	if msg := unsupported(c); msg != "" {
+		return "", "", status.Error(codes.InvalidArgument, msg)
+	}
+	if m := c.GetMount(); m != nil {
+		if msg := checkMountFlags(m.GetMountFlags()); msg != "" {
+			return "", "", status.Error(codes.InvalidArgument, msg)
+		}
+		var msg string
+		if fsType, msg = d.node().fsType(m.GetFsType()); msg != "" {
+			return "", "", status.Error(codes.InvalidArgument, msg)
+		}
+	}
+	if staging, err = d.kubeletPath("staging target path", req.GetStagingTargetPath()); err != nil {
+		return "", "", err
+	}
+	if isInvalidName(req.GetVolumeId()) {
+		return "", "", status.Errorf(codes.NotFound, "volume %s not found", req.GetVolumeId())
+	}
+	return staging, fsType, nil
+}
+
+// ours reports whether a mount source is the loop device presenting volume id's target:
+// one bound to a file in the volume's directory under the target directory.
+func (d *Driver) ours(id, source string) bool {
+	dir, err := d.targetDir(id)
+	if err != nil {
+		return false
+	}
 	backing := loopBackingFile(source)
-	return backing != "" && within(backing, d.o.TargetDir)
+	return backing != "" && within(backing, dir)
 }
 
 // stageMount formats dev as fsType unless it holds a file system, and mounts it on staging.
@@ -182,6 +203,10 @@ func (d *Driver) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVolume
 	case req.GetStagingTargetPath() == "":
 		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
 	}
+	staging, err := d.kubeletPath("staging target path", req.GetStagingTargetPath())
+	if err != nil {
+		return nil, err
+	}
 	id := req.GetVolumeId()
 	if isInvalidName(id) {
 		return &csi.NodeUnstageVolumeResponse{}, nil
@@ -191,7 +216,7 @@ func (d *Driver) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVolume
 		return nil, err
 	}
 	defer done()
-	if err := d.unmountAll(req.GetStagingTargetPath()); err != nil {
+	if err := d.unmountAll(id, staging); err != nil {
 		return nil, err
 	}
 	if err := d.stopTarget(id); err != nil {
@@ -200,9 +225,9 @@ func (d *Driver) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVolume
 	return &csi.NodeUnstageVolumeResponse{}, nil
 }
 
-// unmountAll unmounts path until it is no mount point, refusing mounts that are not one of
-// this driver's volumes.
-func (d *Driver) unmountAll(path string) error {
+// unmountAll unmounts path until it is no mount point, refusing mounts that are not
+// volume id's.
+func (d *Driver) unmountAll(id, path string) error {
 	h := d.node()
 	for i := 0; ; i++ {
 		m, mounted, err := mountAt(path)
@@ -215,8 +240,8 @@ func (d *Driver) unmountAll(path string) error {
 		if i == maxUnmounts {
 			return status.Errorf(codes.Internal, "%s is still a mount point after %d unmounts", path, i)
 		}
-		if !d.ours(m.source) {
-			return status.Errorf(codes.FailedPrecondition, "%s is a mount point of %s, which is not a crdipc volume: not unmounting it", path, m.source)
+		if !d.ours(id, m.source) {
+			return status.Errorf(codes.FailedPrecondition, "%s is a mount point of %s, which is not crdipc volume %s: not unmounting it", path, m.source, id)
 		}
 		if err := h.fs.Unmount(path); err != nil {
 			return status.Errorf(codes.Internal, "unmounting %s: %s", path, oneLine(err.Error()))
@@ -250,6 +275,9 @@ func checkMountFlags(flags []string) string {
 			return fmt.Sprintf("mount flag %q is not a single mount option", f)
 		case slices.Contains([]string{"bind", "rbind", "remount", "move", "loop", "offset", "sizelimit"}, name):
 			return fmt.Sprintf("mount flag %q is not allowed: the driver decides what is mounted", f)
+		case slices.Contains([]string{"dev", "suid", "defaults"}, name):
+			// They would undo the nodev,nosuid every volume is mounted with.
+			return fmt.Sprintf("mount flag %q is not allowed: volumes are mounted nodev,nosuid", f)
 		}
 	}
 	return ""

@@ -4,15 +4,17 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
@@ -36,8 +38,15 @@ type staged struct {
 	done   chan struct{}
 }
 
-// targetDir is the directory of volume id's FUSE mount.
-func (d *Driver) targetDir(id string) string { return filepath.Join(d.o.TargetDir, id) }
+// targetDir is the directory of volume id's FUSE mount, inside the target directory
+// however id is spelt.
+func (d *Driver) targetDir(id string) (string, error) {
+	dir, err := hostPath(d.o.TargetDir, id)
+	if err != nil {
+		return "", status.Errorf(codes.Internal, "volume %s: its target directory: %v", id, err)
+	}
+	return dir, nil
+}
 
 // dataTLS is the Node service's identity on the data path, issued from the data CA once.
 func (d *Driver) dataTLS(ctx context.Context) (*tls.Config, error) {
@@ -68,6 +77,9 @@ func (d *Driver) startTarget(ctx context.Context, id string) (*staged, error) {
 		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
 	} else if err != nil {
 		return nil, apiError("reading volume", err)
+	}
+	if err := checkReplicas(vol); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s: %v; not staging it", id, err)
 	}
 	if err := d.node().available(); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "this node cannot present volumes: %v", err)
@@ -102,7 +114,11 @@ func (d *Driver) startTarget(ctx context.Context, id string) (*staged, error) {
 		e.Close()
 		return nil, status.Errorf(codes.Unavailable, "volume %s: waiting for %d healthy replicas: %v", id, cf, err)
 	}
-	dir := d.targetDir(id)
+	dir, err := d.targetDir(id)
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
 	// A target of an earlier driver process that died: its FUSE mount and loop device
 	// outlive it and would refuse a new export.
 	if err := blockdev.Cleanup(dir); err != nil {
@@ -121,7 +137,7 @@ func (d *Driver) startTarget(ctx context.Context, id string) (*staged, error) {
 	return s, nil
 }
 
-// members are the replicas of vol that report a data endpoint.
+// members are the replicas of vol that report a data endpoint (checkReplicas has passed).
 func (d *Driver) members(vol *storagev1alpha1.CStorVolume, tlsConf *tls.Config) []target.Member {
 	var ms []target.Member
 	for _, r := range vol.Status.Replicas {
@@ -133,6 +149,26 @@ func (d *Driver) members(vol *storagev1alpha1.CStorVolume, tlsConf *tls.Config) 
 	return ms
 }
 
+// checkReplicas says why the replica entries of a volume's status are not ones the operator
+// writes: names of objects (replica, pool, node) and data endpoints of host:port. The status
+// is the operator's, but a replica's name becomes a path on the node that serves it, so a
+// status naming "../x" is not one the volume's data may follow.
+func checkReplicas(vol *storagev1alpha1.CStorVolume) error {
+	for _, r := range vol.Status.Replicas {
+		for _, f := range []struct{ what, name string }{{"replica", r.Name}, {"pool", r.Pool}, {"node", r.Node}} {
+			if errs := validation.IsDNS1123Subdomain(f.name); len(errs) > 0 {
+				return fmt.Errorf("its status names %s %q, which is no valid object name: %s", f.what, f.name, errs[0])
+			}
+		}
+		if r.Endpoint != "" {
+			if _, port, err := net.SplitHostPort(r.Endpoint); err != nil || port == "" {
+				return fmt.Errorf("its status gives replica %s the data endpoint %q, which is not host:port", r.Name, r.Endpoint)
+			}
+		}
+	}
+	return nil
+}
+
 // followMembers keeps the engine's members in step with the volume's replicas: a replica
 // placed on a node that joined is added (the engine rebuilds it), one that was removed is
 // dropped, and one whose data service moved is re-added at its new address.
@@ -140,7 +176,7 @@ func (d *Driver) followMembers(ctx context.Context, id string, s *staged, tlsCon
 	defer close(s.done)
 	known := map[string]string{} // member id → endpoint
 	vol := newVolume()
-	if err := d.c.Get(ctx, d.volumeKey(id), vol); err == nil {
+	if err := d.c.Get(ctx, d.volumeKey(id), vol); err == nil && checkReplicas(vol) == nil {
 		for _, m := range d.members(vol, tlsConf) {
 			known[m.ID] = m.Addr
 		}
@@ -155,6 +191,11 @@ func (d *Driver) followMembers(ctx context.Context, id string, s *staged, tlsCon
 		}
 		vol := newVolume()
 		if err := d.c.Get(ctx, d.volumeKey(id), vol); err != nil {
+			continue
+		}
+		if err := checkReplicas(vol); err != nil {
+			// The members stay as they are until the status makes sense again.
+			d.log.Info("not following the volume's replicas", "volume", id, "error", err.Error())
 			continue
 		}
 		want := map[string]target.Member{}
@@ -191,7 +232,10 @@ func (d *Driver) stopTarget(id string) error {
 	s := d.data.staged[id]
 	delete(d.data.staged, id)
 	d.data.Unlock()
-	dir := d.targetDir(id)
+	dir, err := d.targetDir(id)
+	if err != nil {
+		return err
+	}
 	if s != nil {
 		s.stop()
 		<-s.done

@@ -135,7 +135,8 @@ func newWorld(t *testing.T) *world {
 
 // startDriver runs the driver as its ServiceAccount on w.socket, serving node-1.
 func (w *world) startDriver() {
-	d, err := driver.New(driver.Options{Config: impersonate(w.env.Config, driverSA), NodeID: "node-1", TargetDir: filepath.Join(w.root, "targets", "node-1")})
+	// The scenarios stage and publish in temporary directories: the kubelet root is theirs.
+	d, err := driver.New(driver.Options{Config: impersonate(w.env.Config, driverSA), NodeID: "node-1", TargetDir: filepath.Join(w.root, "targets", "node-1"), KubeletRoot: os.TempDir()})
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -21,6 +21,13 @@ import (
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
 )
 
+// The node plugin's permissions (config/rbac/csi-node), read-only: it reads the CStorVolume
+// it stages (get; list for the CSI Probe) and the data-path CA, which issues its certificate
+// for the replicas' data services. Creating and deleting volumes is the controller's
+// (config/rbac/csi-driver): a node, which runs pods, cannot.
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumes,verbs=get;list,namespace=crdipc-system
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
+
 // Options configure a Set.
 type Options struct {
 	// Config is the API server the drivers use (their only Kubernetes access is the
@@ -29,6 +36,9 @@ type Options struct {
 	// Dir holds node N's socket, Dir/nodes/N/csi.sock, and its volume targets' FUSE
 	// mounts, Dir/targets/N.
 	Dir string
+	// KubeletRoot is the simulated kubelet's root directory (podsim's Root): the drivers
+	// stage and publish only inside it. Required.
+	KubeletRoot string
 	// Drivers are instances that serve a node already, such as the controller instance
 	// of up, which serves node-1: the Set serves them on the node's socket as they are,
 	// so one process never runs two targets of one volume for one node.
@@ -55,14 +65,16 @@ type node struct {
 
 // New returns a Set that has started nothing yet.
 func New(o Options) (*Set, error) {
-	if o.Config == nil || o.Dir == "" {
-		return nil, errors.New("csi node services: a rest config and a directory are required")
+	if o.Config == nil || o.Dir == "" || o.KubeletRoot == "" {
+		return nil, errors.New("csi node services: a rest config, a directory and a kubelet root are required")
 	}
-	dir, err := filepath.Abs(o.Dir)
-	if err != nil {
-		return nil, fmt.Errorf("csi node services: %w", err)
+	for _, p := range []*string{&o.Dir, &o.KubeletRoot} {
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return nil, fmt.Errorf("csi node services: %w", err)
+		}
+		*p = abs
 	}
-	o.Dir = dir
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Set{o: o, ctx: ctx, cancel: cancel, nodes: map[string]*node{}}, nil
 }
@@ -90,7 +102,7 @@ func (s *Set) Client(nodeName string) (csi.NodeClient, error) {
 	d := s.o.Drivers[nodeName]
 	if d == nil {
 		var err error
-		d, err = driver.New(driver.Options{Config: s.o.Config, NodeID: nodeName, TargetDir: filepath.Join(s.o.Dir, "targets", nodeName)})
+		d, err = driver.New(driver.Options{Config: s.o.Config, NodeID: nodeName, TargetDir: filepath.Join(s.o.Dir, "targets", nodeName), KubeletRoot: s.o.KubeletRoot})
 		if err != nil {
 			return nil, fmt.Errorf("csi node service of %s: %w", nodeName, err)
 		}
