@@ -184,8 +184,8 @@ func TestProcessPerService(t *testing.T) {
 		{name: "webhook-listener", args: []string{"webhook-listener", "--kubeconfig", kubeconfig("crdipc-scm", "webhook-listener"), "--namespace", "default", "--listen", hookAddr, "--secret-file", secret}},
 		{name: "metrics-agent", args: []string{"metrics-agent", "--kubeconfig", kubeconfig("crdipc-scm", "metrics-agent"), "--namespace", "default", "--listen", scmMetricsAddr}},
 		// The nodes are the cluster's, not a crdipc service: they act as up's admin, their
-		// CSI node plugins as the CSI driver.
-		{name: "nodes", args: []string{"nodes", "--kubeconfig", up.kubeconfig, "--count", "3", "--root", filepath.Join(run, "pods"), "--csi-dir", filepath.Join(run, "csi-nodes"), "--csi-kubeconfig", kubeconfig(sys, "csi-driver")}},
+		// CSI node plugins as crdipc-csi-node (read-only).
+		{name: "nodes", args: []string{"nodes", "--kubeconfig", up.kubeconfig, "--count", "3", "--root", filepath.Join(run, "pods"), "--csi-dir", filepath.Join(run, "csi-nodes"), "--csi-kubeconfig", kubeconfig(sys, "csi-node")}},
 	}
 	logs := filepath.Join(run, "logs")
 	if err := os.MkdirAll(logs, 0o755); err != nil {

@@ -40,6 +40,13 @@ func TestCreateVolumeRefusesUnsupportedFsType(t *testing.T) {
 			t.Errorf("fsType %q refused: %s", fs, msg)
 		}
 	}
+	// Mount flags no node accepts are refused up front too.
+	suid := mount("ext4")
+	suid[0].GetMount().MountFlags = []string{"noatime", "suid"}
+	_, err = d.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: "pvc-1", VolumeCapabilities: suid})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `"suid" is not allowed`) {
+		t.Fatalf("CreateVolume with mount flag suid: %v, want InvalidArgument naming it", err)
+	}
 }
 
 // A unit test with the fake client: a CStorVolume already holding the volume's id for

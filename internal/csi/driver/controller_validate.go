@@ -114,6 +114,9 @@ func unsupported(c *csi.VolumeCapability) string {
 	if t := c.GetMount().GetFsType(); t != "" && !slices.Contains(fsTypes, t) {
 		return fmt.Sprintf("file system type %q is not supported: use one of %s (default %s)", t, strings.Join(fsTypes, ", "), fsTypes[0])
 	}
+	if msg := checkMountFlags(c.GetMount().GetMountFlags()); msg != "" {
+		return msg
+	}
 	switch c.GetAccessMode().GetMode() {
 	case csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
 		csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,

@@ -160,8 +160,15 @@ func (d *dataServer) lookup(id string) (replica.Location, error) {
 	if !ok {
 		return replica.Location{}, fmt.Errorf("replica %s is on a %s pool: the data path serves file-backed pools only", id, pool.Spec.Backend)
 	}
-	path := f.ReplicaPath(pool.Name, backendReplica(&r))
-	return replica.Location{Data: path, Meta: path + backend.MetaSuffix, Size: r.Spec.Capacity.Value()}, nil
+	size, err := storagev1alpha1.Bytes(r.Spec.Capacity)
+	if err != nil {
+		return replica.Location{}, fmt.Errorf("replica %s: %w", id, err)
+	}
+	path, err := f.ReplicaFile(pool.Name, backendReplica(&r))
+	if err != nil {
+		return replica.Location{}, fmt.Errorf("replica %s: %w", id, err)
+	}
+	return replica.Location{Data: path, Meta: path + backend.MetaSuffix, Size: size}, nil
 }
 
 // client returns a client for replica id on the data service at addr (this node's or a

@@ -52,9 +52,37 @@ func (f *File) ReplicaPath(pool string, r Replica) string {
 	return filepath.Join(f.PoolDir(pool), r.Namespace, r.Name+replicaSuffix)
 }
 
+// ReplicaFile is ReplicaPath for names that come from the API: it refuses any name that is
+// not one plain path element, so the file always lies inside the pool's directory.
+func (f *File) ReplicaFile(pool string, r Replica) (string, error) {
+	if err := checkNames(pool, &r); err != nil {
+		return "", err
+	}
+	return f.ReplicaPath(pool, r), nil
+}
+
+// checkNames refuses a pool, namespace or replica name that would lead out of the
+// directory it names an entry of ("..", "a/b", ""). Object names the API server admits never
+// do; this holds the line should one reach here otherwise.
+func checkNames(pool string, r *Replica) error {
+	names := []string{pool}
+	if r != nil {
+		names = append(names, r.Namespace, r.Name)
+	}
+	for _, n := range names {
+		if n == "" || n == "." || n == ".." || strings.ContainsAny(n, "/\x00") {
+			return fmt.Errorf("%q is not a name the file backend can store under %s", n, "pools/")
+		}
+	}
+	return nil
+}
+
 // CreatePool implements Backend.
 func (f *File) CreatePool(ctx context.Context, p Pool) (PoolState, error) {
 	if err := ctx.Err(); err != nil {
+		return PoolState{}, err
+	}
+	if err := checkNames(p.Name, nil); err != nil {
 		return PoolState{}, err
 	}
 	dir := f.PoolDir(p.Name)
@@ -80,6 +108,9 @@ func (f *File) CreatePool(ctx context.Context, p Pool) (PoolState, error) {
 // ImportPool implements Backend.
 func (f *File) ImportPool(ctx context.Context, p Pool) (PoolState, error) {
 	if err := ctx.Err(); err != nil {
+		return PoolState{}, err
+	}
+	if err := checkNames(p.Name, nil); err != nil {
 		return PoolState{}, err
 	}
 	if err := f.checkPool(p); err != nil {
@@ -115,6 +146,9 @@ func (f *File) DeletePool(ctx context.Context, p Pool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := checkNames(p.Name, nil); err != nil {
+		return err
+	}
 	if err := os.RemoveAll(f.PoolDir(p.Name)); err != nil {
 		return fmt.Errorf("removing pool directory: %w", err)
 	}
@@ -126,6 +160,9 @@ func (f *File) DeletePool(ctx context.Context, p Pool) error {
 // leaves a replica that looks complete; leftovers are removed on the next attempt.
 func (f *File) CreateReplica(ctx context.Context, p Pool, r Replica) (ReplicaState, error) {
 	if err := ctx.Err(); err != nil {
+		return ReplicaState{}, err
+	}
+	if err := checkNames(p.Name, &r); err != nil {
 		return ReplicaState{}, err
 	}
 	if err := f.checkPool(p); err != nil {
@@ -162,7 +199,11 @@ func (f *File) StatReplica(ctx context.Context, p Pool, r Replica) (ReplicaState
 	if err := ctx.Err(); err != nil {
 		return ReplicaState{}, err
 	}
-	return statReplica(f.ReplicaPath(p.Name, r))
+	path, err := f.ReplicaFile(p.Name, r)
+	if err != nil {
+		return ReplicaState{}, err
+	}
+	return statReplica(path)
 }
 
 // DeleteReplica implements Backend.
@@ -170,7 +211,10 @@ func (f *File) DeleteReplica(ctx context.Context, p Pool, r Replica) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	path := f.ReplicaPath(p.Name, r)
+	path, err := f.ReplicaFile(p.Name, r)
+	if err != nil {
+		return err
+	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing replica file: %w", err)
 	}

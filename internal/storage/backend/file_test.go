@@ -146,3 +146,33 @@ func TestFileHonoursCancelledContext(t *testing.T) {
 		t.Fatalf("CreatePool with a cancelled context: %v", err)
 	}
 }
+
+// Names that would lead out of the pool directory are refused before any file is touched.
+func TestFileRefusesNamesOutsideItsRoot(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	f := backend.NewFile(filepath.Join(root, "agent"))
+	good := backend.Pool{Name: "p", Capacity: gib}
+	if _, err := f.CreatePool(ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"..", ".", "", "a/b", "../../x"} {
+		if _, err := f.CreatePool(ctx, backend.Pool{Name: name, Capacity: gib}); err == nil {
+			t.Errorf("CreatePool(%q) succeeded", name)
+		}
+		r := backend.Replica{Namespace: "ns", Name: name, Capacity: 1 << 20}
+		if _, err := f.CreateReplica(ctx, good, r); err == nil {
+			t.Errorf("CreateReplica(name %q) succeeded", name)
+		}
+		if _, err := f.ReplicaFile("p", backend.Replica{Namespace: name, Name: "r"}); err == nil {
+			t.Errorf("ReplicaFile(namespace %q) succeeded", name)
+		}
+	}
+	// Nothing was made beside the agent's root.
+	if entries, _ := os.ReadDir(root); len(entries) != 1 {
+		t.Errorf("%d entries beside the agent root, want none", len(entries)-1)
+	}
+	if _, err := f.CreateReplica(ctx, good, backend.Replica{Namespace: "ns-0", Name: "x0.r", Capacity: 1 << 20}); err != nil {
+		t.Errorf("an ordinary name was refused: %v", err)
+	}
+}
