@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -64,93 +63,164 @@ func key(ns, name string) string {
 // latest observed state in obj. obj must hold the name (and namespace) and,
 // ideally, the resourceVersion the caller last saw — typically the object
 // Create returned. Await never polls: it watches that one object from that
-// resourceVersion, and when the watch ends early or its resourceVersion is
-// too old (410 Gone) it reads the object again and watches from there, so no
-// update is missed and none is needed twice.
+// resourceVersion. When the watch ends it watches again from the last
+// version it saw; when the API server no longer has that version (410 Gone:
+// compacted away, or older than a restarted server's watch cache) it reads
+// the object with a list, whose resourceVersion is the server's current one,
+// and watches from there: no update is missed and none is needed twice.
+// While the API server is unreachable it retries with backoff (at most every
+// few seconds), until ctx ends.
 //
 // It returns a *TerminalError when the receiver reports a terminal failure,
-// an error wrapping ErrDeleted when the object goes away, or ctx.Err().
+// an error wrapping ErrDeleted when the object goes away, or an error
+// wrapping ctx.Err().
 func Await(ctx context.Context, c client.WithWatch, obj client.Object, cond Condition) error {
 	gvk, err := apiutil.GVKForObject(obj, c.Scheme())
 	if err != nil {
 		return fmt.Errorf("await: %w", err)
 	}
+	if obj.GetName() == "" {
+		return fmt.Errorf("await %s: the object has no name", gvk.Kind)
+	}
 	list, err := newList(c.Scheme(), obj, gvk.GroupVersion().WithKind(gvk.Kind+"List"))
 	if err != nil {
 		return fmt.Errorf("await: %w", err)
 	}
-	if obj.GetResourceVersion() == "" {
-		if err := refresh(ctx, c, obj, gvk.Kind, newBackoff()); err != nil {
+	w := &waiter{c: c, obj: obj, list: list, kind: gvk.Kind, cond: cond, rv: obj.GetResourceVersion(), backoff: newBackoff()}
+	return w.run(ctx)
+}
+
+// waiter is one Await: the object as last seen, and the resourceVersion to
+// watch from (the object's own, a bookmark's or a list's: not always the
+// object's, so it is kept apart from obj).
+type waiter struct {
+	c       client.WithWatch
+	obj     client.Object
+	list    client.ObjectList
+	kind    string
+	cond    Condition
+	rv      string
+	backoff *wait.Backoff
+}
+
+func (w *waiter) run(ctx context.Context) error {
+	if w.rv == "" {
+		if err := w.relist(ctx); err != nil {
 			return err
 		}
 	}
-	backoff := newBackoff()
 	for {
-		if done, err := check(gvk.Kind, obj, cond); done || err != nil {
+		if done, err := check(w.kind, w.obj, w.cond); done || err != nil {
 			return err
 		}
-		w, err := c.Watch(ctx, list,
-			client.InNamespace(obj.GetNamespace()),
-			client.MatchingFields{"metadata.name": obj.GetName()},
-			&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: obj.GetResourceVersion(), AllowWatchBookmarks: true}},
-		)
-		if err == nil {
-			done, err := consume(ctx, w, gvk.Kind, obj, cond)
-			w.Stop()
+		var watcher watch.Interface
+		err := limited(ctx, func() (err error) {
+			watcher, err = w.c.Watch(ctx, w.list,
+				client.InNamespace(w.obj.GetNamespace()),
+				client.MatchingFields{"metadata.name": w.obj.GetName()},
+				&client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: w.rv, AllowWatchBookmarks: true}},
+			)
+			return err
+		})
+		progress, expired := false, false
+		switch {
+		case err == nil:
+			var done bool
+			done, progress, expired, err = w.consume(ctx, watcher)
+			watcher.Stop()
 			if done || err != nil {
 				return err
 			}
-			backoff = newBackoff()
-		} else if ctx.Err() != nil {
-			return ctx.Err()
-		} else if permanent(err) {
-			return fmt.Errorf("await %s %s: watch: %w", gvk.Kind, key(obj.GetNamespace(), obj.GetName()), err)
-		} else if !apierrors.IsResourceExpired(err) && !apierrors.IsGone(err) {
-			// The API server is unreachable or overloaded (e.g. restarting):
-			// back off and try again; the request is durable meanwhile.
-			if err := sleepCtx(ctx, backoff.Step()); err != nil {
+		case ctx.Err() != nil:
+			return fmt.Errorf("await %s: %w (last attempt: %w)", w.name(), ctx.Err(), err)
+		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
+			expired = true
+		case !transient(err):
+			return fmt.Errorf("await %s: watch: %w", w.name(), err)
+		}
+		// A watch that brought news is followed by the next at once; one that
+		// failed or ended without any (the server is away, restarting, or
+		// refuses the version) by a growing pause, so that a waiter never
+		// spins against a server that cannot serve it yet.
+		if progress {
+			w.backoff = newBackoff()
+		} else if err := sleepCtx(ctx, w.backoff.Step()); err != nil {
+			return fmt.Errorf("await %s: %w", w.name(), err)
+		}
+		if expired {
+			if err := w.relist(ctx); err != nil {
 				return err
 			}
-		}
-		// The watch ended (server timeout or restart, 410 Gone): re-read the
-		// object so the next watch starts from a version the server still has.
-		if err := refresh(ctx, c, obj, gvk.Kind, backoff); err != nil {
-			return err
 		}
 	}
 }
 
 // consume applies one watch's events to obj until the wait is decided or the
-// watch ends; it reports done=false, err=nil when a new watch is needed.
-func consume(ctx context.Context, w watch.Interface, kind string, obj client.Object, cond Condition) (bool, error) {
+// watch ends. progress says whether any event came; expired, whether the
+// watch ended because the server no longer has w.rv.
+func (w *waiter) consume(ctx context.Context, watcher watch.Interface) (done, progress, expired bool, err error) {
 	for {
 		select {
 		case <-ctx.Done():
-			return false, ctx.Err()
-		case ev, open := <-w.ResultChan():
+			return false, progress, false, fmt.Errorf("await %s: %w", w.name(), ctx.Err())
+		case ev, open := <-watcher.ResultChan():
 			if !open {
-				return false, nil
+				return false, progress, false, nil
 			}
 			switch ev.Type {
 			case watch.Error:
-				// Typically 410 Gone: our resourceVersion was compacted away.
-				return false, nil
+				// Typically 410 Gone: w.rv was compacted away. Whatever the
+				// error, a fresh read is the way on.
+				return false, progress, true, nil
 			case watch.Bookmark:
 				if m, err := metaAccessor(ev.Object); err == nil {
-					obj.SetResourceVersion(m.GetResourceVersion())
+					w.rv, progress = m.GetResourceVersion(), true
 				}
 			case watch.Deleted:
-				return false, fmt.Errorf("await %s %s: %w", kind, key(obj.GetNamespace(), obj.GetName()), ErrDeleted)
+				return false, progress, false, fmt.Errorf("await %s: %w", w.name(), ErrDeleted)
 			case watch.Added, watch.Modified:
-				if err := assign(obj, ev.Object); err != nil {
-					return false, err
+				if err := assign(w.obj, ev.Object); err != nil {
+					return false, progress, false, err
 				}
-				if done, err := check(kind, obj, cond); done || err != nil {
-					return done, err
+				w.rv, progress = w.obj.GetResourceVersion(), true
+				if done, err := check(w.kind, w.obj, w.cond); done || err != nil {
+					return done, progress, false, err
 				}
 			}
 		}
 	}
+}
+
+// relist reads the object with a list of that one name: besides the object it
+// returns the API server's current resourceVersion, from which a watch is
+// served even when the object's own version predates the server's watch
+// cache (after a restart, for an object unchanged since).
+func (w *waiter) relist(ctx context.Context) error {
+	err := retry(ctx, w.backoff, func() error {
+		return limited(ctx, func() error {
+			return w.c.List(ctx, w.list, client.InNamespace(w.obj.GetNamespace()), client.MatchingFields{"metadata.name": w.obj.GetName()})
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("await %s: %w", w.name(), err)
+	}
+	items, err := meta.ExtractList(w.list)
+	if err != nil {
+		return fmt.Errorf("await %s: %w", w.name(), err)
+	}
+	if len(items) == 0 {
+		return fmt.Errorf("await %s: %w", w.name(), ErrDeleted)
+	}
+	// A copy: the next list decodes into the same items.
+	if err := assign(w.obj, items[0].DeepCopyObject()); err != nil {
+		return err
+	}
+	w.rv = w.list.GetResourceVersion()
+	return nil
+}
+
+func (w *waiter) name() string {
+	return w.kind + " " + key(w.obj.GetNamespace(), w.obj.GetName())
 }
 
 func check(kind string, obj client.Object, cond Condition) (bool, error) {
@@ -165,47 +235,6 @@ func check(kind string, obj client.Object, cond Condition) (bool, error) {
 		return true, &TerminalError{Kind: kind, Namespace: obj.GetNamespace(), Name: obj.GetName(), Generation: s.Generation, Reason: r.Reason, Message: r.Message}
 	}
 	return cond(obj, s)
-}
-
-func refresh(ctx context.Context, c client.Client, obj client.Object, kind string, backoff *wait.Backoff) error {
-	for {
-		err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
-		switch {
-		case err == nil:
-			return nil
-		case apierrors.IsNotFound(err):
-			return fmt.Errorf("await %s %s: %w", kind, key(obj.GetNamespace(), obj.GetName()), ErrDeleted)
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case permanent(err):
-			return fmt.Errorf("await %s %s: %w", kind, key(obj.GetNamespace(), obj.GetName()), err)
-		}
-		if err := sleepCtx(ctx, backoff.Step()); err != nil {
-			return err
-		}
-	}
-}
-
-// permanent reports errors that retrying cannot fix.
-func permanent(err error) bool {
-	return apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) || apierrors.IsBadRequest(err) ||
-		apierrors.IsInvalid(err) || apierrors.IsMethodNotSupported(err) || apierrors.IsNotAcceptable(err) ||
-		apierrors.IsUnsupportedMediaType(err) || meta.IsNoMatchError(err)
-}
-
-func newBackoff() *wait.Backoff {
-	return &wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: 2 * time.Second}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // assign copies a watched object into the caller's object, whose concrete

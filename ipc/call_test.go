@@ -4,13 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/url"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"github.com/crdipc/crdipc/api/conditions"
+	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
 	"github.com/crdipc/crdipc/internal/testenv"
 	"github.com/crdipc/crdipc/ipc"
 )
@@ -120,5 +127,63 @@ func TestAwaitByName(t *testing.T) {
 	}
 	if b.Generation != 1 || b.Status.ObservedGeneration != b.Generation || ready(t, b).Message != `catalogued "Ulysses"` {
 		t.Fatalf("await returned generation %d, observed %d, Ready %+v", b.Generation, b.Status.ObservedGeneration, ready(t, b))
+	}
+}
+
+// lossyClient stores creates but, for the first lose of them, loses the
+// response on the way back, as when the API server restarts or the
+// connection breaks just after the write.
+type lossyClient struct {
+	client.WithWatch
+	lose     atomic.Int32
+	attempts atomic.Int32
+}
+
+func (c *lossyClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	c.attempts.Add(1)
+	sent := obj.DeepCopyObject().(client.Object)
+	if err := c.WithWatch.Create(ctx, sent, opts...); err != nil {
+		return err
+	}
+	if c.lose.Add(-1) >= 0 {
+		return &url.Error{Op: "Post", URL: "https://apiserver", Err: io.ErrUnexpectedEOF}
+	}
+	return c.WithWatch.Scheme().Convert(sent, obj, nil)
+}
+
+// A create whose response was lost is retried, and the retry finds the request the lost
+// attempt stored: the call waits for that one, and no second request is sent — for a
+// name of the sender's and for one left to generateName alike.
+func TestCallSurvivesLostCreateResponse(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	startReceiver(t, catalogue, ipc.Options{LeaseDuration: -1}, managerOptions{})
+
+	for _, b := range []*book{newBook(ns, "lost"), {ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "lost-"}, Spec: newBook(ns, "").Spec}} {
+		c := &lossyClient{WithWatch: env.Client}
+		c.lose.Store(1)
+		if err := ipc.Call(callCtx(t), c, b, ipc.Ready); err != nil {
+			t.Fatalf("call with a lost create response: %v", err)
+		}
+		if n := c.attempts.Load(); n != 2 {
+			t.Fatalf("%d create attempts, want 2 (the lost one and its retry)", n)
+		}
+		if b.UID == "" || b.Annotations[ipc.CallIDAnnotation] == "" || ready(t, b).Message != "catalogued Dune" {
+			t.Fatalf("call returned uid %q, annotations %v, Ready %+v; want the stored request, answered", b.UID, b.Annotations, ready(t, b))
+		}
+	}
+	var stored libraryv1alpha1.BookList
+	if err := env.Client.List(context.Background(), &stored, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if len(stored.Items) != 2 {
+		t.Fatalf("%d requests stored for 2 calls", len(stored.Items))
+	}
+
+	// A name taken by someone else's request is still an error: Call does not
+	// adopt a request it did not send.
+	other := newBook(ns, "lost")
+	if err := ipc.Call(callCtx(t), env.Client, other, ipc.Ready); !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("call with a name another call took: got %v, want AlreadyExists", err)
 	}
 }

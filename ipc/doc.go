@@ -26,6 +26,15 @@
 // written for an older generation never satisfies a wait: that is the
 // kubectl wait bug (kubernetes/kubectl#962) this package exists to avoid.
 //
+// Call and Await ride out an API server that goes away and comes back (a
+// restart of `crdipc up`, a dropped connection): they retry with backoff,
+// capped at a few seconds, until ctx ends. Await then watches again from the
+// last version it saw, or, when the restarted server no longer has that
+// version (410 Gone, "too old resource version"), from the current one that
+// a list of the object returns. The requests that ipc has open at once are
+// bounded per process (64), so that thousands of waiting calls do not open
+// thousands of connections to a server that is starting.
+//
 // ReceiverReady tells a sender, before a time-critical direct call, whether a
 // live receiver for a kind holds a fresh Lease.
 //
@@ -38,4 +47,34 @@
 // Prometheus metrics, retry with exponential backoff (no retry for terminal
 // failures), deletion of finished requests after ttlSecondsAfterFinished, and
 // the Lease heartbeat behind ReceiverReady. Leader election is the manager's.
+//
+// # Exactly once
+//
+// What happens once per request, and what may happen more than once, across
+// crashes, lost responses and API server restarts:
+//
+//   - One request object per Call. A create whose response is lost is
+//     retried; the retry recognises the object the lost attempt stored by
+//     its CallIDAnnotation and waits for it instead of failing with
+//     AlreadyExists or sending a second request. A name left to
+//     metadata.generateName is drawn by Call before the first attempt, so a
+//     retry cannot create a second object under a new name.
+//   - One return per Call and Await, with the reply to the request's current
+//     generation: the first status that is current and satisfies the
+//     condition (or is a terminal failure).
+//   - At least once per generation for the handler. The receiver calls it
+//     again when it cannot know that its reply was stored: after a crash, a
+//     failed or lost status write, a conflict with a newer copy of the
+//     object. A handler's side effects must therefore be idempotent (check
+//     before acting, create under deterministic names); that makes each
+//     effect happen once, and the reply it leads to is the same each time.
+//   - One Event per Ready transition (per generation, status, reason and
+//     message). An Event's name is derived from what it reports, and it is
+//     written before the status, so a reconcile repeated because its status
+//     write was lost stores it again under the same name, which is a no-op.
+//     An Event the API server refuses for good (no permission) is logged and
+//     dropped, never retried.
+//   - The metrics (requests by result, age at completion) count verdicts this
+//     process stored; they are per process and can miss a verdict whose
+//     status write succeeded but whose response was lost.
 package ipc

@@ -21,8 +21,9 @@ import (
 // asynchronous recorder: measured on `crdipc bench roundtrip`, the recorder's
 // per-event goroutines and shared connection cut Call throughput to a third.
 // Each Event's name is derived from what it reports (object UID, generation,
-// reason, message), so a reconcile repeated after a crash records nothing
-// twice.
+// type, reason, message), so a reconcile repeated after a crash or a lost
+// write records nothing twice: the second create of the same Event is
+// AlreadyExists.
 type eventWriter struct {
 	c          client.Client
 	scheme     *runtime.Scheme
@@ -30,11 +31,16 @@ type eventWriter struct {
 	instance   string
 }
 
-func (w *eventWriter) record(ctx context.Context, obj client.Object, typ, reason, action, message string) {
+// record returns an error only when the Event may not have been stored because
+// the API server was unreachable or overloaded (see transient), for callers
+// that must not lose it to retry. Any other failure (no permission to write
+// Events, say) is logged and dropped: an Event is a report, not part of the
+// reply, and must not fail the request.
+func (w *eventWriter) record(ctx context.Context, obj client.Object, typ, reason, action, message string) error {
 	gvk, err := apiutil.GVKForObject(obj, w.scheme)
 	if err != nil {
 		log.FromContext(ctx).Error(err, "recording event")
-		return
+		return nil
 	}
 	sum := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%d\x00%s\x00%s\x00%s", obj.GetUID(), obj.GetGeneration(), typ, reason, message)))
 	ns := obj.GetNamespace()
@@ -62,9 +68,13 @@ func (w *eventWriter) record(ctx context.Context, obj client.Object, typ, reason
 	if len(ev.Name) > 253 {
 		ev.Name = string(obj.GetUID()) + "." + hex.EncodeToString(sum[:8])
 	}
-	if err := w.c.Create(ctx, ev); err != nil && !apierrors.IsAlreadyExists(err) {
-		// An Event is a report, not part of the reply: losing one must not
-		// fail or retry the request.
-		log.FromContext(ctx).Error(err, "recording event", "reason", reason)
+	err = w.c.Create(ctx, ev)
+	switch {
+	case err == nil || apierrors.IsAlreadyExists(err):
+		return nil
+	case transient(err):
+		return fmt.Errorf("recording event %s: %w", reason, err)
 	}
+	log.FromContext(ctx).Error(err, "recording event", "reason", reason)
+	return nil
 }

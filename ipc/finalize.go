@@ -52,6 +52,7 @@ func (r *receiver[T]) setDeleting(ctx context.Context, obj T, msg string) error 
 	if err := r.c.Status().Update(ctx, obj); err != nil {
 		return err
 	}
-	r.events.record(ctx, obj, corev1.EventTypeNormal, conditions.ReasonDeleting, "Finalize", msg)
+	// The status says why deletion waits; the Event only echoes it.
+	_ = r.events.record(ctx, obj, corev1.EventTypeNormal, conditions.ReasonDeleting, "Finalize", msg)
 	return nil
 }

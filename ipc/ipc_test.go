@@ -453,27 +453,3 @@ func TestAwaitSurvivesExpiredResourceVersion(t *testing.T) {
 		t.Fatalf("await from an expired resourceVersion: %v", err)
 	}
 }
-
-// TestAwaitSurvivesAPIServerRestart restarts the whole control plane while a
-// sender waits: its watch breaks and the server is unreachable for seconds.
-// It runs last: the restart interrupts every other client.
-func TestAwaitSurvivesAPIServerRestart(t *testing.T) {
-	env := testenv.Get(t)
-	ns := env.Namespace(t)
-	b := newBook(ns, "restart")
-	if err := env.Client.Create(context.Background(), b); err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	waiter := b.DeepCopy()
-	go func() { errc <- await(t, waiter, time.Minute) }()
-	env.Restart(t)
-	env = testenv.Get(t)
-	writeStatus(t, b, 1, metav1.ConditionTrue, conditions.ReasonSucceeded, "done after restart")
-	if err := <-errc; err != nil {
-		t.Fatalf("await across an API server restart: %v", err)
-	}
-	if r := meta.FindStatusCondition(waiter.Status.Conditions, conditions.TypeReady); r == nil || r.Message != "done after restart" {
-		t.Fatalf("await returned %+v", r)
-	}
-}

@@ -183,6 +183,7 @@ type receiver[T conditions.Object] struct {
 	opts      Options
 	events    *eventWriter
 	inFlight  sync.Map // types.UID → struct{}: the requests the in-flight gauge counts (see track)
+	away      awayBackoff
 }
 
 func (r *receiver[T]) newObject() T { return reflect.New(r.typ).Interface().(T) }

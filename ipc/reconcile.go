@@ -2,11 +2,14 @@ package ipc
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -27,7 +30,50 @@ func (r *receiver[T]) Reconcile(ctx context.Context, req reconcile.Request) (rec
 		// cancelled calls are not errors worth reporting.
 		return reconcile.Result{}, nil
 	}
+	var herr handlerError
+	if err != nil && !errors.As(err, &herr) && transient(err) {
+		// The receiver's own reads and writes failed: the API server is away
+		// (restarting, overloaded). The per-request exponential backoff, meant for
+		// failing handlers, would keep each pending request waiting after an outage
+		// about as long again as the outage lasted; retry at the pace senders do
+		// instead, one backoff for the whole receiver.
+		log.FromContext(ctx).V(1).Info("API server unavailable, retrying", "error", err.Error())
+		return reconcile.Result{RequeueAfter: r.away.next()}, nil
+	}
+	if err == nil {
+		r.away.reset()
+	}
 	return conflictRequeue(res, err)
+}
+
+// handlerError marks a failure of the handler or finalizer, which is retried
+// with the exponential backoff of Options; the receiver's own API calls are
+// not (see Reconcile).
+type handlerError struct{ error }
+
+func (e handlerError) Unwrap() error { return e.error }
+
+// awayBackoff paces a receiver's retries while the API server is away: it
+// grows with each failure as a sender's does (newBackoff) and starts over
+// once a reconcile succeeds.
+type awayBackoff struct {
+	mu sync.Mutex
+	b  *wait.Backoff
+}
+
+func (a *awayBackoff) next() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.b == nil {
+		a.b = newBackoff()
+	}
+	return a.b.Step()
+}
+
+func (a *awayBackoff) reset() {
+	a.mu.Lock()
+	a.b = nil
+	a.mu.Unlock()
 }
 
 // reconcile reads the request through reader and handles it. A conflict on the
@@ -58,12 +104,19 @@ func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, read
 	before := obj.DeepCopyObject().(T)
 	res, herr := r.handler.Handle(ctx, obj)
 	ready := r.setConditions(obj, res, herr)
+	// The Event goes first: if the status write below is lost (the API server
+	// restarts, the response never comes), the retry finds no transition in the
+	// stored status and would record nothing; recorded first, it is recorded
+	// again on the retry under the same name, which stores nothing twice.
+	if err := r.report(ctx, before, obj, ready, herr); err != nil {
+		return reconcile.Result{}, err
+	}
 	if !equality.Semantic.DeepEqual(before, obj) {
 		if err := r.c.Status().Update(ctx, obj); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
-	r.observe(ctx, before, obj, ready, herr)
+	r.observe(before, obj, ready)
 
 	if t, ok := asTerminal(herr); ok {
 		log.FromContext(ctx).Info("request failed", "reason", t.reason, "message", t.message)
@@ -71,7 +124,7 @@ func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, read
 	}
 	if herr != nil {
 		requestErrorsTotal.WithLabelValues(r.kind).Inc()
-		return reconcile.Result{}, herr
+		return reconcile.Result{}, handlerError{herr}
 	}
 	if ready.Status == metav1.ConditionTrue {
 		return minRequeue(r.ttlRequeue(obj), res.RequeueAfter), nil

@@ -27,9 +27,10 @@ func (r *receiver[T]) finalize(ctx context.Context, obj T) (reconcile.Result, er
 		if ctx.Err() != nil {
 			return reconcile.Result{}, err // stopping: Reconcile drops it
 		}
-		r.events.record(ctx, obj, corev1.EventTypeWarning, "CleanupFailed", "Finalize", "cleanup failed, retrying: "+err.Error())
+		// The failure is retried, and reported again if it persists.
+		_ = r.events.record(ctx, obj, corev1.EventTypeWarning, "CleanupFailed", "Finalize", "cleanup failed, retrying: "+err.Error())
 		requestErrorsTotal.WithLabelValues(r.kind).Inc()
-		return reconcile.Result{}, err
+		return reconcile.Result{}, handlerError{err}
 	}
 	base := obj.DeepCopyObject().(T)
 	controllerutil.RemoveFinalizer(obj, r.opts.Finalizer)

@@ -45,16 +45,23 @@ func (r *receiver[T]) setConditions(obj T, res Result, herr error) metav1.Condit
 	return ready
 }
 
-// observe emits the Event and metrics for a Ready transition: a new status
-// or reason, or the first verdict on a new generation. Message-only changes
-// (progress counts, retried error texts) are not transitions.
-func (r *receiver[T]) observe(ctx context.Context, before, after T, ready metav1.Condition, herr error) {
-	finished := ready.Status == metav1.ConditionTrue || conditions.IsTerminal(ready.Reason)
-	r.track(after.GetUID(), !finished)
+// transition reports whether ready is news next to the status read before
+// the handler ran: a new status or reason, or the first verdict on a new
+// generation. Message-only changes (progress counts, retried error texts)
+// are not transitions.
+func transition(before conditions.Object, ready metav1.Condition) bool {
 	old := meta.FindStatusCondition(before.GetConditions(), conditions.TypeReady)
-	if old != nil && old.Status == ready.Status && old.Reason == ready.Reason && old.ObservedGeneration == ready.ObservedGeneration {
-		return
+	return old == nil || old.Status != ready.Status || old.Reason != ready.Reason || old.ObservedGeneration != ready.ObservedGeneration
+}
+
+// report records the Event for a Ready transition. It fails only when the
+// Event may not have been stored because the API server is away: the
+// reconcile is then retried rather than the transition left unreported.
+func (r *receiver[T]) report(ctx context.Context, before, after T, ready metav1.Condition, herr error) error {
+	if !transition(before, ready) {
+		return nil
 	}
+	finished := ready.Status == metav1.ConditionTrue || conditions.IsTerminal(ready.Reason)
 	typ := corev1.EventTypeNormal
 	if herr != nil || finished && ready.Status == metav1.ConditionFalse || ready.Reason == conditions.ReasonDegraded {
 		typ = corev1.EventTypeWarning
@@ -63,7 +70,17 @@ func (r *receiver[T]) observe(ctx context.Context, before, after T, ready metav1
 	if note == "" {
 		note = "Ready=" + string(ready.Status)
 	}
-	r.events.record(ctx, after, typ, ready.Reason, "Reconcile", note)
+	return r.events.record(ctx, after, typ, ready.Reason, "Reconcile", note)
+}
+
+// observe updates the metrics once the verdict is stored: the in-flight gauge,
+// and on a transition to a finished state the request counters and age.
+func (r *receiver[T]) observe(before, after T, ready metav1.Condition) {
+	finished := ready.Status == metav1.ConditionTrue || conditions.IsTerminal(ready.Reason)
+	r.track(after.GetUID(), !finished)
+	if !transition(before, ready) {
+		return
+	}
 	switch {
 	case ready.Status == metav1.ConditionTrue:
 		requestsTotal.WithLabelValues(r.kind, "succeeded").Inc()
