@@ -33,8 +33,8 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 // access is one question to the authorizer about a service's ServiceAccount.
 type access struct {
-	verb, group, resource, subresource, namespace string
-	allowed                                       bool
+	verb, group, resource, subresource, namespace, name string
+	allowed                                             bool
 }
 
 // TestShippedRolesAllowOnlyWhatEachServiceNeeds asks the API server's authorizer
@@ -111,6 +111,11 @@ func TestShippedRolesAllowOnlyWhatEachServiceNeeds(t *testing.T) {
 			{verb: "list", group: "scm.crdipc.io", resource: "branches", namespace: "scm", allowed: true},
 			{verb: "create", resource: "events", namespace: "scm"},
 			{verb: "list", resource: "events", namespace: "default"},
+			// Its checkpoint, and no other ConfigMap.
+			{verb: "update", resource: "configmaps", namespace: "scm", name: "crdipc-metrics-agent-checkpoint", allowed: true},
+			{verb: "create", resource: "configmaps", namespace: "scm", allowed: true},
+			{verb: "update", resource: "configmaps", namespace: "scm", name: "other"},
+			{verb: "get", resource: "configmaps", namespace: "default", name: "crdipc-metrics-agent-checkpoint"},
 		},
 	}
 	for _, svc := range services {
@@ -125,7 +130,7 @@ func TestShippedRolesAllowOnlyWhatEachServiceNeeds(t *testing.T) {
 				User:   user,
 				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespaces[svc], "system:authenticated"},
 				ResourceAttributes: &authorizationv1.ResourceAttributes{
-					Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource, Namespace: a.namespace,
+					Verb: a.verb, Group: a.group, Resource: a.resource, Subresource: a.subresource, Namespace: a.namespace, Name: a.name,
 				},
 			}}
 			got, err := env.Kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
@@ -133,7 +138,7 @@ func TestShippedRolesAllowOnlyWhatEachServiceNeeds(t *testing.T) {
 				t.Fatal(err)
 			}
 			if got.Status.Allowed != a.allowed {
-				t.Errorf("%s may %s %s/%s %s in %q: %v, want %v (%s)", svc, a.verb, a.group, a.resource, a.subresource, a.namespace, got.Status.Allowed, a.allowed, got.Status.Reason)
+				t.Errorf("%s may %s %s/%s %s %q in %q: %v, want %v (%s)", svc, a.verb, a.group, a.resource, a.subresource, a.name, a.namespace, got.Status.Allowed, a.allowed, got.Status.Reason)
 			}
 		}
 	}

@@ -83,6 +83,12 @@ func NewManager(cfg *rest.Config, name string, o ManagerOptions) (manager.Manage
 	if o.HealthAddr == "" {
 		o.HealthAddr = "0"
 	}
+	if o.Cache.DefaultTransform == nil {
+		// No service reads managedFields, and they are often the larger part of a cached
+		// object. Updates made from a cached copy keep them: the API server takes the
+		// stored managedFields when a request carries none.
+		o.Cache.DefaultTransform = cache.TransformStripManagedFields()
+	}
 	opts := ctrl.Options{
 		Scheme:                        scheme.Scheme,
 		Cache:                         o.Cache,
