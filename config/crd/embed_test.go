@@ -21,6 +21,7 @@ func TestCRDsDecode(t *testing.T) {
 		"cstorpools.storage.crdipc.io",
 		"cstorvolumereplicas.storage.crdipc.io",
 		"cstorvolumes.storage.crdipc.io",
+		"deliveries.scm.crdipc.io",
 		"pullrequests.scm.crdipc.io",
 		"storagepoolclaims.storage.crdipc.io",
 	}

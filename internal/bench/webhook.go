@@ -43,13 +43,14 @@ type WebhookOptions struct {
 var DefaultWebhookOptions = WebhookOptions{Clients: 16, Deliveries: 2000, Rate: 100, Samples: 500}
 
 // Webhook is the result of `crdipc bench webhook`. Every delivery is a pull_request opened
-// for a new pull request: the listener reads the object (not found), creates it and creates
-// one Event, so the ceiling is the API server's create rate halved.
+// for a new pull request: the listener records the body (a Delivery, pending), creates the
+// object and its Event, and completes the record (a status write): four writes, so the
+// ceiling is the API server's create rate divided by four.
 type Webhook struct {
 	Options WebhookOptions `json:"options"`
 	// FloorCreatesPerSec is the API server's create rate with Clients writers (bench floor).
 	FloorCreatesPerSec float64 `json:"floorCreatesPerSec"`
-	// CeilingDeliveriesPerSec is FloorCreatesPerSec / 2: two creates per delivery.
+	// CeilingDeliveriesPerSec is FloorCreatesPerSec / writesPerDelivery.
 	CeilingDeliveriesPerSec float64 `json:"ceilingDeliveriesPerSec"`
 	// DeliveriesPerSec is what the listener sustained with Clients signed HTTP clients.
 	DeliveriesPerSec float64 `json:"deliveriesPerSec"`
@@ -58,8 +59,8 @@ type Webhook struct {
 	// Latency is request start → 2xx at Rate deliveries/s, measured from each delivery's
 	// scheduled send time so a stall is not hidden (goal p99 < 50 ms at 100/s).
 	Latency Latencies `json:"latency"`
-	// FloorLatency is the same two creates (PullRequest, Event) sent directly to the API
-	// server at the same rate: the least a delivery can cost.
+	// FloorLatency is the same four writes (Delivery, PullRequest, Event, Delivery status)
+	// sent directly to the API server at the same rate: the least a delivery can cost.
 	FloorLatency Latencies `json:"floorLatency"`
 	// P50Ratio and P99Ratio are Latency over FloorLatency.
 	P50Ratio float64 `json:"p50Ratio"`
@@ -86,7 +87,9 @@ func MeasureWebhook(ctx context.Context, cfg *rest.Config, o WebhookOptions) (*W
 		return nil, err
 	}
 	l, err := webhook.New(webhook.Options{Config: cfg, Namespace: ns, Secret: secret,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		// Every client's delivery is served, none refused as overload.
+		MaxConcurrentRequests: max(o.Clients, webhook.DefaultMaxConcurrentRequests),
+		Logger:                slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		return nil, err
 	}
@@ -180,12 +183,12 @@ func MeasureWebhook(ctx context.Context, cfg *rest.Config, o WebhookOptions) (*W
 	}); err != nil {
 		return nil, err
 	}
-	floor, err := MeasureFloor(ctx, cfg, FloorOptions{Writers: []int{o.Clients}, Creates: o.Deliveries * 2, Samples: 1})
+	floor, err := MeasureFloor(ctx, cfg, FloorOptions{Writers: []int{o.Clients}, Creates: o.Deliveries * writesPerDelivery, Samples: 1})
 	if err != nil {
 		return nil, fmt.Errorf("measuring floor: %w", err)
 	}
 	res.FloorCreatesPerSec = floor.CreatesPerSec[o.Clients]
-	res.CeilingDeliveriesPerSec = res.FloorCreatesPerSec / 2
+	res.CeilingDeliveriesPerSec = res.FloorCreatesPerSec / writesPerDelivery
 	res.ThroughputRatio = res.DeliveriesPerSec / res.CeilingDeliveriesPerSec
 	return res, nil
 }
@@ -252,9 +255,20 @@ func paced(ctx context.Context, rate float64, n int, call func() error) ([]time.
 	return d, nil
 }
 
-// createPair is a delivery's writes without the listener: the PullRequest and its Event.
+// writesPerDelivery is what the listener must write for a new delivery (see createPair).
+const writesPerDelivery = 4
+
+// createPair is a delivery's writes without the listener: the pending Delivery record, the
+// PullRequest, its Event, and the record's completion.
 func createPair(ctx context.Context, c client.Client, ns string, n int64) error {
 	now := metav1.Now()
+	rec := &scmv1alpha1.Delivery{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("floor-%d", n)},
+		Spec:       scmv1alpha1.DeliverySpec{DeliveryID: fmt.Sprintf("floor-%d", n), Event: "pull_request", ReceivedAt: now},
+	}
+	if err := c.Create(ctx, rec); err != nil {
+		return fmt.Errorf("floor record: %w", err)
+	}
 	pr := &scmv1alpha1.PullRequest{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("floor-%d", n)},
 		Spec: scmv1alpha1.PullRequestSpec{User: "mona", Branch: "feature/login", Status: scmv1alpha1.PullRequestOpen,
@@ -273,6 +287,10 @@ func createPair(ctx context.Context, c client.Client, ns string, n int64) error 
 	}
 	if err := c.Create(ctx, ev); err != nil {
 		return fmt.Errorf("floor event: %w", err)
+	}
+	rec.Status = scmv1alpha1.DeliveryStatus{Result: scmv1alpha1.DeliveryCreated, Object: "pullrequests/" + pr.Name, EventName: ev.Name}
+	if err := c.Status().Update(ctx, rec); err != nil {
+		return fmt.Errorf("floor record status: %w", err)
 	}
 	return nil
 }

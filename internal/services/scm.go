@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -32,9 +33,19 @@ named <object>.<X-GitHub-Delivery>: a redelivery changes nothing.
 
 Every delivery must carry X-Hub-Signature-256 made with the webhook secret; the
 listener refuses to start without one (--secret-file, or $` + webhook.SecretEnv + `).
-It answers 2xx only after the object and the Event are stored, 4xx with the
-reason for input that can never succeed, and 503 when the API server is
+It answers 2xx only after the object, the Event and the record below are
+stored, 4xx with the reason for input that can never succeed, and 503 when the API server is
 unreachable, so GitHub shows the delivery as failed and it can be redelivered.
+
+Each body it stores is recorded as a Delivery (scm.crdipc.io, named sha256-<body
+digest>) for --delivery-retention: a redelivery days later, after its Event is
+gone, writes nothing; the same signed body replayed as another event, or another
+body under a recorded delivery ID, is refused (409).
+
+Work before a delivery is authenticated is bounded: at most --max-connections
+open connections (more wait to be accepted) and --max-concurrent-requests
+deliveries being read and stored; one more is answered 503 with Retry-After,
+without reading its body. Bodies over --max-body-bytes are refused (413).
 
 /webhook is the only path on --listen, the address GitHub reaches; /healthz,
 /readyz (API server reachable) and /metrics are on --ops-listen.
@@ -43,7 +54,8 @@ Replicas do not need a leader: every write is idempotent and ordered.`,
   CRDIPC_WEBHOOK_SECRET=s3cret crdipc webhook-listener --listen 127.0.0.1:8090`,
 		Kind: Server,
 		New: func() Service {
-			return &webhookService{addr: ":8090", opsAddr: ":8091", o: webhook.Options{Namespace: "default", MaxBodyBytes: webhook.DefaultMaxBodyBytes, Timeout: webhook.DefaultTimeout}}
+			return &webhookService{addr: ":8090", opsAddr: ":8091", o: webhook.Options{Namespace: "default", MaxBodyBytes: webhook.DefaultMaxBodyBytes, Timeout: webhook.DefaultTimeout,
+				MaxConcurrentRequests: webhook.DefaultMaxConcurrentRequests, MaxConnections: webhook.DefaultMaxConnections, DeliveryRetention: webhook.DefaultDeliveryRetention}}
 		},
 	}
 }
@@ -54,12 +66,15 @@ type webhookService struct {
 }
 
 func (s *webhookService) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&s.o.Namespace, "namespace", s.o.Namespace, "namespace for PullRequests, Branches and their Events")
+	fs.StringVar(&s.o.Namespace, "namespace", s.o.Namespace, "namespace for PullRequests, Branches, their Events and Delivery records")
 	fs.StringVar(&s.addr, "listen", s.addr, "address for /webhook, the one GitHub reaches")
 	fs.StringVar(&s.opsAddr, "ops-listen", s.opsAddr, "address for /healthz, /readyz and /metrics, apart from the webhook's")
 	fs.StringVar(&s.secretFile, "secret-file", "", "file holding the webhook secret (default: $"+webhook.SecretEnv+")")
 	fs.Int64Var(&s.o.MaxBodyBytes, "max-body-bytes", s.o.MaxBodyBytes, fmt.Sprintf("largest body accepted (GitHub sends at most %d)", webhook.MaxMaxBodyBytes))
 	fs.DurationVar(&s.o.Timeout, "timeout", s.o.Timeout, "budget for storing one delivery; GitHub waits 10s")
+	fs.IntVar(&s.o.MaxConcurrentRequests, "max-concurrent-requests", s.o.MaxConcurrentRequests, "deliveries read, verified and stored at once; one more is answered 503 with Retry-After, its body unread (memory for bodies: this × --max-body-bytes)")
+	fs.IntVar(&s.o.MaxConnections, "max-connections", s.o.MaxConnections, "open connections on --listen, keep-alives included; more wait to be accepted")
+	fs.DurationVar(&s.o.DeliveryRetention, "delivery-retention", s.o.DeliveryRetention, "how long a Delivery record is kept to recognize redeliveries and replays (GitHub redelivers for 3 days)")
 	fs.StringVar(&s.o.Instance, "instance", "", "Events' reportingInstance (default: host name)")
 }
 
@@ -93,6 +108,7 @@ func (s *webhookService) Setup(mgr manager.Manager, env Env) error {
 	if err != nil {
 		return err
 	}
+	ln = l.LimitListener(ln)
 	opsLn, err := env.listen("webhook listener ops", opsAddr)
 	if err != nil {
 		ln.Close()
@@ -119,18 +135,20 @@ resources themselves, and serves on /metrics:
   crdipc_scm_pullrequests{state}             open, closed, merged pull requests now
   crdipc_scm_branches{state}                 created, pushed, deleted branches now
 
-Events that existed when the agent started are history and are not counted; a
-re-list after a broken watch counts nothing twice. Like every Prometheus
-counter, crdipc_scm_events_total starts at 0 in a new process: use rate() or
-increase(), which handle the reset. The gauges come from the resources and are
-right from the first scrape after /readyz turns ready.
+crdipc_scm_events_total continues across restarts from a checkpoint ConfigMap
+(--checkpoint-namespace/--checkpoint-name, written every --checkpoint-interval and
+on shutdown): Events created while the agent was down are counted, none twice,
+and a re-list after a broken watch counts nothing twice. On its very first start
+(no checkpoint) existing Events are history and are not counted. The gauges come
+from the resources and are right from the first scrape after /readyz turns ready.
 
-Run one replica: it writes nothing, so there is nothing to elect a leader for,
-and two replicas would each report every Event.`,
+Run one replica: a newer agent takes the checkpoint over from an older one, but
+two serving at once would each report every Event.`,
 		Example: `  crdipc metrics-agent --namespace scm --listen :9102`,
 		Kind:    Server,
 		New: func() Service {
-			return &metricsAgentService{addr: ":9102", o: metricsagent.Options{Resync: metricsagent.DefaultResync}}
+			return &metricsAgentService{addr: ":9102", o: metricsagent.Options{Resync: metricsagent.DefaultResync,
+				CheckpointName: metricsagent.DefaultCheckpointName, CheckpointInterval: metricsagent.DefaultCheckpointInterval}}
 		},
 	}
 }
@@ -144,6 +162,9 @@ func (s *metricsAgentService) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.o.Namespace, "namespace", "", "watch only this namespace (default: all namespaces)")
 	fs.StringVar(&s.addr, "listen", s.addr, "address for /metrics, /healthz and /readyz")
 	fs.DurationVar(&s.o.Resync, "resync", s.o.Resync, "informer resync period (replays the cache; counts nothing)")
+	fs.StringVar(&s.o.CheckpointNamespace, "checkpoint-namespace", "", "namespace of the ConfigMap the count is kept in across restarts (default: --namespace; required without it)")
+	fs.StringVar(&s.o.CheckpointName, "checkpoint-name", s.o.CheckpointName, "name of that ConfigMap (the shipped role grants only the default)")
+	fs.DurationVar(&s.o.CheckpointInterval, "checkpoint-interval", s.o.CheckpointInterval, "how often a changed count is checkpointed (also on shutdown)")
 }
 
 func (s *metricsAgentService) Setup(mgr manager.Manager, env Env) error {
@@ -161,8 +182,23 @@ func (s *metricsAgentService) Setup(mgr manager.Manager, env Env) error {
 		return err
 	}
 	env.say("scm      http://%s/metrics   (metrics agent: PullRequest/Branch Events and gauges)", ln.Addr())
-	return serveWithCache(mgr, "metrics agent", ln, a.Handler(), a.Start)
+	if err := serveWithCache(mgr, "metrics agent", ln, a.Handler(), a.Start); err != nil {
+		return err
+	}
+	// The manager waits for its runnables at shutdown: this one holds it until the agent
+	// wrote its last checkpoint, so a clean stop loses no count to the next start.
+	return mgr.Add(runnableFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		select {
+		case <-a.Stopped():
+		case <-time.After(checkpointOnStop):
+		}
+		return nil
+	}))
 }
+
+// checkpointOnStop bounds how long a stopping metrics agent may take to write its checkpoint.
+const checkpointOnStop = 15 * time.Second
 
 // serveWithCache adds a server whose handler answers from a cache that start fills (and
 // keeps current until ctx ends): the cache's runnable, and the HTTP server on ln.

@@ -29,6 +29,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 	scheme.AddKnownTypes(GroupVersion,
 		&PullRequest{}, &PullRequestList{},
 		&Branch{}, &BranchList{},
+		&Delivery{}, &DeliveryList{},
 	)
 	metav1.AddToGroupVersion(scheme, GroupVersion)
 	return nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -30,8 +32,9 @@ import (
 // nothing to the counter; they are a safety net for handlers, cheap because nothing is listed.
 const DefaultResync = 10 * time.Minute
 
-// The agent writes nothing: it lists and watches what it counts (config/rbac/metrics-agent
-// binds this in the namespace it watches, or cluster-wide when it watches every namespace).
+// The agent lists and watches what it counts and writes only its checkpoint (checkpoint.go);
+// config/rbac/metrics-agent binds this in the namespace it watches, or cluster-wide when it
+// watches every namespace.
 // +kubebuilder:rbac:groups="",resources=events,verbs=list;watch
 // +kubebuilder:rbac:groups=scm.crdipc.io,resources=pullrequests;branches,verbs=list;watch
 
@@ -48,6 +51,14 @@ type Options struct {
 	// Registry receives the agent's metrics (default: a new registry with Go and process
 	// collectors); never the global one.
 	Registry *prometheus.Registry
+
+	// CheckpointNamespace and CheckpointName name the ConfigMap the counter's state is kept
+	// in across restarts (default: Namespace and DefaultCheckpointName). The namespace is
+	// required when Namespace is empty.
+	CheckpointNamespace, CheckpointName string
+	// CheckpointInterval is how often a changed state is written (default
+	// DefaultCheckpointInterval); it is also written once synced and on shutdown.
+	CheckpointInterval time.Duration
 }
 
 // Agent turns Events and resources into Prometheus metrics.
@@ -58,8 +69,11 @@ type Agent struct {
 
 	events, prs, branches cache.SharedIndexInformer
 	counter               *eventCounter
+	ckpt                  *checkpointer
 	lists                 *prometheus.CounterVec
 	start                 atomic.Pointer[time.Time]
+	synced                atomic.Bool
+	stopped               chan struct{}
 	handler               http.Handler
 }
 
@@ -74,6 +88,24 @@ func New(opts Options) (*Agent, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.CheckpointNamespace == "" {
+		opts.CheckpointNamespace = opts.Namespace
+	}
+	if opts.CheckpointNamespace == "" {
+		return nil, errors.New("watching all namespaces: a checkpoint namespace is required (--checkpoint-namespace)")
+	}
+	if errs := validation.IsDNS1123Label(opts.CheckpointNamespace); len(errs) > 0 {
+		return nil, fmt.Errorf("checkpoint namespace %q: %s", opts.CheckpointNamespace, strings.Join(errs, "; "))
+	}
+	if opts.CheckpointName == "" {
+		opts.CheckpointName = DefaultCheckpointName
+	}
+	if errs := validation.IsDNS1123Subdomain(opts.CheckpointName); len(errs) > 0 {
+		return nil, fmt.Errorf("checkpoint name %q: %s", opts.CheckpointName, strings.Join(errs, "; "))
+	}
+	if opts.CheckpointInterval <= 0 {
+		opts.CheckpointInterval = DefaultCheckpointInterval
+	}
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 		opts.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -86,21 +118,25 @@ func New(opts Options) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating client: %w", err)
 	}
-	a := &Agent{opts: opts, kube: kube, client: c}
+	a := &Agent{opts: opts, kube: kube, client: c, counter: newEventCounter(), stopped: make(chan struct{})}
 	a.lists = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "crdipc_scm_agent_lists_total",
 		Help: "Successful full lists (initial and after a broken watch) by resource; each is a re-list the event counter must not double count.",
 	}, []string{"resource"})
-	total := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "crdipc_scm_events_total",
-		Help: "Occurrences of Events about PullRequests and Branches since this agent started, each counted once.",
-	}, []string{"kind", "reason", "type"})
-	for _, col := range []prometheus.Collector{a.lists, total, &gauges{a: a}} {
+	writes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "crdipc_scm_agent_checkpoint_writes_total",
+		Help: "Checkpoint writes by result: written; failed (retried at the next interval); superseded (another agent claimed the checkpoint, this one no longer writes it).",
+	}, []string{"result"})
+	for _, r := range []string{"written", "failed", "superseded"} {
+		writes.WithLabelValues(r)
+	}
+	for _, col := range []prometheus.Collector{a.lists, writes, a.counter, &gauges{a: a}} {
 		if err := opts.Registry.Register(col); err != nil {
 			return nil, fmt.Errorf("registering metrics: %w", err)
 		}
 	}
-	a.counter = newEventCounter(time.Time{}, total)
+	a.ckpt = newCheckpointer(kube.CoreV1().ConfigMaps(opts.CheckpointNamespace), opts.CheckpointNamespace, opts.CheckpointName,
+		opts.Namespace, opts.Logger, writes)
 
 	evLW := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -175,12 +211,15 @@ func (a *Agent) Handler() http.Handler { return a.handler }
 // Registry is the registry the agent's metrics are in.
 func (a *Agent) Registry() *prometheus.Registry { return a.opts.Registry }
 
-// HasSynced reports whether all three caches hold a full list.
-func (a *Agent) HasSynced() bool {
-	return a.events.HasSynced() && a.prs.HasSynced() && a.branches.HasSynced()
-}
+// HasSynced reports whether all three caches hold a full list and the counter has handled
+// the Events'.
+func (a *Agent) HasSynced() bool { return a.synced.Load() }
 
-// StartTime is when Run started the informers: Events stamped before it are history.
+// Stopped is closed once the agent has stopped after Start's ctx ended (or Start failed) and
+// its last checkpoint is written (or failed to be).
+func (a *Agent) Stopped() <-chan struct{} { return a.stopped }
+
+// StartTime is when Start began: without a checkpoint, Events stamped before it are history.
 func (a *Agent) StartTime() time.Time {
 	if t := a.start.Load(); t != nil {
 		return *t
@@ -188,23 +227,68 @@ func (a *Agent) StartTime() time.Time {
 	return time.Time{}
 }
 
-// Start runs the informers until ctx ends and returns once their caches are synced; serve
-// Handler meanwhile (crdipc serves it with services.HTTPServer): /readyz says when it is.
+// Start claims the checkpoint and resumes from it, runs the informers until ctx ends and
+// returns once their caches are synced; serve Handler meanwhile (crdipc serves it with
+// services.HTTPServer): /readyz says when it is. It then checkpoints every
+// CheckpointInterval and once more when ctx ends; Stopped says when that is done.
 func (a *Agent) Start(ctx context.Context) error {
 	now := time.Now()
 	if !a.start.CompareAndSwap(nil, &now) {
 		return errors.New("metrics agent already started")
 	}
+	running := false
+	defer func() {
+		if !running {
+			close(a.stopped)
+		}
+	}()
 	a.counter.start = now
-	if _, err := a.events.AddEventHandler(a.counter); err != nil {
+	// Before anything is counted: the state to continue from, and no other agent writing.
+	s, err := a.ckpt.claim(ctx)
+	if err != nil {
+		return err
+	}
+	if s != nil {
+		a.counter.resume(*s)
+	}
+	reg, err := a.events.AddEventHandler(a.counter)
+	if err != nil {
 		return fmt.Errorf("adding event handler: %w", err)
 	}
 	for _, inf := range []cache.SharedIndexInformer{a.events, a.prs, a.branches} {
 		go inf.RunWithContext(ctx)
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), a.events.HasSynced, a.prs.HasSynced, a.branches.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), a.events.HasSynced, a.prs.HasSynced, a.branches.HasSynced, reg.HasSynced) {
 		return fmt.Errorf("waiting for caches to sync: %w", context.Cause(ctx))
 	}
-	a.opts.Logger.Info("metrics agent caches synced", "namespace", a.opts.Namespace, "took", time.Since(now).Round(time.Millisecond))
+	a.counter.markSynced()
+	a.synced.Store(true)
+	running = true
+	go a.checkpointLoop(ctx)
+	a.opts.Logger.Info("metrics agent caches synced", "namespace", a.opts.Namespace, "resumed", s != nil,
+		"took", time.Since(now).Round(time.Millisecond))
 	return nil
+}
+
+// checkpointLoop writes the checkpoint at once (on a first start this records the history
+// Events, so a restart does not take them for new), every interval, and when ctx ends.
+func (a *Agent) checkpointLoop(ctx context.Context) {
+	defer close(a.stopped)
+	t := time.NewTicker(a.opts.CheckpointInterval)
+	defer t.Stop()
+	for {
+		if err := a.ckpt.write(ctx, a.counter); err != nil && ctx.Err() == nil {
+			a.opts.Logger.Error("checkpoint not written; retrying at the next interval", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalWriteTimeout)
+			defer cancel()
+			if err := a.ckpt.write(final, a.counter); err != nil {
+				a.opts.Logger.Error("final checkpoint not written: the next agent counts again, from the previous one, what this one counted since", "err", err)
+			}
+			return
+		case <-t.C:
+		}
+	}
 }

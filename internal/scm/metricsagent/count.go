@@ -1,6 +1,7 @@
 package metricsagent
 
 import (
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -29,15 +30,22 @@ var reasons = func() map[string]bool {
 	return m
 }()
 
-func labels(ev *corev1.Event) (kind, reason, typ string) {
-	kind, reason, typ = ev.InvolvedObject.Kind, ev.Reason, ev.Type
-	if !reasons[reason] {
-		reason = "Other"
+// labelSet is one series of crdipc_scm_events_total.
+type labelSet struct {
+	Kind   string `json:"kind"`
+	Reason string `json:"reason"`
+	Type   string `json:"type"`
+}
+
+func labels(ev *corev1.Event) labelSet {
+	l := labelSet{Kind: ev.InvolvedObject.Kind, Reason: ev.Reason, Type: ev.Type}
+	if !reasons[l.Reason] {
+		l.Reason = "Other"
 	}
-	if typ != corev1.EventTypeNormal && typ != corev1.EventTypeWarning {
-		typ = "Other"
+	if l.Type != corev1.EventTypeNormal && l.Type != corev1.EventTypeWarning {
+		l.Type = "Other"
 	}
-	return kind, reason, typ
+	return l
 }
 
 // relevant: Events about a PullRequest or a Branch of any version of the group. The API
@@ -80,51 +88,121 @@ func lastSeen(ev *corev1.Event) time.Time {
 	return firstSeen(ev)
 }
 
-// eventCounter implements the counting rules of the package comment. It is an informer
-// event handler.
-type eventCounter struct {
-	start time.Time
-	total *prometheus.CounterVec
+var eventsTotalDesc = prometheus.NewDesc("crdipc_scm_events_total",
+	"Occurrences of Events about PullRequests and Branches, each counted once; continues from the agent's checkpoint across restarts.",
+	[]string{"kind", "reason", "type"}, nil)
 
-	mu   sync.Mutex
-	seen map[types.UID]int32 // occurrences accounted for, counted or history
+// seenEvent is what the counter remembers of one Event.
+type seenEvent struct {
+	n     int32 // occurrences accounted for, counted or history
+	first int64 // firstSeen in Unix nanoseconds (0 until listed): a full checkpoint keeps the newest
 }
 
-func newEventCounter(start time.Time, total *prometheus.CounterVec) *eventCounter {
-	return &eventCounter{start: start, total: total, seen: map[types.UID]int32{}}
+// state is what a checkpoint holds: the counter's totals and, per Event UID, the
+// occurrences accounted for. Events first seen at or before horizon and not in seen are
+// accounted for too (a full checkpoint dropped them).
+type state struct {
+	totals  map[labelSet]uint64
+	seen    map[types.UID]int32
+	horizon time.Time
+}
+
+// eventCounter implements the counting rules of the package comment. It is an informer
+// event handler and the collector of crdipc_scm_events_total.
+type eventCounter struct {
+	start time.Time // without a checkpoint, Events stamped before it are history
+
+	mu      sync.Mutex
+	resumed bool      // from a checkpoint: an Event it does not list is new...
+	horizon time.Time // ...unless first seen at or before this
+	seen    map[types.UID]seenEvent
+	totals  map[labelSet]uint64
+	// unconfirmed are checkpointed Events the first list has not shown yet; those still
+	// unconfirmed once it is handled are gone and are forgotten.
+	unconfirmed map[types.UID]bool
+	synced      bool   // the first list is handled: totals are exported, checkpoints written
+	gen         uint64 // changes of seen and totals, so unchanged states are not rewritten
+}
+
+func newEventCounter() *eventCounter {
+	return &eventCounter{seen: map[types.UID]seenEvent{}, totals: map[labelSet]uint64{}}
+}
+
+// resume continues from a checkpoint; call it before the informer delivers anything.
+func (c *eventCounter) resume(s state) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.resumed, c.horizon = true, s.horizon
+	c.totals = maps.Clone(s.totals)
+	c.unconfirmed = make(map[types.UID]bool, len(s.seen))
+	for uid, n := range s.seen {
+		c.seen[uid] = seenEvent{n: n}
+		c.unconfirmed[uid] = true
+	}
+}
+
+// markSynced is called once the handler has been given the whole first list: it forgets
+// checkpointed Events that are gone, and from now on the totals are exported.
+func (c *eventCounter) markSynced() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for uid := range c.unconfirmed {
+		delete(c.seen, uid)
+		c.gen++
+	}
+	c.unconfirmed, c.synced = nil, true
+}
+
+// snapshot is the state to checkpoint and its generation, taken under one lock so the
+// totals and what they account for agree.
+func (c *eventCounter) snapshot() (state, map[types.UID]int64, uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := state{totals: maps.Clone(c.totals), seen: make(map[types.UID]int32, len(c.seen))}
+	first := make(map[types.UID]int64, len(c.seen))
+	for uid, e := range c.seen {
+		s.seen[uid], first[uid] = e.n, e.first
+	}
+	return s, first, c.gen
 }
 
 func (c *eventCounter) add(ev *corev1.Event, n int32) {
-	if n <= 0 {
-		return
+	if n > 0 {
+		c.totals[labels(ev)] += uint64(n)
+		c.gen++
 	}
-	kind, reason, typ := labels(ev)
-	c.total.WithLabelValues(kind, reason, typ).Add(float64(n))
 }
 
-// OnAdd: in the initial list an Event is history unless stamped after the agent started
-// (it happened between process start and the list). Any later Add, from the watch or from a
-// re-list after the watch broke, is an Event that did not exist when we last looked: new.
+// OnAdd: an Event the counter already knows (a re-list, or the first list after a restart
+// from a checkpoint) adds the growth of its count. An unknown Event in the first list is:
+// with a checkpoint, new (it was created after the checkpoint), unless first seen at or
+// before the checkpoint's horizon; without one, history unless stamped after the agent
+// started (it happened between process start and the list). Any later Add, from the watch
+// or a re-list after the watch broke, is an Event that did not exist when we last looked: new.
 func (c *eventCounter) OnAdd(obj any, isInInitialList bool) {
 	ev, ok := obj.(*corev1.Event)
 	if !ok || !relevant(ev) {
 		return
 	}
-	n := occurrences(ev)
+	n, first := occurrences(ev), firstSeen(ev)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	delete(c.unconfirmed, ev.UID)
 	if prev, ok := c.seen[ev.UID]; ok {
-		if n > prev {
-			c.add(ev, n-prev)
-			c.seen[ev.UID] = n
-		}
+		c.add(ev, n-prev.n)
+		c.seen[ev.UID] = seenEvent{n: max(n, prev.n), first: first.UnixNano()}
 		return
 	}
-	c.seen[ev.UID] = n
+	c.seen[ev.UID] = seenEvent{n: n, first: first.UnixNano()}
+	c.gen++
 	switch {
 	case !isInInitialList:
 		c.add(ev, n)
-	case firstSeen(ev).After(c.start):
+	case c.resumed:
+		if c.horizon.IsZero() || first.After(c.horizon) {
+			c.add(ev, n)
+		}
+	case first.After(c.start):
 		c.add(ev, n)
 	case lastSeen(ev).After(c.start):
 		// Repeated across the start: at least the last occurrence is new; how many of the
@@ -140,20 +218,20 @@ func (c *eventCounter) OnUpdate(_, newObj any) {
 	if !ok || !relevant(ev) {
 		return
 	}
-	n := occurrences(ev)
+	n, first := occurrences(ev), firstSeen(ev).UnixNano()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	delete(c.unconfirmed, ev.UID)
 	prev, ok := c.seen[ev.UID]
 	if !ok {
 		// Not seen before under this UID: the name was reused by a new Event.
-		c.seen[ev.UID] = n
+		c.seen[ev.UID] = seenEvent{n: n, first: first}
+		c.gen++
 		c.add(ev, n)
 		return
 	}
-	if n > prev {
-		c.add(ev, n-prev)
-		c.seen[ev.UID] = n
-	}
+	c.add(ev, n-prev.n)
+	c.seen[ev.UID] = seenEvent{n: max(n, prev.n), first: first}
 }
 
 // OnDelete counts nothing: an Event expiring (the API server's event TTL) is not an
@@ -167,6 +245,25 @@ func (c *eventCounter) OnDelete(obj any) {
 		return
 	}
 	c.mu.Lock()
-	delete(c.seen, ev.UID)
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	delete(c.unconfirmed, ev.UID)
+	if _, ok := c.seen[ev.UID]; ok {
+		delete(c.seen, ev.UID)
+		c.gen++
+	}
+}
+
+func (c *eventCounter) Describe(ch chan<- *prometheus.Desc) { ch <- eventsTotalDesc }
+
+// Collect exports nothing until the first list is handled: before that the totals lack the
+// Events created while no agent ran, and a lower value would read as a counter reset.
+func (c *eventCounter) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.synced {
+		return
+	}
+	for l, v := range c.totals {
+		ch <- prometheus.MustNewConstMetric(eventsTotalDesc, prometheus.CounterValue, float64(v), l.Kind, l.Reason, l.Type)
+	}
 }

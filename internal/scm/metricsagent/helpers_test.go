@@ -19,7 +19,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crdipc/crdipc/internal/scm/metricsagent"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
@@ -43,12 +45,34 @@ type runningAgent struct {
 // startAgent runs an agent for ns until the test ends or stop is called, and returns once
 // its caches are synced.
 func startAgent(t *testing.T, cfg *rest.Config, ns string) *runningAgent {
-	if cfg == nil {
-		// The agent's own ServiceAccount and read-only role, bound in the namespace it watches.
-		cfg = testenv.Get(t).AsServiceAccount(t, "metrics-agent", ns)
-	}
 	t.Helper()
-	a, err := metricsagent.New(metricsagent.Options{Config: cfg, Namespace: ns, Logger: quiet})
+	return startAgentWith(t, ns, metricsagent.Options{Config: cfg})
+}
+
+// agentConfig acts as the agent's own ServiceAccount with its shipped role, bound in the
+// namespace it watches (where its checkpoint is too).
+func agentConfig(t *testing.T, ns string) *rest.Config {
+	t.Helper()
+	return testenv.Get(t).AsServiceAccount(t, "metrics-agent", ns)
+}
+
+// startAgentWith is startAgent with options (Config nil: agentConfig); stop returns once
+// the agent has written its last checkpoint.
+func startAgentWith(t *testing.T, ns string, o metricsagent.Options) *runningAgent {
+	t.Helper()
+	r := serveAgent(t, ns, o)
+	testenv.Eventually(t, 30*time.Second, "agent ready", wait.HTTPOK(r.URL+"/readyz"))
+	return r
+}
+
+// serveAgent is startAgentWith without waiting for the agent to be ready.
+func serveAgent(t *testing.T, ns string, o metricsagent.Options) *runningAgent {
+	t.Helper()
+	if o.Config == nil {
+		o.Config = agentConfig(t, ns)
+	}
+	o.Namespace, o.Logger = ns, quiet
+	a, err := metricsagent.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,12 +98,15 @@ func startAgent(t *testing.T, cfg *rest.Config, ns string) *runningAgent {
 			if err := <-done; err != nil {
 				t.Errorf("agent: %v", err)
 			}
+			select {
+			case <-a.Stopped():
+			case <-time.After(30 * time.Second):
+				t.Errorf("agent did not stop within 30s of its context ending")
+			}
 		})
 	}
 	t.Cleanup(stop)
-	r := &runningAgent{Agent: a, URL: "http://" + ln.Addr().String(), stop: stop}
-	testenv.Eventually(t, 30*time.Second, "agent ready", wait.HTTPOK(r.URL+"/readyz"))
-	return r
+	return &runningAgent{Agent: a, URL: "http://" + ln.Addr().String(), stop: stop}
 }
 
 // metrics scrapes the agent's /metrics.
@@ -91,6 +118,42 @@ func (r *runningAgent) metrics(t testing.TB) metrics.Families {
 func eventsTotal(t *testing.T, a *runningAgent) float64 {
 	t.Helper()
 	return a.metrics(t).Sum("crdipc_scm_events_total", nil)
+}
+
+// eventSeries is every series of crdipc_scm_events_total, by "kind/reason/type".
+func eventSeries(t *testing.T, a *runningAgent) map[string]float64 {
+	t.Helper()
+	m := map[string]float64{}
+	for _, s := range a.metrics(t)["crdipc_scm_events_total"].GetMetric() {
+		l := map[string]string{}
+		for _, p := range s.GetLabel() {
+			l[p.GetName()] = p.GetValue()
+		}
+		m[l["kind"]+"/"+l["reason"]+"/"+l["type"]] = s.GetCounter().GetValue()
+	}
+	return m
+}
+
+// checkpoint is the agent's checkpoint ConfigMap in ns as stored: its holder and the sum of
+// its totals (-1 if it holds no state yet).
+func checkpoint(t *testing.T, ns string) (holder string, total float64) {
+	t.Helper()
+	cm := &corev1.ConfigMap{}
+	if err := testenv.Get(t).Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: metricsagent.DefaultCheckpointName}, cm); err != nil {
+		t.Fatalf("reading the checkpoint: %v", err)
+	}
+	raw, ok := cm.Data["totals"]
+	if !ok {
+		return cm.Data["holder"], -1
+	}
+	var totals []struct{ Count float64 }
+	if err := json.Unmarshal([]byte(raw), &totals); err != nil {
+		t.Fatalf("checkpoint totals %q: %v", raw, err)
+	}
+	for _, e := range totals {
+		total += e.Count
+	}
+	return cm.Data["holder"], total
 }
 
 // waitTotal waits until the agent's counter is exactly n. Reaching n and staying is checked

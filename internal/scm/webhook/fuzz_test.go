@@ -50,7 +50,7 @@ func FuzzWebhook(f *testing.F) {
 			if r.Result == "" {
 				t.Fatalf("%d without a result: %+v", r.Status, r)
 			}
-		case http.StatusBadRequest, http.StatusUnsupportedMediaType, http.StatusRequestEntityTooLarge:
+		case http.StatusBadRequest, http.StatusConflict, http.StatusUnsupportedMediaType, http.StatusRequestEntityTooLarge:
 			if r.Error == "" {
 				t.Fatalf("%d without a reason: %+v", r.Status, r)
 			}

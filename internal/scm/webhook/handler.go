@@ -26,6 +26,17 @@ const (
 	resultMediaType    = "unsupported_media_type"
 	resultUnavailable  = "unavailable"
 	resultError        = "error"
+	// resultOverloaded: MaxConcurrentRequests deliveries were in flight; the body was not read.
+	resultOverloaded = "overloaded"
+	// resultConflict: the body or the delivery ID contradicts a Delivery record.
+	resultConflict = "conflict"
+)
+
+// Retry-After of a 503, in seconds: for an unreachable API server, and for a full listener,
+// which frees up as soon as the deliveries in flight are stored.
+const (
+	retryAfterUnavailable = "10"
+	retryAfterOverloaded  = "2"
 )
 
 // maxDeliveryIDLen bounds X-GitHub-Delivery (a GUID, 36 characters) so it fits an Event name.
@@ -34,6 +45,10 @@ const maxDeliveryIDLen = 128
 // response is the JSON body of every /webhook answer.
 type response struct {
 	status int
+	// retryAfter is the Retry-After header of a 503; closeConn asks the client to close the
+	// connection, because the request's body was not read.
+	retryAfter string
+	closeConn  bool
 
 	Delivery string `json:"delivery,omitempty"`
 	Event    string `json:"event,omitempty"`
@@ -62,7 +77,17 @@ func (l *Listener) serveWebhook(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", http.MethodPost)
 	}
 	if resp.status == http.StatusServiceUnavailable {
-		w.Header().Set("Retry-After", "10")
+		if resp.retryAfter == "" {
+			resp.retryAfter = retryAfterUnavailable
+		}
+		w.Header().Set("Retry-After", resp.retryAfter)
+	}
+	if resp.closeConn {
+		// Without this, net/http would read up to 256 KiB of the unread body before sending
+		// the answer, to reuse the connection; with it, the answer goes out at once and the
+		// connection's slot is freed (net/http still drains at most 256 KiB after the answer,
+		// so that the client can read it before the close).
+		w.Header().Set("Connection", "close")
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -108,6 +133,21 @@ func (l *Listener) handle(r *http.Request) *response {
 	if r.ContentLength > limit {
 		return fail(http.StatusRequestEntityTooLarge, resultTooLarge, "body of %d bytes is over the limit of %d bytes", r.ContentLength, limit)
 	}
+	// Reading and verifying a body is the first work anyone on the Internet can make the
+	// listener do; it is bounded, and a request over the bound costs nothing more.
+	select {
+	case l.inFlight <- struct{}{}:
+		l.metrics.inFlight.Inc()
+		defer func() {
+			<-l.inFlight
+			l.metrics.inFlight.Dec()
+		}()
+	default:
+		resp := fail(http.StatusServiceUnavailable, resultOverloaded,
+			"%d deliveries are in flight, the listener's limit (--max-concurrent-requests): body not read, nothing written; retry later", cap(l.inFlight))
+		resp.retryAfter, resp.closeConn = retryAfterOverloaded, true
+		return resp
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
 		return fail(http.StatusBadRequest, resultBadRequest, "reading body: %v", err)
@@ -150,20 +190,77 @@ func (l *Listener) handle(r *http.Request) *response {
 		return fail(http.StatusBadRequest, resultBadRequest, "payload is not a JSON object")
 	}
 
-	c, resp := l.parse(event, payload, time.Now())
+	received := time.Now()
+	c, resp := l.parse(event, payload, received)
 	if resp != nil {
 		return resp
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), l.opts.Timeout)
 	defer cancel()
+	return l.record(ctx, c, RecordName(body), event, delivery, payload, received)
+}
+
+// record writes a delivery that changes an object, guarded by the Delivery record of its
+// body: the record is checked first, so that a body seen before writes nothing (whatever its
+// headers say now); created before the object, so that a concurrent replay of the body finds
+// it; and completed last, so that it never says done before the object and the Event are
+// stored. An attempt that ends in between leaves a pending record, which the next delivery
+// of the body completes.
+func (l *Listener) record(ctx context.Context, c *change, name, event, delivery string, payload []byte, received time.Time) *response {
+	rec, err := l.lookupRecord(ctx, name)
+	if err != nil {
+		return apiFailure(fmt.Errorf("reading delivery record %s: %w", name, err))
+	}
+	if rec != nil {
+		if resp := answerFromRecord(rec, event, delivery); resp != nil {
+			return resp
+		}
+	} else {
+		other, err := l.otherBody(ctx, delivery, name)
+		if err != nil {
+			return apiFailure(err)
+		}
+		if other != nil {
+			return fail(http.StatusConflict, resultConflict,
+				"delivery %s was received before with another body (deliveries/%s, a %q event at %s): one delivery ID names one body; nothing written",
+				delivery, other.Name, other.Spec.Event, other.Spec.ReceivedAt.UTC().Format(time.RFC3339))
+		}
+	}
+	// A body without a record may be older than the retention: its own shape must match the
+	// event it claims to be.
+	if err := checkShape(event, payload); err != nil {
+		return fail(http.StatusBadRequest, resultBadRequest, "invalid %s payload: %v", event, err)
+	}
+	created := false
+	if rec == nil {
+		if rec, created, err = l.createRecord(ctx, name, event, delivery, received); err != nil {
+			return apiFailure(err)
+		}
+		if !created {
+			if resp := answerFromRecord(rec, event, delivery); resp != nil {
+				return resp
+			}
+		}
+	}
+	// A pending record belongs to the delivery ID that created it: a copy of the body under
+	// another ID completes that delivery rather than adding an Event of its own.
+	delivery = rec.Spec.DeliveryID
 	s, evName, err := l.store(ctx, c, delivery)
 	if err != nil {
-		return apiFailure(err)
+		resp := apiFailure(err)
+		if created && resp.status >= 400 && resp.status < 500 {
+			l.dropRecord(rec)
+		}
+		return resp
+	}
+	object := c.resource() + "/" + s.obj.GetName()
+	if err := l.completeRecord(ctx, rec, s, object, evName); err != nil {
+		return apiFailure(fmt.Errorf("%s and its event are stored but the record deliveries/%s is not complete: %w", object, name, err))
 	}
 	return &response{
 		status:    http.StatusOK,
 		Result:    s.result,
-		Object:    c.resource() + "/" + s.obj.GetName(),
+		Object:    object,
 		EventName: evName,
 		Message:   c.message,
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -75,7 +76,10 @@ func newUnstartedHarness(t testing.TB, cfg *rest.Config, mod ...func(*webhook.Op
 	if err != nil {
 		t.Fatalf("webhook.New: %v", err)
 	}
-	srv := httptest.NewServer(l.Handler())
+	// Served as Setup serves it: behind the listener's connection limit.
+	srv := httptest.NewUnstartedServer(l.Handler())
+	srv.Listener = l.LimitListener(srv.Listener)
+	srv.Start()
 	t.Cleanup(srv.Close)
 	ops := httptest.NewServer(l.OpsHandler())
 	t.Cleanup(ops.Close)
@@ -199,3 +203,17 @@ func (h *harness) counts() [3]int {
 }
 
 func testenvConfig(t testing.TB) *rest.Config { return testenv.Get(t).Config }
+
+// record returns the Delivery record of body, or nil when there is none.
+func (h *harness) record(body []byte) *scmv1alpha1.Delivery {
+	h.t.Helper()
+	rec := &scmv1alpha1.Delivery{}
+	err := h.env.Client.Get(context.Background(), client.ObjectKey{Namespace: h.ns, Name: webhook.RecordName(body)}, rec)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		h.t.Fatalf("get delivery record: %v", err)
+	}
+	return rec
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -39,12 +42,31 @@ const DefaultTimeout = 8 * time.Second
 // SecretEnv is the environment variable the CLI reads the secret from when no file is given.
 const SecretEnv = "CRDIPC_WEBHOOK_SECRET"
 
+// Bounds on work done before a delivery is authenticated. Anyone can open connections and
+// start requests; only the signature, checked once the body is read, tells GitHub apart.
+const (
+	// DefaultMaxConcurrentRequests bounds deliveries being read, verified and stored at once:
+	// GitHub sends bursts of a few per second, each stored in tens of milliseconds. Memory held
+	// by bodies is at most this times MaxBodyBytes.
+	DefaultMaxConcurrentRequests = 32
+	// DefaultMaxConnections bounds open connections, idle keep-alives included.
+	DefaultMaxConnections = 256
+)
+
+// DefaultDeliveryRetention is how long a Delivery record is kept: GitHub lets a delivery be
+// redelivered for 3 days.
+const DefaultDeliveryRetention = 72 * time.Hour
+
 // The listener's permissions, in the namespace it writes to (config/rbac/webhook-listener binds
 // them there with a RoleBinding): read its PullRequests and Branches (its cache lists and
 // watches them), create and update them, never delete; create Events, and get one for the
-// redelivery check of same-second deliveries.
+// redelivery check of same-second deliveries; and keep its Delivery records: create one per
+// body, complete its status, read them (its cache lists and watches them) and delete them
+// after the retention. Records are never updated: their spec is immutable.
 // +kubebuilder:rbac:groups=scm.crdipc.io,resources=pullrequests;branches,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=events,verbs=get;create
+// +kubebuilder:rbac:groups=scm.crdipc.io,resources=deliveries,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=scm.crdipc.io,resources=deliveries/status,verbs=update
 
 // Options configure a Listener.
 type Options struct {
@@ -60,6 +82,19 @@ type Options struct {
 	MaxBodyBytes int64
 	// Timeout bounds the API writes for one delivery (default DefaultTimeout).
 	Timeout time.Duration
+	// MaxConcurrentRequests bounds the deliveries being read, verified and stored at once
+	// (default DefaultMaxConcurrentRequests). One more is answered 503 with Retry-After,
+	// without reading its body.
+	MaxConcurrentRequests int
+	// MaxConnections bounds the connections LimitListener keeps open (default
+	// DefaultMaxConnections); further ones wait in the kernel's accept queue.
+	MaxConnections int
+	// DeliveryRetention is how long a Delivery record, the listener's memory of a body it
+	// accepted, is kept (default DefaultDeliveryRetention).
+	DeliveryRetention time.Duration
+	// RecordGCInterval is how often Start's collector deletes records older than
+	// DeliveryRetention (default: a quarter of the retention, at most an hour).
+	RecordGCInterval time.Duration
 	// Instance is the Events' reportingInstance (default: the host name).
 	Instance string
 	// Logger receives one line per delivery (default slog.Default()).
@@ -79,8 +114,10 @@ type Listener struct {
 	synced  atomic.Bool
 	started atomic.Bool
 	metrics *metrics
-	handler http.Handler
-	ops     http.Handler
+	// inFlight holds a token per delivery being read, verified or stored.
+	inFlight chan struct{}
+	handler  http.Handler
+	ops      http.Handler
 }
 
 // New checks opts and returns a Listener; it does not contact the API server.
@@ -102,6 +139,30 @@ func New(opts Options) (*Listener, error) {
 	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
+	}
+	for _, v := range []struct {
+		name string
+		n    *int
+		def  int
+	}{{"concurrent request limit", &opts.MaxConcurrentRequests, DefaultMaxConcurrentRequests}, {"connection limit", &opts.MaxConnections, DefaultMaxConnections}} {
+		switch {
+		case *v.n == 0:
+			*v.n = v.def
+		case *v.n < 0:
+			return nil, fmt.Errorf("%s %d is negative", v.name, *v.n)
+		}
+	}
+	switch {
+	case opts.DeliveryRetention == 0:
+		opts.DeliveryRetention = DefaultDeliveryRetention
+	case opts.DeliveryRetention < 0:
+		return nil, fmt.Errorf("delivery retention %s is negative", opts.DeliveryRetention)
+	}
+	switch {
+	case opts.RecordGCInterval == 0:
+		opts.RecordGCInterval = min(opts.DeliveryRetention/4, time.Hour)
+	case opts.RecordGCInterval < 0:
+		return nil, fmt.Errorf("record collection interval %s is negative", opts.RecordGCInterval)
 	}
 	if opts.Instance == "" {
 		h, err := os.Hostname()
@@ -139,7 +200,8 @@ func New(opts Options) (*Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating cache: %w", err)
 	}
-	l := &Listener{opts: opts, client: c, rest: dc.RESTClient(), cache: cc, metrics: m}
+	l := &Listener{opts: opts, client: c, rest: dc.RESTClient(), cache: cc, metrics: m,
+		inFlight: make(chan struct{}, opts.MaxConcurrentRequests)}
 	// Two handlers for two ports: what GitHub (the Internet) reaches, and what the cluster's
 	// probes and Prometheus do. Nothing about the listener's internals faces the Internet.
 	mux := http.NewServeMux()
@@ -163,17 +225,31 @@ func (l *Listener) Handler() http.Handler { return l.handler }
 // Registry is the registry the listener's metrics are in.
 func (l *Listener) Registry() *prometheus.Registry { return l.opts.Registry }
 
-// Start fills the listener's cache of PullRequests and Branches and keeps it current until
-// ctx ends; it returns once the cache is synced. A listener that was
-// not started still works: every delivery then reads the API server directly.
+// LimitListener bounds the connections ln keeps open at Options.MaxConnections: serve
+// Handler on what it returns. A connection over the limit is not accepted until another
+// closes; it waits in the kernel's accept queue.
+func (l *Listener) LimitListener(ln net.Listener) net.Listener {
+	return netutil.LimitListener(ln, l.opts.MaxConnections)
+}
+
+// Start fills the listener's cache of PullRequests, Branches and Delivery records and keeps it
+// current until ctx ends, and from then on deletes expired records every RecordGCInterval; it
+// returns once the cache is synced. A listener that was not started still works: every
+// delivery then reads the API server directly, and records are kept until a started listener
+// deletes them.
 func (l *Listener) Start(ctx context.Context) error {
 	if !l.started.CompareAndSwap(false, true) {
 		return errors.New("webhook listener already started")
 	}
-	for _, obj := range []client.Object{&scmv1alpha1.PullRequest{}, &scmv1alpha1.Branch{}} {
+	for _, obj := range []client.Object{&scmv1alpha1.PullRequest{}, &scmv1alpha1.Branch{}, &scmv1alpha1.Delivery{}} {
 		if _, err := l.cache.GetInformer(ctx, obj); err != nil {
 			return fmt.Errorf("starting informer: %w", err)
 		}
+	}
+	if err := l.cache.IndexField(ctx, &scmv1alpha1.Delivery{}, deliveryIDField, func(o client.Object) []string {
+		return []string{o.(*scmv1alpha1.Delivery).Spec.DeliveryID}
+	}); err != nil {
+		return fmt.Errorf("indexing delivery records: %w", err)
 	}
 	go func() {
 		if err := l.cache.Start(ctx); err != nil {
@@ -184,6 +260,7 @@ func (l *Listener) Start(ctx context.Context) error {
 		return fmt.Errorf("waiting for the cache to sync: %w", context.Cause(ctx))
 	}
 	l.synced.Store(true)
+	go wait.UntilWithContext(ctx, l.collectRecords, l.opts.RecordGCInterval)
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
@@ -313,4 +314,27 @@ func by(who ...any) string {
 		}
 	}
 	return ""
+}
+
+// checkShape checks that a payload has the top-level fields of the event it is delivered as.
+// X-GitHub-Event is not signed, and create and delete payloads parse alike: a captured create
+// resent as a delete would mark its branch deleted. GitHub's create payload always carries
+// master_branch and description (null when empty); its delete payload never does.
+func checkShape(event string, payload []byte) error {
+	if event != "create" && event != "delete" {
+		return nil
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &top); err != nil {
+		return invalid("payload is not a JSON object: %v", err)
+	}
+	_, master := top["master_branch"]
+	_, desc := top["description"]
+	switch {
+	case event == "create" && (!master || !desc):
+		return invalid("a create payload has master_branch and description; this one lacks them (a delete payload delivered as create?)")
+	case event == "delete" && (master || desc):
+		return invalid("a delete payload has no master_branch or description; this one has them (a create payload delivered as delete?)")
+	}
+	return nil
 }

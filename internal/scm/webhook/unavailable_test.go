@@ -8,8 +8,10 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/crdipc/crdipc/internal/testenv"
 	"k8s.io/client-go/rest"
+
+	"github.com/crdipc/crdipc/internal/scm/webhook"
+	"github.com/crdipc/crdipc/internal/testenv"
 )
 
 // API server unreachable → 503 with a reason and Retry-After, nothing written; reachable
@@ -50,32 +52,44 @@ func TestAPIServerUnavailable(t *testing.T) {
 	}
 }
 
-// failEvents fails Event creates while armed, as an API server that dies between the two
-// writes of a delivery would.
-type failEvents struct {
+// failWrites fails the writes match selects while armed, as an API server that dies between
+// two writes of a delivery would.
+type failWrites struct {
 	rt    http.RoundTripper
 	armed *atomic.Bool
+	match func(*http.Request) bool
 }
 
-func (f failEvents) RoundTrip(r *http.Request) (*http.Response, error) {
-	if f.armed.Load() && r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/events") {
+func (f failWrites) RoundTrip(r *http.Request) (*http.Response, error) {
+	if f.armed.Load() && f.match(r) {
 		return nil, errors.New("connection reset by peer (injected)")
 	}
 	return f.rt.RoundTrip(r)
 }
 
-// The object is stored but the Event is not: the answer is 503 (GitHub will show the
-// delivery failed), and the redelivery completes it with exactly one Event and no change to
-// the object.
-func TestEventWriteFailsThenRedelivery(t *testing.T) {
+// failingHarness is a listener whose API writes that match fail while the returned switch is
+// on.
+func failingHarness(t *testing.T, match func(*http.Request) bool) (*harness, *atomic.Bool) {
 	var armed atomic.Bool
 	cfg := rest.CopyConfig(testenvConfig(t))
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return failEvents{rt: rt, armed: &armed} })
-	h := newHarness(t, cfg)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return failWrites{rt: rt, armed: &armed, match: match} })
+	return newHarness(t, cfg), &armed
+}
+
+// The object is stored but the Event is not: the answer is 503 (GitHub will show the
+// delivery failed), the body's record stays pending, and the redelivery completes it with
+// exactly one Event and no change to the object.
+func TestEventWriteFailsThenRedelivery(t *testing.T) {
+	h, armed := failingHarness(t, func(r *http.Request) bool {
+		return r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/events")
+	})
 	armed.Store(true)
 	r := h.deliver("pull_request", deliveryA, fixture(t, "pull_request-opened.json"))
 	if r.Status != http.StatusServiceUnavailable || !strings.Contains(r.Error, "is stored but its event is not") {
 		t.Fatalf("event write failed: %d %+v", r.Status, r)
+	}
+	if rec := h.record(fixture(t, "pull_request-opened.json")); rec == nil || rec.Status.Result != "" {
+		t.Fatalf("record after a failed Event write: %+v, want pending", rec)
 	}
 	rv := h.pullRequest(pr42).ResourceVersion
 	armed.Store(false)
@@ -88,5 +102,40 @@ func TestEventWriteFailsThenRedelivery(t *testing.T) {
 	}
 	if c := h.counts(); c != [3]int{1, 0, 1} {
 		t.Errorf("after redelivery: %v, want one PullRequest and one Event", c)
+	}
+	if rec := h.record(fixture(t, "pull_request-opened.json")); rec == nil || rec.Status.Result != "unchanged" || rec.Status.EventName != r.EventName {
+		t.Errorf("record after the redelivery: %+v, want unchanged with Event %s", rec, r.EventName)
+	}
+}
+
+// The object and the Event are stored but the record is not completed: 503, and the
+// redelivery completes the record without writing anything else.
+func TestRecordCompletionFailsThenRedelivery(t *testing.T) {
+	h, armed := failingHarness(t, func(r *http.Request) bool {
+		return r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/deliveries/") && strings.HasSuffix(r.URL.Path, "/status")
+	})
+	body := fixture(t, "create-branch.json")
+	armed.Store(true)
+	r := h.deliver("create", deliveryA, body)
+	if r.Status != http.StatusServiceUnavailable || !strings.Contains(r.Error, "record deliveries/"+webhook.RecordName(body)+" is not complete") {
+		t.Fatalf("record completion failed: %d %+v", r.Status, r)
+	}
+	if rec := h.record(body); rec == nil || rec.Status.Result != "" {
+		t.Fatalf("record: %+v, want pending", rec)
+	}
+	rv := h.branch(loginBranch).ResourceVersion
+	armed.Store(false)
+	r = h.mustDeliver("create", deliveryA, "create-branch.json", http.StatusOK)
+	if r.Result != "duplicate" || r.EventName != webhook.EventName(loginBranch, deliveryA) {
+		t.Errorf("redelivery: %+v, want duplicate recorded on %s", r, webhook.EventName(loginBranch, deliveryA))
+	}
+	if got := h.branch(loginBranch).ResourceVersion; got != rv {
+		t.Errorf("redelivery rewrote the branch: %s → %s", rv, got)
+	}
+	if c := h.counts(); c != [3]int{0, 1, 1} {
+		t.Errorf("after redelivery: %v, want one Branch and one Event", c)
+	}
+	if rec := h.record(body); rec == nil || rec.Status.Result != "duplicate" || rec.Status.Object != "branches/"+loginBranch {
+		t.Errorf("record after the redelivery: %+v, want complete", rec)
 	}
 }
