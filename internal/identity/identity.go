@@ -10,10 +10,15 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -112,8 +117,65 @@ func Apply(ctx context.Context, cfg *rest.Config, services []string, o ApplyOpti
 		if namespaces[svc] == "" {
 			return nil, fmt.Errorf("identities: config/rbac/%s ships no ServiceAccount", svc)
 		}
+		if err := waitEnforced(ctx, kube, Username(namespaces[svc], svc), objs); err != nil {
+			return nil, fmt.Errorf("identities: %s: %w", svc, err)
+		}
 	}
 	return namespaces, nil
+}
+
+// waitEnforced returns once the authorizer grants user, through each binding in objs, the
+// first rule of the role it binds. The RBAC authorizer reads bindings from an informer, so
+// for a moment after they are written a service would be refused what its role allows; a
+// service started right after Apply must not see that.
+func waitEnforced(ctx context.Context, kube kubernetes.Interface, user string, objs []*unstructured.Unstructured) error {
+	rules := map[string][]rbacv1.PolicyRule{} // by "<kind>/<name>"
+	var bindings []*unstructured.Unstructured
+	for _, u := range objs {
+		switch u.GetKind() {
+		case "Role", "ClusterRole":
+			var role rbacv1.ClusterRole // a Role has the same rules field
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &role); err != nil {
+				return err
+			}
+			rules[u.GetKind()+"/"+u.GetName()] = role.Rules
+		case "RoleBinding", "ClusterRoleBinding":
+			bindings = append(bindings, u)
+		}
+	}
+	for _, b := range bindings {
+		var binding rbacv1.RoleBinding // a ClusterRoleBinding has the same roleRef field
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(b.Object, &binding); err != nil {
+			return err
+		}
+		var attrs *authorizationv1.ResourceAttributes
+		for _, r := range rules[binding.RoleRef.Kind+"/"+binding.RoleRef.Name] {
+			if len(r.Verbs) > 0 && len(r.Resources) > 0 && len(r.APIGroups) > 0 {
+				attrs = &authorizationv1.ResourceAttributes{Namespace: b.GetNamespace(), Verb: r.Verbs[0], Group: r.APIGroups[0], Resource: r.Resources[0]}
+				if len(r.ResourceNames) > 0 {
+					attrs.Name = r.ResourceNames[0]
+				}
+				break
+			}
+		}
+		if attrs == nil {
+			continue
+		}
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, Groups: []string{"system:serviceaccounts", "system:authenticated"}, ResourceAttributes: attrs,
+		}}
+		err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			got, err := kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+			if err != nil {
+				return false, err
+			}
+			return got.Status.Allowed, nil
+		})
+		if err != nil {
+			return fmt.Errorf("%s %s is not enforced yet (%s %s/%s in %q): %w", b.GetKind(), b.GetName(), attrs.Verb, attrs.Group, attrs.Resource, attrs.Namespace, err)
+		}
+	}
+	return nil
 }
 
 func ensureNamespace(ctx context.Context, kube kubernetes.Interface, name string) error {
