@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
 
 	"github.com/crdipc/crdipc/internal/controlplane"
 	"github.com/crdipc/crdipc/internal/services"
@@ -119,7 +120,12 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 		fmt.Fprintf(out, "  %-28s %6.0f ms\n", name, float64(took.Microseconds())/1000)
 	}
 	fmt.Fprintf(out, "crdipc up: data dir %s\n", o.dataDir)
-	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: o.dataDir, Port: o.port, Progress: step, CRDs: true})
+	var ids *upIdentities
+	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: o.dataDir, Port: o.port, Progress: step, CRDs: true,
+		Install: func(ctx context.Context, admin *rest.Config) (err error) {
+			ids, err = installCluster(ctx, admin, o)
+			return err
+		}})
 	if err != nil {
 		return err
 	}
@@ -132,7 +138,7 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	}()
 
 	t := time.Now()
-	svc, err := startServices(ctx, cp.RESTConfig, o)
+	svc, err := startServices(ctx, cp.RESTConfig, o, ids)
 	if err != nil {
 		return err
 	}

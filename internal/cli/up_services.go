@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -95,7 +97,7 @@ func upListener(o upOptions) func(name, addr string) (net.Listener, error) {
 	}
 }
 
-func startServices(ctx context.Context, admin *rest.Config, o upOptions) (_ *upServices, err error) {
+func startServices(ctx context.Context, admin *rest.Config, o upOptions, ids *upIdentities) (_ *upServices, err error) {
 	entries, err := services.Select(o.services, o.disable)
 	if err != nil {
 		return nil, err
@@ -138,39 +140,7 @@ func startServices(ctx context.Context, admin *rest.Config, o upOptions) (_ *upS
 	svc.background(bgCtx, (&services.HTTPServer{Name: "health probes", Listener: healthLn, Handler: health}).Start)
 	svc.lines = append(svc.lines, fmt.Sprintf("metrics  http://%s/metrics   health http://%s/readyz", metricsLn.Addr(), healthLn.Addr()))
 
-	// Every service's identity, selected or not: a service left out of up can run as a
-	// process of its own with the kubeconfig up keeps for it.
-	var accounts []string
-	for _, e := range services.Table() {
-		if e.Name != "nodes" {
-			accounts = append(accounts, e.Name)
-		}
-	}
-	// The simulated nodes' CSI node plugins, which are no service of their own.
-	accounts = append(accounts, "csi-node")
-	namespaces, err := identity.Apply(ctx, admin, accounts, identity.ApplyOptions{BindIn: map[string]string{
-		"webhook-listener": o.scmNamespace,
-		"metrics-agent":    o.scmNamespace,
-	}})
-	if err != nil {
-		return nil, err
-	}
-	idDir := filepath.Join(o.dataDir, "identities")
-	keeper, err := identity.NewKeeper(admin, idDir)
-	if err != nil {
-		return nil, err
-	}
-	// One token per account, requested once here (the keeper renews it): every service's
-	// config, selected or not, so each kubeconfig is on disk for a process of its own.
-	configs := map[string]*rest.Config{}
-	for _, name := range accounts {
-		cfg, err := keeper.Config(ctx, namespaces[name], identity.ServiceAccount(name))
-		if err != nil {
-			return nil, err
-		}
-		services.Unthrottle(cfg)
-		configs[name] = cfg
-	}
+	keeper, namespaces, configs, idDir := ids.keeper, ids.namespaces, ids.configs, ids.dir
 	configFor := func(service string) (*rest.Config, error) {
 		if service == "nodes" {
 			// The simulated nodes are the cluster's nodes, not a crdipc service: they act
@@ -185,10 +155,6 @@ func startServices(ctx context.Context, admin *rest.Config, o upOptions) (_ *upS
 	}
 	svc.background(bgCtx, func(ctx context.Context) error { keeper.Run(ctx); return nil })
 	svc.lines = append(svc.lines, fmt.Sprintf("accounts one ServiceAccount and kubeconfig per service under %s", idDir))
-
-	if err := installStorageClass(ctx, admin); err != nil {
-		return nil, err
-	}
 
 	local := &services.Local{
 		DataDir:      o.dataDir,
@@ -242,6 +208,67 @@ func startServices(ctx context.Context, admin *rest.Config, o upOptions) (_ *upS
 		svc.names = []string{"none"}
 	}
 	return svc, nil
+}
+
+// upIdentities are every service's ServiceAccount, role and token, made before the
+// services start.
+type upIdentities struct {
+	keeper     *identity.Keeper
+	namespaces map[string]string       // of each account
+	configs    map[string]*rest.Config // a client config with each account's token
+	dir        string
+}
+
+// installCluster is what up installs into the cluster besides the CRDs: every service's
+// identity, selected or not (a service left out of up can run as a process of its own with
+// the kubeconfig up keeps for it), and the StorageClass. The control plane runs it while the
+// API server finishes its first-start bootstrap.
+func installCluster(ctx context.Context, admin *rest.Config, o upOptions) (*upIdentities, error) {
+	var accounts []string
+	for _, e := range services.Table() {
+		if e.Name != "nodes" {
+			accounts = append(accounts, e.Name)
+		}
+	}
+	// The simulated nodes' CSI node plugins, which are no service of their own.
+	accounts = append(accounts, "csi-node")
+	namespaces, err := identity.Apply(ctx, admin, accounts, identity.ApplyOptions{BindIn: map[string]string{
+		"webhook-listener": o.scmNamespace,
+		"metrics-agent":    o.scmNamespace,
+	}})
+	if err != nil {
+		return nil, err
+	}
+	idDir := filepath.Join(o.dataDir, "identities")
+	keeper, err := identity.NewKeeper(admin, idDir)
+	if err != nil {
+		return nil, err
+	}
+	// One token per account, requested once here (the keeper renews it): every service's
+	// config, selected or not, so each kubeconfig is on disk for a process of its own.
+	configs := map[string]*rest.Config{}
+	var configsMu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	for _, name := range accounts {
+		g.Go(func() error { // TokenRequests in parallel: each is a round trip and two file writes
+			cfg, err := keeper.Config(gctx, namespaces[name], identity.ServiceAccount(name))
+			if err != nil {
+				return err
+			}
+			services.Unthrottle(cfg)
+			configsMu.Lock()
+			configs[name] = cfg
+			configsMu.Unlock()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if err := installStorageClass(ctx, admin); err != nil {
+		return nil, err
+	}
+	return &upIdentities{keeper: keeper, namespaces: namespaces, configs: configs, dir: idDir}, nil
 }
 
 // StorageClassName is the StorageClass `crdipc up` installs for the driver.

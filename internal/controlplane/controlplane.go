@@ -15,6 +15,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/safefile"
+	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -63,6 +64,10 @@ type Config struct {
 	// CRDs installs crdipc's system namespace and CRDs (install.Apply) and waits until
 	// they are served: what up, bench and the test harness all start with.
 	CRDs bool
+	// Install, when set, installs what else the caller needs in the cluster before Start
+	// returns (identities, configuration). It runs after the CRDs, as cluster admin, while
+	// the API server finishes the bootstrap of a first start, which it does not depend on.
+	Install func(ctx context.Context, admin *rest.Config) error
 }
 
 // ControlPlane is a running control plane.
@@ -181,10 +186,14 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating client: %w", err)
 	}
-	if err := waitReady(ctx, client, api); err != nil {
+	// On a fresh data dir the API server serves a second or more before it is ready: its
+	// post-start hooks write the default RBAC roles, priority classes and flow control
+	// objects one by one. The CRDs need none of that (admin is system:masters), so they
+	// are installed meanwhile, and readiness is awaited after.
+	if err := waitReady(ctx, client, api, bootstrapHooks...); err != nil {
 		return nil, err
 	}
-	done("kube-apiserver ready")
+	done("kube-apiserver serving")
 
 	// CRDs before the controllers: the garbage collector discovers the resources it
 	// watches when it starts and only every 30 s after, so objects of a CRD installed
@@ -195,6 +204,19 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 			return nil, err
 		}
 		done(fmt.Sprintf("%d CRDs established", len(names)))
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	if cfg.Install != nil {
+		g.Go(func() error { return cfg.Install(gctx, rest.CopyConfig(cp.RESTConfig)) })
+	}
+	g.Go(func() error { return waitReady(gctx, client, api) })
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if cfg.Install != nil {
+		done("kube-apiserver ready, installed")
+	} else {
+		done("kube-apiserver ready")
 	}
 	controllers := cfg.Controllers
 	if controllers == nil {
@@ -341,9 +363,19 @@ func writeKubeconfig(path, server, ca, cert, key, user string) error {
 	return safefile.Write(path, data, 0o600)
 }
 
+// bootstrapHooks are the API server's post-start hooks that write its default objects:
+// the slow part of a first start, and nothing installing CRDs depends on.
+var bootstrapHooks = []string{
+	"poststarthook/rbac/bootstrap-roles",
+	"poststarthook/scheduling/bootstrap-system-priority-classes",
+	"poststarthook/priority-and-fairness-config-producer",
+}
+
 // waitReady polls /readyz. Polling is right here: there is nothing to watch
 // before the API server serves.
-func waitReady(ctx context.Context, client kubernetes.Interface, api *component) error {
+//
+// exclude names /readyz checks not to wait for.
+func waitReady(ctx context.Context, client kubernetes.Interface, api *component, exclude ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	tick := time.NewTicker(25 * time.Millisecond)
@@ -351,7 +383,11 @@ func waitReady(ctx context.Context, client kubernetes.Interface, api *component)
 	var last error
 	for {
 		var status int
-		res := client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).StatusCode(&status)
+		req := client.Discovery().RESTClient().Get().AbsPath("/readyz")
+		for _, e := range exclude {
+			req = req.Param("exclude", e)
+		}
+		res := req.Do(ctx).StatusCode(&status)
 		if status == 200 {
 			return nil
 		}
