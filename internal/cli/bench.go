@@ -36,7 +36,7 @@ local file on the same disk, put through the same fio jobs.
 Without --kubeconfig, bench starts its own embedded control plane in a
 temporary directory and removes it afterwards.`,
 	}
-	cmd.AddCommand(newBenchFloorCommand(), newBenchRoundTripCommand(), newBenchWebhookCommand(), newBenchStorageCommand(), newBenchVolumeCommand())
+	cmd.AddCommand(newBenchFloorCommand(), newBenchRoundTripCommand(), newBenchWebhookCommand(), newBenchStorageCommand(), newBenchVolumeCommand(), newBenchScaleCommand())
 	return cmd
 }
 

@@ -1,0 +1,132 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
+
+	"github.com/crdipc/crdipc/internal/bench"
+)
+
+func newBenchScaleCommand() *cobra.Command {
+	var target benchTarget
+	o := bench.DefaultScaleOptions
+	cmd := &cobra.Command{
+		Use:   "scale",
+		Short: "Measure how costs grow with the number of Books in the cluster",
+		Long: `scale grows a population of Books in a namespace of its own through --sizes
+(each size adds to the previous one), created by --writers concurrent writers and
+served by the Book receiver, and once every Book is Ready (with its Event)
+measures at each size:
+
+  heap/cached Book  live heap a fresh cache of the Books adds, built as the
+                    services build theirs (managedFields dropped), per Book
+                    (goal at the largest size: ≤ 2048 bytes)
+  cache sync        how long that cache takes to list and sync
+  list              a full List of the Books (median of 3), and one in pages
+  idle CPU          this process's CPU while nothing is asked of it, in cores
+  ipc.Call          p50/p99 of --calls sequential Calls of a new Book; p50 as a
+                    ratio to the first size's (goal: ≤ 1.2)
+  RSS, heap         this process (the control plane and the Book receiver, as
+                    in up) and per Book over the baseline before any Book
+                    (goal: RSS < 2 GiB at 100,000 Books)
+
+At the end the namespace is deleted, with every Book and Event, and bench waits
+until it is gone (bounded). Goals are reported, not enforced.
+
+Without --kubeconfig, bench starts an embedded control plane and the books
+service of the service table in this process, as up does; with --kubeconfig
+the books service must already run, and the memory figures are bench's own.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			progress := cmd.ErrOrStderr()
+			o.Progress = func(format string, a ...any) { fmt.Fprintf(progress, "scale: "+format+"\n", a...) }
+			return runBench(cmd, &target, func(ctx context.Context, cfg *rest.Config) (*bench.Scale, error) {
+				o.InProcess = target.kubeconfig == ""
+				if o.InProcess {
+					stop, err := bench.StartBooksService(ctx, cfg)
+					if err != nil {
+						return nil, err
+					}
+					defer func() { target.quiet(); stop() }()
+				}
+				return bench.MeasureScale(ctx, cfg, o)
+			}, printScale)
+		},
+	}
+	target.flags(cmd)
+	f := cmd.Flags()
+	f.IntSliceVar(&o.Sizes, "sizes", o.Sizes, "Book populations to measure, ascending")
+	f.IntVar(&o.Writers, "writers", o.Writers, "concurrent writers creating the Books")
+	f.IntVar(&o.CallSamples, "calls", o.CallSamples, "sequential ipc.Calls measured at each size")
+	f.DurationVar(&o.IdleWindow, "idle-window", o.IdleWindow, "how long idle CPU is sampled")
+	f.StringVar(&o.HeapProfile, "heap-profile", "", "write a pprof heap profile of this process at the largest size to this file")
+	return cmd
+}
+
+func printScale(out io.Writer, s *bench.Scale) {
+	mib := func(b float64) string { return fmt.Sprintf("%.0f", b/(1<<20)) }
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "scale\t")
+	for _, st := range s.Steps {
+		fmt.Fprintf(tw, "%d Books\t", st.Books)
+	}
+	fmt.Fprintln(tw, "goal\t")
+	row := func(name, goal string, v func(bench.ScaleStep) string) {
+		fmt.Fprintf(tw, "%s\t", name)
+		for _, st := range s.Steps {
+			fmt.Fprintf(tw, "%s\t", v(st))
+		}
+		fmt.Fprintf(tw, "%s\t\n", goal)
+	}
+	row("Events", "", func(st bench.ScaleStep) string { return fmt.Sprint(st.Events) })
+	row("populate: creates/s", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.0f", st.CreatesPerSec) })
+	row("populate: Ready/s", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.0f", st.ReadyPerSec) })
+	row("heap/cached Book (bytes)", fmt.Sprintf("≤ %.0f", s.CacheBytesGoal), func(st bench.ScaleStep) string { return fmt.Sprintf("%.0f", st.CacheBytesPer) })
+	row("heap/empty cache (KiB)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.0f", st.CacheFixedBytes/1024) })
+	row("cache sync (ms)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.0f", st.CacheSyncMs) })
+	row("full list (ms)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.0f", st.ListMs) })
+	row(fmt.Sprintf("list in pages of %d (ms)", s.Steps[0].PagedListLimit), "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.0f", st.PagedListMs) })
+	row("idle CPU (cores)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.3f", st.IdleCores) })
+	row("ipc.Call p50 (ms)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.1f", st.Call.P50) })
+	row("ipc.Call p99 (ms)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.1f", st.Call.P99) })
+	row("ipc.Call failures", "", func(st bench.ScaleStep) string { return fmt.Sprint(st.CallErrors) })
+	row("ipc.Call p50 / first size", fmt.Sprintf("≤ %.1f", s.CallRatioGoal), func(st bench.ScaleStep) string { return fmt.Sprintf("%.2f", st.CallP50Ratio) })
+	who := "bench"
+	if s.InProcess {
+		who = "process"
+	}
+	row(who+" RSS (MiB)", fmt.Sprintf("< %s at %d", mib(float64(s.RSSGoalBytes)), bench.ScaleRSSGoalSize), func(st bench.ScaleStep) string { return mib(float64(st.Memory.RSSBytes)) })
+	row(who+" peak RSS (MiB)", "", func(st bench.ScaleStep) string { return mib(float64(st.Memory.PeakRSSBytes)) })
+	row(who+" RSS, free pages released (MiB)", "", func(st bench.ScaleStep) string { return mib(float64(st.Memory.ReleasedRSSBytes)) })
+	row(who+" heap (MiB)", "", func(st bench.ScaleStep) string { return mib(float64(st.Memory.HeapBytes)) })
+	row(who+" heap in use, stacks (MiB)", "", func(st bench.ScaleStep) string {
+		return mib(float64(st.Memory.HeapInuseBytes)) + ", " + mib(float64(st.Memory.StackBytes))
+	})
+	row("RSS/Book over baseline (bytes)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.0f", st.RSSPerBook) })
+	row("heap/Book over baseline (bytes)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.0f", st.HeapPerBook) })
+	row("goroutines", "", func(st bench.ScaleStep) string { return fmt.Sprint(st.Memory.Goroutines) })
+	tw.Flush()
+	fmt.Fprintf(out, "baseline before any Book: RSS %s MiB (%s released), heap %s MiB, %d goroutines, idle CPU %.3f cores\n",
+		mib(float64(s.Baseline.RSSBytes)), mib(float64(s.Baseline.ReleasedRSSBytes)), mib(float64(s.Baseline.HeapBytes)), s.Baseline.Goroutines, s.BaselineIdleCores)
+	last := s.Steps[len(s.Steps)-1]
+	fmt.Fprintf(out, "goals at %d Books: heap/cached Book %s, Call p50 ratio %s", last.Books, metOrMissed(s.CacheBytesMet), metOrMissed(s.CallRatioMet))
+	if s.RSSMet != nil {
+		fmt.Fprintf(out, ", RSS %s", metOrMissed(*s.RSSMet))
+	}
+	fmt.Fprintln(out)
+	for _, st := range s.Steps {
+		if st.CallError != "" {
+			fmt.Fprintf(out, "at %d Books, first failed Call: %s\n", st.Books, st.CallError)
+		}
+	}
+	if s.CleanupError != "" {
+		fmt.Fprintf(out, "cleanup: %s\n", s.CleanupError)
+	} else {
+		fmt.Fprintf(out, "cleanup: namespace deleted in %.1f s\n", s.CleanupSeconds)
+	}
+}
