@@ -120,6 +120,9 @@ func printScale(out io.Writer, s *bench.Scale) {
 	}
 	fmt.Fprintln(out)
 	for _, st := range s.Steps {
+		if st.ListError != "" {
+			fmt.Fprintf(out, "at %d Books, a list failed: %s\n", st.Books, st.ListError)
+		}
 		if st.CallError != "" {
 			fmt.Fprintf(out, "at %d Books, first failed Call: %s\n", st.Books, st.CallError)
 		}
