@@ -17,6 +17,7 @@ import (
 	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
 	"github.com/crdipc/crdipc/internal/books"
 	"github.com/crdipc/crdipc/internal/scheme"
+	"github.com/crdipc/crdipc/internal/services"
 	"github.com/crdipc/crdipc/ipc"
 )
 
@@ -120,14 +121,11 @@ func startBooks(cfg *rest.Config, ns string) (func(), error) {
 	if err := books.Register(mgr, ipc.Options{Name: "bench-book", MaxConcurrentReconciles: 32, LeaseDuration: -1}); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	if !mgr.GetCache().WaitForCacheSync(ctx) {
-		cancel()
-		return nil, fmt.Errorf("receiver caches did not sync: %w", <-done)
+	stop, err := services.Start(context.Background(), mgr)
+	if err != nil {
+		return nil, fmt.Errorf("receiver: %w", err)
 	}
-	return func() { cancel(); <-done }, nil
+	return stop, nil
 }
 
 type callResult struct {

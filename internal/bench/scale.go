@@ -162,14 +162,11 @@ func StartBooksService(ctx context.Context, cfg *rest.Config) (stop func(), err 
 	if err != nil {
 		return nil, err
 	}
-	mctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	if !mgr.GetCache().WaitForCacheSync(ctx) {
-		cancel()
-		return nil, fmt.Errorf("books service: caches did not sync: %w", <-done)
+	stop, err = services.Start(ctx, mgr)
+	if err != nil {
+		return nil, fmt.Errorf("books service: %w", err)
 	}
-	return func() { cancel(); <-done }, nil
+	return stop, nil
 }
 
 // MeasureScale grows a population of Books, served by a Book receiver that must already

@@ -94,17 +94,13 @@ func startStorage(ctx context.Context, cfg *rest.Config, nodes int, root string)
 			return nil, err
 		}
 	}
-	mctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	if !mgr.GetCache().WaitForCacheSync(ctx) {
-		cancel()
+	stopMgr, err := services.Start(ctx, mgr)
+	if err != nil {
 		cleanup()
-		return nil, fmt.Errorf("storage services: caches did not sync: %w", <-done)
+		return nil, fmt.Errorf("storage services: %w", err)
 	}
 	return func() {
-		cancel()
-		<-done
+		stopMgr()
 		cleanup()
 	}, nil
 }

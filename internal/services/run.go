@@ -218,3 +218,16 @@ func (env Env) say(format string, a ...any) {
 		env.Local.Say(fmt.Sprintf(format, a...))
 	}
 }
+
+// Start runs mgr in the background and returns once its caches have synced, with the func
+// that stops it and waits until it has: how bench and its tests run services in-process.
+func Start(ctx context.Context, mgr manager.Manager) (stop func(), err error) {
+	mctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	if !mgr.GetCache().WaitForCacheSync(ctx) {
+		cancel()
+		return nil, fmt.Errorf("caches did not sync: %w", <-done)
+	}
+	return func() { cancel(); <-done }, nil
+}
