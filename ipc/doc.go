@@ -69,11 +69,16 @@
 //     before acting, create under deterministic names); that makes each
 //     effect happen once, and the reply it leads to is the same each time.
 //   - One Event per Ready transition (per generation, status, reason and
-//     message). An Event's name is derived from what it reports, and it is
-//     written before the status, so a reconcile repeated because its status
-//     write was lost stores it again under the same name, which is a no-op.
-//     An Event the API server refuses for good (no permission) is logged and
-//     dropped, never retried.
+//     message), written after the status that shows it: an Event never
+//     reports a transition that was not stored, and a sender's Call returns
+//     without waiting for it. Until it is written the Event is owed, in the
+//     receiver's memory: a reconcile repeated because the status write failed
+//     or its response was lost finds the transition already stored and writes
+//     the owed Event then. Its name is derived from what it reports, so
+//     writing it twice stores it once. An Event is lost only if the receiver
+//     process ends between the status write and the Event write; the status
+//     remains the record. An Event the API server refuses for good (no
+//     permission) is logged and dropped, never retried.
 //   - The metrics (requests by result, age at completion) count verdicts this
 //     process stored; they are per process and can miss a verdict whose
 //     status write succeeded but whose response was lost.

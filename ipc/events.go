@@ -36,13 +36,16 @@ type eventWriter struct {
 // that must not lose it to retry. Any other failure (no permission to write
 // Events, say) is logged and dropped: an Event is a report, not part of the
 // reply, and must not fail the request.
-func (w *eventWriter) record(ctx context.Context, obj client.Object, typ, reason, action, message string) error {
+// The Event's name is derived from generation rather than obj's current one,
+// so that an Event written late, after the spec changed again, keeps the name
+// of the transition it reports.
+func (w *eventWriter) record(ctx context.Context, obj client.Object, generation int64, typ, reason, action, message string) error {
 	gvk, err := apiutil.GVKForObject(obj, w.scheme)
 	if err != nil {
 		log.FromContext(ctx).Error(err, "recording event")
 		return nil
 	}
-	sum := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%d\x00%s\x00%s\x00%s", obj.GetUID(), obj.GetGeneration(), typ, reason, message)))
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%d\x00%s\x00%s\x00%s", obj.GetUID(), generation, typ, reason, message)))
 	ns := obj.GetNamespace()
 	if ns == "" {
 		ns = metav1.NamespaceDefault // where Kubernetes puts Events about cluster-scoped objects

@@ -53,6 +53,6 @@ func (r *receiver[T]) setDeleting(ctx context.Context, obj T, msg string) error 
 		return err
 	}
 	// The status says why deletion waits; the Event only echoes it.
-	_ = r.events.record(ctx, obj, corev1.EventTypeNormal, conditions.ReasonDeleting, "Finalize", msg)
+	_ = r.events.record(ctx, obj, obj.GetGeneration(), corev1.EventTypeNormal, conditions.ReasonDeleting, "Finalize", msg)
 	return nil
 }

@@ -183,6 +183,7 @@ type receiver[T conditions.Object] struct {
 	opts      Options
 	events    *eventWriter
 	inFlight  sync.Map // types.UID → struct{}: the requests the in-flight gauge counts (see track)
+	owed      sync.Map // types.NamespacedName → owedEvent: Events of transitions not yet recorded (see settle)
 	away      awayBackoff
 }
 

@@ -2,9 +2,11 @@ package ipc
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -80,5 +82,94 @@ func TestReconcileRetriesStaleCacheFromAPIServer(t *testing.T) {
 	}
 	if c := meta.FindStatusCondition(book.Status.Conditions, conditions.TypeReady); c == nil || c.Status != metav1.ConditionTrue || c.Message != "filed" {
 		t.Errorf("Ready = %+v, want True \"filed\"", c)
+	}
+}
+
+// lostStatusResponse is a client whose next status update fails as when the connection
+// breaks: stored (or, with drop, not stored), but the answer never comes.
+type lostStatusResponse struct {
+	client.Client
+	fail, drop bool
+}
+
+func (c *lostStatusResponse) Status() client.SubResourceWriter {
+	return &lostStatusWriter{SubResourceWriter: c.Client.Status(), c: c}
+}
+
+type lostStatusWriter struct {
+	client.SubResourceWriter
+	c *lostStatusResponse
+}
+
+func (w *lostStatusWriter) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+	if !w.c.fail {
+		return w.SubResourceWriter.Update(ctx, obj, opts...)
+	}
+	w.c.fail = false
+	if !w.c.drop {
+		if err := w.SubResourceWriter.Update(ctx, obj.DeepCopyObject().(client.Object), opts...); err != nil {
+			return err
+		}
+	}
+	return errors.New("http2: client connection lost")
+}
+
+// The Event of a transition is written after the status that shows it, and exactly once:
+// not when the status write did not store it, and still when the status was stored but
+// its response was lost, so that the retry finds no transition left to report.
+func TestEventFollowsStoredStatus(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	for _, drop := range []bool{false, true} {
+		name := map[bool]string{false: "response-lost", true: "write-lost"}[drop]
+		book := &libraryv1alpha1.Book{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec:       libraryv1alpha1.BookSpec{Title: "T", Author: "A"},
+		}
+		if err := env.Client.Create(ctx, book); err != nil {
+			t.Fatal(err)
+		}
+		c := &lostStatusResponse{Client: env.Client, fail: true, drop: drop}
+		r := &receiver[*libraryv1alpha1.Book]{
+			kind:    "Book",
+			typ:     reflect.TypeFor[libraryv1alpha1.Book](),
+			c:       c,
+			live:    env.Client,
+			handler: &countingHandler{},
+			opts:    Options{Name: "event-order-test"},
+			events:  &eventWriter{c: env.Client, scheme: scheme.Scheme, controller: "crdipc.io/event-order-test", instance: "test"},
+		}
+		req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(book)}
+		events := func() int {
+			var list corev1.EventList
+			if err := env.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, e := range list.Items {
+				if e.InvolvedObject.Name == name && e.Reason == conditions.ReasonSucceeded {
+					n++
+				}
+			}
+			return n
+		}
+		if res, err := r.Reconcile(ctx, req); err != nil || res.RequeueAfter == 0 {
+			t.Fatalf("%s: first Reconcile = %+v, %v; want a retry", name, res, err)
+		}
+		if n := events(); n != 0 {
+			t.Errorf("%s: %d Events before the status is known to be stored, want 0", name, n)
+		}
+		for range 2 {
+			if _, err := r.Reconcile(ctx, req); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+		}
+		if n := events(); n != 1 {
+			t.Errorf("%s: %d Succeeded Events, want 1", name, n)
+		}
+		if _, owed := r.owed.Load(req.NamespacedName); owed {
+			t.Errorf("%s: an Event is still owed", name)
+		}
 	}
 }

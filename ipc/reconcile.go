@@ -82,8 +82,14 @@ func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, read
 	obj := r.newObject()
 	if err := reader.Get(ctx, req.NamespacedName, obj); err != nil {
 		if apierrors.IsNotFound(err) {
+			r.owed.Delete(req.NamespacedName)
 			return reconcile.Result{}, nil
 		}
+		return reconcile.Result{}, err
+	}
+	// An Event owed for a transition whose status write's outcome was unknown, or
+	// whose own write failed: written once the stored status shows the transition.
+	if err := r.settle(ctx, req.NamespacedName, obj); err != nil {
 		return reconcile.Result{}, err
 	}
 	if !obj.GetDeletionTimestamp().IsZero() {
@@ -104,12 +110,13 @@ func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, read
 	before := obj.DeepCopyObject().(T)
 	res, herr := r.handler.Handle(ctx, obj)
 	ready := r.setConditions(obj, res, herr)
-	// The Event goes first: if the status write below is lost (the API server
-	// restarts, the response never comes), the retry finds no transition in the
-	// stored status and would record nothing; recorded first, it is recorded
-	// again on the retry under the same name, which stores nothing twice.
-	if err := r.report(ctx, before, obj, ready, herr); err != nil {
-		return reconcile.Result{}, err
+	// The status goes first and the Event after it, so that an Event never reports a
+	// transition that was not stored, and the sender, who waits for the status, does
+	// not wait for the Event too. The Event is owed from here until it is written: if
+	// the status write fails or its response is lost, a retry may find the transition
+	// already stored and so see none to report; it then writes the owed Event (settle).
+	if transition(before, ready) {
+		r.owed.Store(req.NamespacedName, r.eventFor(obj, ready, herr))
 	}
 	if !equality.Semantic.DeepEqual(before, obj) {
 		if err := r.c.Status().Update(ctx, obj); err != nil {
@@ -117,6 +124,9 @@ func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, read
 		}
 	}
 	r.observe(before, obj, ready)
+	if err := r.settle(ctx, req.NamespacedName, obj); err != nil {
+		return reconcile.Result{}, err
+	}
 
 	if t, ok := asTerminal(herr); ok {
 		log.FromContext(ctx).Info("request failed", "reason", t.reason, "message", t.message)

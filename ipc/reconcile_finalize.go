@@ -28,7 +28,7 @@ func (r *receiver[T]) finalize(ctx context.Context, obj T) (reconcile.Result, er
 			return reconcile.Result{}, err // stopping: Reconcile drops it
 		}
 		// The failure is retried, and reported again if it persists.
-		_ = r.events.record(ctx, obj, corev1.EventTypeWarning, "CleanupFailed", "Finalize", "cleanup failed, retrying: "+err.Error())
+		_ = r.events.record(ctx, obj, obj.GetGeneration(), corev1.EventTypeWarning, "CleanupFailed", "Finalize", "cleanup failed, retrying: "+err.Error())
 		requestErrorsTotal.WithLabelValues(r.kind).Inc()
 		return reconcile.Result{}, handlerError{err}
 	}

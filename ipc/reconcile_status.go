@@ -54,13 +54,17 @@ func transition(before conditions.Object, ready metav1.Condition) bool {
 	return old == nil || old.Status != ready.Status || old.Reason != ready.Reason || old.ObservedGeneration != ready.ObservedGeneration
 }
 
-// report records the Event for a Ready transition. It fails only when the
-// Event may not have been stored because the API server is away: the
-// reconcile is then retried rather than the transition left unreported.
-func (r *receiver[T]) report(ctx context.Context, before, after T, ready metav1.Condition, herr error) error {
-	if !transition(before, ready) {
-		return nil
-	}
+// owedEvent is the Event for one Ready transition, kept from the moment the
+// transition is decided until the Event is stored.
+type owedEvent struct {
+	uid   types.UID
+	ready metav1.Condition // the transition: Ready as it will be stored
+	typ   string
+	note  string
+}
+
+// eventFor is the Event that reports ready on obj.
+func (r *receiver[T]) eventFor(obj T, ready metav1.Condition, herr error) owedEvent {
 	finished := ready.Status == metav1.ConditionTrue || conditions.IsTerminal(ready.Reason)
 	typ := corev1.EventTypeNormal
 	if herr != nil || finished && ready.Status == metav1.ConditionFalse || ready.Reason == conditions.ReasonDegraded {
@@ -70,7 +74,35 @@ func (r *receiver[T]) report(ctx context.Context, before, after T, ready metav1.
 	if note == "" {
 		note = "Ready=" + string(ready.Status)
 	}
-	return r.events.record(ctx, after, typ, ready.Reason, "Reconcile", note)
+	return owedEvent{uid: obj.GetUID(), ready: ready, typ: typ, note: note}
+}
+
+// settle records the Event owed for key once obj, as stored, shows its
+// transition. An Event whose transition is not (or not yet) in the stored
+// status stays owed: the status write may still be in flight in the cache,
+// or the handler will decide again and owe a new one. It fails only when the
+// Event may not have been stored because the API server is away; the
+// reconcile is then retried and settles it then.
+func (r *receiver[T]) settle(ctx context.Context, key types.NamespacedName, obj T) error {
+	v, ok := r.owed.Load(key)
+	if !ok {
+		return nil
+	}
+	e := v.(owedEvent)
+	if e.uid != obj.GetUID() {
+		r.owed.CompareAndDelete(key, v) // the request was deleted and created again
+		return nil
+	}
+	stored := meta.FindStatusCondition(obj.GetConditions(), conditions.TypeReady)
+	if stored == nil || stored.Status != e.ready.Status || stored.Reason != e.ready.Reason ||
+		stored.ObservedGeneration != e.ready.ObservedGeneration || stored.Message != e.ready.Message {
+		return nil
+	}
+	if err := r.events.record(ctx, obj, e.ready.ObservedGeneration, e.typ, e.ready.Reason, "Reconcile", e.note); err != nil {
+		return err
+	}
+	r.owed.CompareAndDelete(key, v)
+	return nil
 }
 
 // observe updates the metrics once the verdict is stored: the in-flight gauge,

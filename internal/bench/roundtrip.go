@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -14,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/crdipc/crdipc/api/conditions"
 	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
 	"github.com/crdipc/crdipc/internal/books"
 	"github.com/crdipc/crdipc/internal/scheme"
@@ -43,12 +45,21 @@ type RoundTrip struct {
 	Latency Latencies `json:"latency"`
 	// CallsPerSec maps sender count to completed Calls per second.
 	CallsPerSec map[int]float64 `json:"callsPerSec"`
+	// RequestWritesPerSec maps writer count to how many times per second
+	// that many writers, each with its own client, make the three writes a
+	// request costs (create the Book, update its status, create an Event)
+	// back to back, without ipc: no watch, no informer, no receiver.
+	RequestWritesPerSec map[int]float64 `json:"requestWritesPerSec"`
 	// Ratios compare with the floor: latency to the floor's
-	// create→status→watch, throughput to half the floor's creates/s (a
-	// request needs two writes: the create and the status update).
+	// create→status→watch, throughput to a third of the floor's creates/s (a
+	// request needs three writes: the create, the status update and the
+	// Event). WritesRatio compares throughput with RequestWritesPerSec
+	// instead: what ipc itself costs, since a status update costs the API
+	// server more than a create.
 	P50Ratio        float64         `json:"p50Ratio"`
 	P99Ratio        float64         `json:"p99Ratio"`
 	ThroughputRatio map[int]float64 `json:"throughputRatio"`
+	WritesRatio     map[int]float64 `json:"writesRatio"`
 }
 
 // MeasureRoundTrip measures the floor, starts a Book receiver in this
@@ -73,7 +84,8 @@ func MeasureRoundTrip(ctx context.Context, cfg *rest.Config, o RoundTripOptions)
 	}
 	defer stop()
 
-	rt := &RoundTrip{Floor: floor, CallsPerSec: map[int]float64{}, ThroughputRatio: map[int]float64{}}
+	rt := &RoundTrip{Floor: floor, CallsPerSec: map[int]float64{}, RequestWritesPerSec: map[int]float64{},
+		ThroughputRatio: map[int]float64{}, WritesRatio: map[int]float64{}}
 	// Warm up: the first requests pay for informer start and connection setup.
 	if _, err := callBooks(ctx, []client.WithWatch{c}, ns, "warm", 20); err != nil {
 		return nil, err
@@ -85,7 +97,16 @@ func MeasureRoundTrip(ctx context.Context, cfg *rest.Config, o RoundTripOptions)
 	rt.Latency = summarize(lat.latencies)
 	rt.P50Ratio = rt.Latency.P50 / floor.StatusRoundTrip.P50
 	rt.P99Ratio = rt.Latency.P99 / floor.StatusRoundTrip.P99
+	// In a namespace the receiver does not watch: these Books are nobody's requests.
+	rawNS, rawCleanup, err := tempNamespace(ctx, c, "bench-writes-")
+	if err != nil {
+		return nil, err
+	}
+	defer rawCleanup()
 	for _, s := range o.Senders {
+		if rt.RequestWritesPerSec[s], err = requestWrites(ctx, cfg, rawNS, s, o.Calls); err != nil {
+			return nil, err
+		}
 		clients := make([]client.WithWatch, s)
 		for i := range clients {
 			if clients[i], err = client.NewWithWatch(rest.CopyConfig(cfg), client.Options{Scheme: scheme.Scheme}); err != nil {
@@ -97,8 +118,11 @@ func MeasureRoundTrip(ctx context.Context, cfg *rest.Config, o RoundTripOptions)
 			return nil, err
 		}
 		rt.CallsPerSec[s] = res.rate
-		if ceiling := floor.CreatesPerSec[s] / 2; ceiling > 0 {
+		if ceiling := floor.CreatesPerSec[s] / 3; ceiling > 0 {
 			rt.ThroughputRatio[s] = res.rate / ceiling
+		}
+		if raw := rt.RequestWritesPerSec[s]; raw > 0 {
+			rt.WritesRatio[s] = res.rate / raw
 		}
 	}
 	return rt, nil
@@ -176,4 +200,69 @@ func callBooks(ctx context.Context, clients []client.WithWatch, ns, prefix strin
 		return callResult{}, firstErr
 	}
 	return callResult{latencies: lat, rate: float64(n) / time.Since(start).Seconds()}, nil
+}
+
+// requestWrites makes the three writes of n requests (create, status update,
+// Event) from w writers with a client each, and reports requests per second.
+func requestWrites(ctx context.Context, cfg *rest.Config, ns string, w, n int) (float64, error) {
+	var next atomic.Int64
+	var mu sync.Mutex
+	var firstErr error
+	fail := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+	}
+	clients := make([]client.Client, w)
+	for i := range clients {
+		var err error
+		if clients[i], err = client.New(rest.CopyConfig(cfg), client.Options{Scheme: scheme.Scheme}); err != nil {
+			return 0, fmt.Errorf("creating client: %w", err)
+		}
+	}
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, c := range clients {
+		wg.Go(func() {
+			for {
+				i := next.Add(1)
+				if i > int64(n) {
+					return
+				}
+				b := newBook(ns, fmt.Sprintf("w%d-%d", w, i))
+				if err := c.Create(ctx, b); err != nil {
+					fail(fmt.Errorf("create: %w", err))
+					return
+				}
+				// The status the Book receiver writes: both conditions, observedGeneration.
+				now := metav1.Now()
+				b.Status.ObservedGeneration = b.Generation
+				b.Status.Conditions = []metav1.Condition{
+					{Type: conditions.TypeReady, Status: metav1.ConditionTrue, Reason: conditions.ReasonSucceeded, ObservedGeneration: b.Generation, LastTransitionTime: now},
+					{Type: conditions.TypeProgressing, Status: metav1.ConditionFalse, Reason: conditions.ReasonSucceeded, Message: "done", ObservedGeneration: b.Generation, LastTransitionTime: now},
+				}
+				if err := c.Status().Update(ctx, b); err != nil {
+					fail(fmt.Errorf("status update: %w", err))
+					return
+				}
+				ev := &corev1.Event{
+					ObjectMeta:     metav1.ObjectMeta{Namespace: ns, Name: b.Name + ".ready"},
+					InvolvedObject: corev1.ObjectReference{APIVersion: libraryv1alpha1.GroupVersion.String(), Kind: "Book", Namespace: ns, Name: b.Name, UID: b.UID},
+					Reason:         conditions.ReasonSucceeded, Message: "Ready=True", Type: corev1.EventTypeNormal, Count: 1,
+					FirstTimestamp: now, LastTimestamp: now,
+				}
+				if err := c.Create(ctx, ev); err != nil {
+					fail(fmt.Errorf("event: %w", err))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return 0, firstErr
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
 }
