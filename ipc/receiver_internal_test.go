@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -171,5 +172,84 @@ func TestEventFollowsStoredStatus(t *testing.T) {
 		if _, owed := r.owed.Load(req.NamespacedName); owed {
 			t.Errorf("%s: an Event is still owed", name)
 		}
+	}
+}
+
+// holdingHandler returns each Result of its script in turn, then Done.
+type holdingHandler struct {
+	script []Result
+	calls  int
+}
+
+func (h *holdingHandler) Handle(context.Context, *libraryv1alpha1.Book) (Result, error) {
+	h.calls++
+	if h.calls <= len(h.script) {
+		return h.script[h.calls-1], nil
+	}
+	return Done("filed"), nil
+}
+
+// A held progress report writes nothing and comes back after the hold; a request that
+// then completes goes from no status straight to Ready, with one Event. A hold is not
+// honoured once the stored status has a verdict on the current generation: it would
+// leave that verdict standing.
+func TestHoldStatus(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	newReceiver := func(h Handler[*libraryv1alpha1.Book]) *receiver[*libraryv1alpha1.Book] {
+		return &receiver[*libraryv1alpha1.Book]{
+			kind: "Book", typ: reflect.TypeFor[libraryv1alpha1.Book](),
+			c: env.Client, live: env.Client, handler: h, opts: Options{Name: "hold-test"},
+			events: &eventWriter{c: env.Client, scheme: scheme.Scheme, controller: "crdipc.io/hold-test", instance: "test"},
+		}
+	}
+	book := &libraryv1alpha1.Book{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "held"}, Spec: libraryv1alpha1.BookSpec{Title: "T", Author: "A"}}
+	if err := env.Client.Create(ctx, book); err != nil {
+		t.Fatal(err)
+	}
+	rv := book.ResourceVersion
+	progress := Result{Reason: conditions.ReasonWaiting, Message: "shelving", HoldStatus: time.Second}
+	r := newReceiver(&holdingHandler{script: []Result{progress}})
+	req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(book)}
+	res, err := r.Reconcile(ctx, req)
+	if err != nil || res.RequeueAfter != time.Second {
+		t.Fatalf("held Reconcile = %+v, %v; want a call again after the hold (1s)", res, err)
+	}
+	if err := env.Client.Get(ctx, req.NamespacedName, book); err != nil {
+		t.Fatal(err)
+	}
+	if book.ResourceVersion != rv {
+		t.Errorf("held progress was written: resourceVersion %s → %s, status %+v", rv, book.ResourceVersion, book.Status)
+	}
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Get(ctx, req.NamespacedName, book); err != nil {
+		t.Fatal(err)
+	}
+	if c := meta.FindStatusCondition(book.Status.Conditions, conditions.TypeReady); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("after the hold: Ready = %+v, want True", c)
+	}
+	var list corev1.EventList
+	if err := env.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list.Items {
+		if e.InvolvedObject.Name == book.Name && e.Reason != conditions.ReasonSucceeded {
+			t.Errorf("Event %s %q for a held report", e.Reason, e.Message)
+		}
+	}
+
+	// Ready for generation 1: a held report now would leave Ready=True standing.
+	r = newReceiver(&holdingHandler{script: []Result{progress}})
+	if _, err := r.Reconcile(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Get(ctx, req.NamespacedName, book); err != nil {
+		t.Fatal(err)
+	}
+	if c := meta.FindStatusCondition(book.Status.Conditions, conditions.TypeReady); c == nil || c.Reason != conditions.ReasonWaiting {
+		t.Errorf("hold over a current verdict: Ready = %+v, want the Waiting report written", c)
 	}
 }

@@ -109,6 +109,13 @@ func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, read
 
 	before := obj.DeepCopyObject().(T)
 	res, herr := r.handler.Handle(ctx, obj)
+	if herr == nil && !res.Ready && res.HoldStatus > 0 && before.GetObservedGeneration() < before.GetGeneration() {
+		// The handler's progress report is about to be overtaken (see Result.HoldStatus).
+		// Only while the stored status has no verdict on this generation yet: a hold
+		// never leaves a verdict standing that the handler has just found out of date.
+		r.track(obj.GetUID(), true)
+		return minRequeue(reconcile.Result{RequeueAfter: res.HoldStatus}, res.RequeueAfter), nil
+	}
 	ready := r.setConditions(obj, res, herr)
 	// The status goes first and the Event after it, so that an Event never reports a
 	// transition that was not stored, and the sender, who waits for the status, does

@@ -20,6 +20,17 @@ type Result struct {
 	// RequeueAfter, when positive, calls the handler again after this long
 	// even if nothing changes, e.g. to compare the world with the status.
 	RequeueAfter time.Duration
+	// HoldStatus, when positive on a Result that is not Ready, says that the
+	// progress it reports is about to be overtaken: the handler has just
+	// started work whose completion will call it again (through a watch). The
+	// receiver then writes nothing now, neither status nor Event, and calls
+	// the handler again after HoldStatus if nothing else does first. A
+	// request that completes quickly thus goes from no verdict straight to
+	// Ready, one status write and one Event instead of three of each; one
+	// that does not still shows its progress after HoldStatus. A hold applies
+	// only while the stored status has no verdict on the current generation
+	// yet; otherwise the Result is written as usual.
+	HoldStatus time.Duration
 }
 
 // Done is the Result of a finished request.

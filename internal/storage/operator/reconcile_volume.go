@@ -45,6 +45,39 @@ type volumeHandler struct {
 	// uncertain volumes had a replica create fail in a way that may have happened anyway
 	// (a timeout): their next placement reads from the API server.
 	uncertain map[types.UID]bool
+	// placedAt is when this operator completed a new volume's placement, until the volume
+	// is Ready or settleTime has passed: see settling.
+	placedAt map[types.UID]time.Time
+}
+
+// settleTime is how long after placing a new volume's replicas the operator expects
+// their agents to have reported them, and holds back the volume's first status until
+// then: a volume whose agents answer in time goes from no status to Ready in one write.
+// One whose agents are slower shows "waiting for their node agents" after it.
+const settleTime = time.Second
+
+// settling returns how much longer vol's first status is held back, or 0.
+func (h *volumeHandler) settling(vol *storagev1alpha1.CStorVolume, placed bool) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if placed {
+		if h.placedAt == nil {
+			h.placedAt = map[types.UID]time.Time{}
+		}
+		if _, ok := h.placedAt[vol.UID]; !ok {
+			h.placedAt[vol.UID] = time.Now()
+		}
+	}
+	at, ok := h.placedAt[vol.UID]
+	if !ok {
+		return 0
+	}
+	left := settleTime - time.Since(at)
+	if left <= 0 {
+		delete(h.placedAt, vol.UID)
+		return 0
+	}
+	return left
 }
 
 type expectedReplica struct {
@@ -128,6 +161,7 @@ func (h *volumeHandler) forget(uid types.UID) {
 	defer h.mu.Unlock()
 	delete(h.expected, uid)
 	delete(h.uncertain, uid)
+	delete(h.placedAt, uid)
 }
 
 // Handle implements ipc.Handler.
@@ -180,8 +214,10 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 	var (
 		blocked, collisions []string
 		used                map[string]int64
+		placedNow           bool // this call created replicas of a volume with none placed before
 	)
 	if len(replicas) < rf {
+		placedNow = len(replicas) == 0
 		if used, err = h.poolUsage(ctx); err != nil {
 			return ipc.Result{}, err
 		}
@@ -229,6 +265,13 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 		}
 	}
 	res := summarize(vol, rf, replicas, byName)
+	if waitingForAgents(vol, rf) {
+		res.HoldStatus = h.settling(vol, placedNow && len(replicas) >= rf)
+	} else {
+		h.mu.Lock()
+		delete(h.placedAt, vol.UID) // Ready, or something is wrong: reported at once
+		h.mu.Unlock()
+	}
 	if len(collisions) > 0 {
 		// Terminal for this generation (a Warning Event, no retry loop); a pool change
 		// calls the handler again, and a freed name is then taken.
@@ -392,6 +435,20 @@ func summarize(vol *storagev1alpha1.CStorVolume, rf int, replicas []storagev1alp
 	default:
 		return ipc.Result{Reason: conditions.ReasonReconciling, Message: fmt.Sprintf("%d of %d replicas healthy; %d waiting for their node agents", ready, rf, waiting)}
 	}
+}
+
+// waitingForAgents reports whether every replica of vol is placed and each is Healthy or
+// still Init: nothing is wrong, the agents have yet to report.
+func waitingForAgents(vol *storagev1alpha1.CStorVolume, rf int) bool {
+	if len(vol.Status.Replicas) < rf || int(vol.Status.ReadyReplicas) >= rf {
+		return false
+	}
+	for _, r := range vol.Status.Replicas {
+		if r.Phase != storagev1alpha1.ReplicaPhaseHealthy && r.Phase != storagev1alpha1.ReplicaPhaseInit {
+			return false
+		}
+	}
+	return true
 }
 
 func plural(n int, word string) string {
