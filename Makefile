@@ -69,6 +69,16 @@ test: test-deps ## Run every test; integration tests start a real embedded API s
 bench: ## Measure the API server floor of this machine.
 	go run ./cmd/crdipc bench floor
 
+.PHONY: bench-all
+bench-all: ## Run every bench (~30 min, several GiB of RAM at 100k Books) into docs/performance/results.json, then draw it (make performance).
+	mkdir -p docs/performance
+	go run ./cmd/crdipc bench all --json docs/performance/results.json
+	$(MAKE) performance
+
+.PHONY: performance
+performance: ## Draw docs/performance/results.json (from make bench-all) as the PNGs docs/performance.md shows.
+	go run ./cmd/crdipc bench plot --in docs/performance/results.json --out docs/performance
+
 CHAOS_TRIALS ?= 200
 .PHONY: chaos
 chaos: ## Kill the storage operator or an agent at random writes, CHAOS_TRIALS times (STORAGE_KILL_SEED=n reproduces a run).

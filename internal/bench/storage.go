@@ -61,9 +61,8 @@ type Storage struct {
 	// WritesPerVolume counts, during the throughput run, the writes to volumes and
 	// replicas (their watch events) per volume.
 	WritesPerVolume float64 `json:"writesPerVolume"`
-	// IdealWrites is what a volume needs at least: 1+RF creates and 2·RF+1 status
-	// writes (each replica Init→Healthy is one write if the agent skips Init, the
-	// volume's status once when placed and once when Ready).
+	// IdealWrites is what a volume needs at least: 1+RF creates and RF+1 status
+	// writes (each replica's Healthy, the volume's Ready).
 	IdealWrites int `json:"idealWrites"`
 	// IdealLatencyMs is the critical path if the API server were the only cost: four
 	// writes one after the other, each seen through a watch (volume create, replica
@@ -122,7 +121,7 @@ func MeasureStorage(ctx context.Context, cfg *rest.Config, o StorageOptions) (*S
 		return nil, err
 	}
 	rf := int(o.ReplicationFactor)
-	s.IdealWrites = 1 + rf + 2*rf + 1
+	s.IdealWrites = 1 + rf + rf + 1
 	s.IdealLatencyMs = 4 * floor.CreateToWatch.P50
 	s.IdealVolumesPerSec = floor.CreatesPerSec[o.Creators] / float64(s.IdealWrites)
 	if s.IdealLatencyMs > 0 {

@@ -60,7 +60,7 @@ temporary directory and removes it afterwards.`,
 			stopProfile()
 		}
 	}
-	cmd.AddCommand(newBenchFloorCommand(), newBenchRoundTripCommand(), newBenchWebhookCommand(), newBenchStorageCommand(), newBenchVolumeCommand(), newBenchScaleCommand())
+	cmd.AddCommand(newBenchFloorCommand(), newBenchRoundTripCommand(), newBenchWebhookCommand(), newBenchStorageCommand(), newBenchVolumeCommand(), newBenchScaleCommand(), newBenchAllCommand(), newBenchPlotCommand())
 	return cmd
 }
 

@@ -31,7 +31,7 @@ files), the operator reports the volume Ready.
   writes/volume  writes to volumes and replicas per volume, counted on watches
 
 Ideals, from the floor measured first in the same run: a volume needs at least
-1+RF creates and 2·RF+1 status writes; its critical path is four writes, each
+1+RF creates and RF+1 status writes (each replica's Healthy, the volume's Ready); its critical path is four writes, each
 seen through a watch (volume, replica, replica status, volume status). Ratios
 to the ideal are printed (1 = ideal).
 
