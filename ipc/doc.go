@@ -76,7 +76,8 @@
 //     or its response was lost finds the transition already stored and writes
 //     the owed Event then. Its name is derived from what it reports, so
 //     writing it twice stores it once. An Event is lost only if the receiver
-//     process ends between the status write and the Event write; the status
+//     process dies between the status write and the Event write (a receiver
+//     being stopped still writes it, for up to five seconds); the status
 //     remains the record. An Event the API server refuses for good (no
 //     permission) is logged and dropped, never retried.
 //   - The metrics (requests by result, age at completion) count verdicts this

@@ -75,6 +75,9 @@ func (w *eventWriter) record(ctx context.Context, obj client.Object, generation 
 	switch {
 	case err == nil || apierrors.IsAlreadyExists(err):
 		return nil
+	case ctx.Err() != nil:
+		// Stopping: not a failure to log (see Reconcile).
+		return fmt.Errorf("recording event %s: %w", reason, ctx.Err())
 	case transient(err):
 		return fmt.Errorf("recording event %s: %w", reason, err)
 	}

@@ -77,6 +77,9 @@ func (r *receiver[T]) eventFor(obj T, ready metav1.Condition, herr error) owedEv
 	return owedEvent{uid: obj.GetUID(), ready: ready, typ: typ, note: note}
 }
 
+// owedEventTimeout bounds the write of an owed Event once the receiver is stopping.
+const owedEventTimeout = 5 * time.Second
+
 // settle records the Event owed for key once obj, as stored, shows its
 // transition. An Event whose transition is not (or not yet) in the stored
 // status stays owed: the status write may still be in flight in the cache,
@@ -98,7 +101,11 @@ func (r *receiver[T]) settle(ctx context.Context, key types.NamespacedName, obj 
 		stored.ObservedGeneration != e.ready.ObservedGeneration || stored.Message != e.ready.Message {
 		return nil
 	}
-	if err := r.events.record(ctx, obj, e.ready.ObservedGeneration, e.typ, e.ready.Reason, "Reconcile", e.note); err != nil {
+	// The status is stored: the Event is written even if the receiver is being stopped
+	// meanwhile, within a bound, since a stopped receiver's owed Events are lost with it.
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), owedEventTimeout)
+	defer cancel()
+	if err := r.events.record(ectx, obj, e.ready.ObservedGeneration, e.typ, e.ready.Reason, "Reconcile", e.note); err != nil {
 		return err
 	}
 	r.owed.CompareAndDelete(key, v)

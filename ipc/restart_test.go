@@ -322,17 +322,27 @@ func TestCallsSurviveAPIServerRestartUnderLoad(t *testing.T) {
 		}
 	}
 	t.Logf("%d requests answered Done more than once by the handler (at-least-once delivery; the ledger entry is made once)", again)
-	// One Succeeded Event per request, however often its reply was written.
-	var events corev1.EventList
-	if err := c.List(context.Background(), &events, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
+	// One Succeeded Event per request, however often its reply was written. The receiver
+	// writes it after the status a Call returns on: wait until every request has one.
 	succeeded := map[types.UID]int{}
-	for _, ev := range events.Items {
-		if ev.Reason == conditions.ReasonSucceeded && ev.InvolvedObject.Kind == "Book" {
-			succeeded[ev.InvolvedObject.UID]++
+	testenv.Eventually(t, 30*time.Second, "a Succeeded Event for every request", func(ctx context.Context) (bool, error) {
+		var events corev1.EventList
+		if err := c.List(ctx, &events, client.InNamespace(ns)); err != nil {
+			return false, err
 		}
-	}
+		clear(succeeded)
+		for _, ev := range events.Items {
+			if ev.Reason == conditions.ReasonSucceeded && ev.InvolvedObject.Kind == "Book" {
+				succeeded[ev.InvolvedObject.UID]++
+			}
+		}
+		for uid := range byUID {
+			if succeeded[uid] == 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 	for uid, b := range byUID {
 		if n := succeeded[uid]; n != 1 {
 			t.Errorf("%s: %d Succeeded Events, want 1", b.Name, n)

@@ -7,6 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -26,6 +29,9 @@ type FloorOptions struct {
 	// Samples is how many round trips each latency test measures.
 	Samples int
 }
+
+// floorCleanupTimeout bounds the wait for the floor's namespace to be deleted.
+const floorCleanupTimeout = 2 * time.Minute
 
 // DefaultFloorOptions take ~10 s on a 2-core machine.
 var DefaultFloorOptions = FloorOptions{Writers: []int{1, 8, 32}, Creates: 1500, Samples: 300}
@@ -53,7 +59,18 @@ func MeasureFloor(ctx context.Context, cfg *rest.Config, o FloorOptions) (*Floor
 	if err != nil {
 		return nil, err
 	}
-	defer cleanup()
+	defer func() {
+		// Every bench measures its floor first and itself next: the namespace controller
+		// deleting the floor's thousands of Books meanwhile would load the API server under
+		// that measurement. Wait for it (bounded: a slow deletion delays, never fails, the bench).
+		cleanup()
+		wctx, cancel := context.WithTimeout(ctx, floorCleanupTimeout)
+		defer cancel()
+		_ = wait.PollUntilContextCancel(wctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			err := c.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{})
+			return apierrors.IsNotFound(err), nil
+		})
+	}()
 
 	f := &Floor{CreatesPerSec: map[int]float64{}}
 	for _, w := range o.Writers {

@@ -22,6 +22,7 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -248,7 +249,8 @@ func MeasureScale(ctx context.Context, cfg *rest.Config, o ScaleOptions) (_ *Sca
 		}
 		n := step.Books
 
-		step.Events = countEvents(ctx, c, ns.Name)
+		// The receiver writes each Book's Event after its Ready status: wait for them too.
+		step.Events = waitEvents(ctx, c, ns.Name, n, 30*time.Second)
 		step.Memory = readMemory()
 		step.RSSPerBook = perObject(step.Memory.RSSBytes, s.Baseline.RSSBytes, n)
 		step.HeapPerBook = perObject(step.Memory.HeapBytes, s.Baseline.HeapBytes, n)
@@ -520,6 +522,17 @@ func (t *readyTracker) waitReady(ctx context.Context, n int, d time.Duration) er
 		case <-t.changed:
 		}
 	}
+}
+
+// waitEvents returns the number of the namespace's Events once there are at least n, or
+// after d with as many as there are then (-1 when they cannot be counted).
+func waitEvents(ctx context.Context, c client.Client, ns string, n int, d time.Duration) int {
+	events := -1
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, d, true, func(ctx context.Context) (bool, error) {
+		events = countEvents(ctx, c, ns)
+		return events >= n, nil
+	})
+	return events
 }
 
 // countEvents is countItems of the namespace's Events, or -1.
