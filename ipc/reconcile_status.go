@@ -50,8 +50,13 @@ func (r *receiver[T]) setConditions(obj T, res Result, herr error) metav1.Condit
 // generation. Message-only changes (progress counts, retried error texts)
 // are not transitions.
 func transition(before conditions.Object, ready metav1.Condition) bool {
-	old := meta.FindStatusCondition(before.GetConditions(), conditions.TypeReady)
-	return old == nil || old.Status != ready.Status || old.Reason != ready.Reason || old.ObservedGeneration != ready.ObservedGeneration
+	return !sameVerdict(meta.FindStatusCondition(before.GetConditions(), conditions.TypeReady), ready)
+}
+
+// sameVerdict reports whether the Ready condition c states the verdict ready does: the
+// same status and reason for the same generation (the message may differ).
+func sameVerdict(c *metav1.Condition, ready metav1.Condition) bool {
+	return c != nil && c.Status == ready.Status && c.Reason == ready.Reason && c.ObservedGeneration == ready.ObservedGeneration
 }
 
 // owedEvent is the Event for one Ready transition, kept from the moment the
@@ -96,9 +101,8 @@ func (r *receiver[T]) settle(ctx context.Context, key types.NamespacedName, obj 
 		r.owed.CompareAndDelete(key, v) // the request was deleted and created again
 		return nil
 	}
-	stored := meta.FindStatusCondition(obj.GetConditions(), conditions.TypeReady)
-	if stored == nil || stored.Status != e.ready.Status || stored.Reason != e.ready.Reason ||
-		stored.ObservedGeneration != e.ready.ObservedGeneration || stored.Message != e.ready.Message {
+	// A later message-only change (progress counts) is the same transition.
+	if !sameVerdict(meta.FindStatusCondition(obj.GetConditions(), conditions.TypeReady), e.ready) {
 		return nil
 	}
 	// The status is stored: the Event is written even if the receiver is being stopped

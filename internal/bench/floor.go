@@ -7,9 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/util/wait"
-
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -55,22 +52,14 @@ func MeasureFloor(ctx context.Context, cfg *rest.Config, o FloorOptions) (*Floor
 	if err != nil {
 		return nil, fmt.Errorf("creating client: %w", err)
 	}
-	ns, cleanup, err := tempNamespace(ctx, c, "bench-floor-")
+	ns, _, err := tempNamespace(ctx, c, "bench-floor-")
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		// Every bench measures its floor first and itself next: the namespace controller
-		// deleting the floor's thousands of Books meanwhile would load the API server under
-		// that measurement. Wait for it (bounded: a slow deletion delays, never fails, the bench).
-		cleanup()
-		wctx, cancel := context.WithTimeout(ctx, floorCleanupTimeout)
-		defer cancel()
-		_ = wait.PollUntilContextCancel(wctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-			err := c.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{})
-			return apierrors.IsNotFound(err), nil
-		})
-	}()
+	// Every bench measures its floor first and itself next: the namespace controller
+	// deleting the floor's thousands of Books meanwhile would load the API server under
+	// that measurement. Wait for it (bounded: a slow deletion delays, never fails, the bench).
+	defer func() { _ = deleteNamespace(c, ns, floorCleanupTimeout) }()
 
 	f := &Floor{CreatesPerSec: map[int]float64{}}
 	for _, w := range o.Writers {
@@ -106,9 +95,13 @@ func tempNamespace(ctx context.Context, c client.Client, prefix string) (string,
 	}, nil
 }
 
-func newBook(ns, name string) *libraryv1alpha1.Book {
+// benchLabel marks every object a bench creates with the bench's name.
+const benchLabel = "crdipc.io/bench"
+
+// newBook is the Book every bench creates, labelled with the bench's name.
+func newBook(ns, name, bench string) *libraryv1alpha1.Book {
 	return &libraryv1alpha1.Book{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"crdipc.io/bench": "floor"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{benchLabel: bench}},
 		Spec:       libraryv1alpha1.BookSpec{Title: "The Go Programming Language", Author: "Donovan and Kernighan"},
 	}
 }
@@ -138,7 +131,7 @@ func createThroughput(ctx context.Context, cfg *rest.Config, ns string, w, n int
 				if j > int64(n) {
 					return
 				}
-				if err := c.Create(ctx, newBook(ns, fmt.Sprintf("tp-%d-%d", w, j))); err != nil {
+				if err := c.Create(ctx, newBook(ns, fmt.Sprintf("tp-%d-%d", w, j), "floor")); err != nil {
 					once.Do(func() { firstErr = fmt.Errorf("create: %w", err) })
 					return
 				}
@@ -191,7 +184,7 @@ func createToWatch(ctx context.Context, c client.WithWatch, ns string, n int) (L
 	for i := range n {
 		name := fmt.Sprintf("cw-%d", i)
 		t := time.Now()
-		if err := c.Create(ctx, newBook(ns, name)); err != nil {
+		if err := c.Create(ctx, newBook(ns, name, "floor")); err != nil {
 			return Latencies{}, fmt.Errorf("create: %w", err)
 		}
 		if err := nextEvent(ctx, w, name, func(*libraryv1alpha1.Book) bool { return true }); err != nil {
@@ -233,7 +226,7 @@ func statusRoundTrip(ctx context.Context, c, responder client.WithWatch, ns stri
 	for i := range n {
 		name := fmt.Sprintf("rt-%d", i)
 		t := time.Now()
-		if err := c.Create(ctx, newBook(ns, name)); err != nil {
+		if err := c.Create(ctx, newBook(ns, name, "floor")); err != nil {
 			return Latencies{}, fmt.Errorf("create: %w", err)
 		}
 		if err := nextEvent(ctx, w, name, func(b *libraryv1alpha1.Book) bool { return b.Status.ObservedGeneration > 0 }); err != nil {

@@ -152,6 +152,15 @@ func startBooks(cfg *rest.Config, ns string) (func(), error) {
 	return stop, nil
 }
 
+// timedCall is one ipc.Call of b, waiting at most 30 s for Ready, and how long it took.
+func timedCall(ctx context.Context, c client.WithWatch, b *libraryv1alpha1.Book) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	t := time.Now()
+	err := ipc.Call(ctx, c, b, ipc.Ready)
+	return time.Since(t), err
+}
+
 type callResult struct {
 	latencies []time.Duration
 	rate      float64
@@ -174,15 +183,8 @@ func callBooks(ctx context.Context, clients []client.WithWatch, ns, prefix strin
 				if i > int64(n) {
 					return
 				}
-				b := &libraryv1alpha1.Book{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%d", prefix, i)},
-					Spec:       libraryv1alpha1.BookSpec{Title: "The Go Programming Language", Author: "Donovan and Kernighan"},
-				}
-				callCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-				t := time.Now()
-				err := ipc.Call(callCtx, c, b, ipc.Ready)
-				d := time.Since(t)
-				cancel()
+				b := newBook(ns, fmt.Sprintf("%s-%d", prefix, i), "roundtrip")
+				d, err := timedCall(ctx, c, b)
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = fmt.Errorf("call %s: %w", b.Name, err)
@@ -231,7 +233,7 @@ func requestWrites(ctx context.Context, cfg *rest.Config, ns string, w, n int) (
 				if i > int64(n) {
 					return
 				}
-				b := newBook(ns, fmt.Sprintf("w%d-%d", w, i))
+				b := newBook(ns, fmt.Sprintf("w%d-%d", w, i), "roundtrip")
 				if err := c.Create(ctx, b); err != nil {
 					fail(fmt.Errorf("create: %w", err))
 					return

@@ -33,7 +33,6 @@ import (
 	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/services"
-	"github.com/crdipc/crdipc/ipc"
 )
 
 // ScaleOptions size the scale benchmark.
@@ -148,7 +147,6 @@ type ScaleStep struct {
 }
 
 const (
-	scaleLabel     = "crdipc.io/bench"
 	scalePageLimit = 500
 )
 
@@ -333,10 +331,8 @@ func createBooks(ctx context.Context, cfg *rest.Config, ns string, tracker *read
 				if i >= int64(n) {
 					return
 				}
-				b := &libraryv1alpha1.Book{
-					ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: popName(total - n + int(i)), Labels: map[string]string{scaleLabel: "scale"}},
-					Spec:       libraryv1alpha1.BookSpec{Title: "The Go Programming Language", Author: "Donovan and Kernighan", ISBN: "978-0-13-419044-0"},
-				}
+				b := newBook(ns, popName(total-n+int(i)), "scale")
+				b.Spec.ISBN = "978-0-13-419044-0"
 				// A retry after a lost response finds its own Book: fine, it is the same one.
 				err := retryCreate(ctx, c, b)
 				if err != nil {
@@ -670,7 +666,7 @@ func idleCores(ctx context.Context, d time.Duration) (float64, error) {
 // many caches whose label selector matches nothing, and taken off: it is not per object.
 func measureCache(ctx context.Context, cfg *rest.Config, ns string, n, minObjects int, step *ScaleStep) error {
 	copies := min(maxCacheCopies, max(1, (minObjects+n-1)/n))
-	nothing, err := labels.Parse(scaleLabel + "=none")
+	nothing, err := labels.Parse(benchLabel + "=none")
 	if err != nil {
 		return err
 	}
@@ -805,15 +801,8 @@ func scaleCalls(ctx context.Context, c client.WithWatch, ns, prefix string, n in
 		if ctx.Err() != nil {
 			break
 		}
-		b := &libraryv1alpha1.Book{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%d", prefix, i), Labels: map[string]string{scaleLabel: "scale"}},
-			Spec:       libraryv1alpha1.BookSpec{Title: "The Go Programming Language", Author: "Donovan and Kernighan"},
-		}
-		callCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		t := time.Now()
-		err := ipc.Call(callCtx, c, b, ipc.Ready)
-		d := time.Since(t)
-		cancel()
+		b := newBook(ns, fmt.Sprintf("%s-%d", prefix, i), "scale")
+		d, err := timedCall(ctx, c, b)
 		if err != nil {
 			r.errors++
 			if r.firstErr == "" {

@@ -179,7 +179,7 @@ func ensurePools(ctx context.Context, c client.Client, o StorageOptions) (int, f
 
 func newVolume(ns, name string, o StorageOptions) *storagev1alpha1.CStorVolume {
 	return &storagev1alpha1.CStorVolume{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"crdipc.io/bench": "storage"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{benchLabel: "storage"}},
 		Spec:       storagev1alpha1.CStorVolumeSpec{Capacity: o.VolumeSize, ReplicationFactor: o.ReplicationFactor},
 	}
 }

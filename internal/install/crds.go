@@ -81,72 +81,46 @@ func CRDs(ctx context.Context, cfg *rest.Config) ([]string, error) {
 			return nil, err
 		}
 	}
-	if err := waitDiscovered(ctx, client.Discovery(), crds); err != nil {
-		return nil, err
-	}
-	if err := waitListable(ctx, client.Discovery().RESTClient(), crds); err != nil {
+	if err := waitServed(ctx, client.Discovery(), crds); err != nil {
 		return nil, err
 	}
 	return names, nil
 }
 
-// waitListable returns once every CRD's resources can be listed. A new resource's watch
-// cache starts empty and initializes in the background; until it has, the API server
-// answers lists with 429 and Retry-After: 1, and client-go waits that whole second: every
-// service of up, starting at once, would pay it. Asking here, without client-go's retry,
-// every 20 ms, takes the moment the caches need instead.
-func waitListable(ctx context.Context, rc rest.Interface, crds []*apiextensionsv1.CustomResourceDefinition) error {
+// waitServed returns once API discovery lists every served version of every CRD and each
+// can be listed. Established is not enough for either:
+//   - the discovery document is updated a moment later, and a client that reads it in
+//     between (controller-runtime's REST mapper caches a group's kinds on first use) finds
+//     some kinds of a group and not the others, and goes on answering "no matches for kind";
+//   - a new resource's watch cache starts empty and initializes in the background; until it
+//     has, the API server answers lists with 429 and Retry-After: 1, and client-go waits that
+//     whole second: every service of up, starting at once, would pay it. Asking here,
+//     without client-go's retry, every 20 ms, takes the moment the caches need instead.
+func waitServed(ctx context.Context, dc discovery.DiscoveryInterface, crds []*apiextensionsv1.CustomResourceDefinition) error {
 	for _, c := range crds {
 		for _, v := range c.Spec.Versions {
 			if !v.Served {
 				continue
 			}
-			path := "/apis/" + c.Spec.Group + "/" + v.Name + "/" + c.Spec.Names.Plural
+			gv := c.Spec.Group + "/" + v.Name
+			path := "/apis/" + gv + "/" + c.Spec.Names.Plural
 			var last error
 			err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-				last = rc.Get().AbsPath(path).Param("limit", "1").MaxRetries(0).Do(ctx).Error()
+				list, err := dc.ServerResourcesForGroupVersion(gv)
+				if err != nil {
+					last = err // the group itself is not listed yet
+					return false, nil
+				}
+				if !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == c.Spec.Names.Plural }) {
+					last = fmt.Errorf("discovery does not list %s yet", c.Spec.Names.Plural)
+					return false, nil
+				}
+				last = dc.RESTClient().Get().AbsPath(path).Param("limit", "1").MaxRetries(0).Do(ctx).Error()
 				return last == nil, nil
 			})
 			if err != nil {
-				return fmt.Errorf("waiting to list %s: %w (last answer: %v)", path, err, last)
+				return fmt.Errorf("waiting until %s is served: %w (last answer: %v)", path, err, last)
 			}
-		}
-	}
-	return nil
-}
-
-// waitDiscovered returns once API discovery lists every served version of every CRD.
-// Established is not enough: the discovery document is updated a moment later, and a
-// client that reads it in between (controller-runtime's REST mapper caches a group's
-// kinds on first use) finds some kinds of a group and not the others, and goes on
-// answering "no matches for kind".
-func waitDiscovered(ctx context.Context, dc discovery.DiscoveryInterface, crds []*apiextensionsv1.CustomResourceDefinition) error {
-	want := map[string][]string{} // group/version → plurals
-	for _, c := range crds {
-		for _, v := range c.Spec.Versions {
-			if v.Served {
-				gv := c.Spec.Group + "/" + v.Name
-				want[gv] = append(want[gv], c.Spec.Names.Plural)
-			}
-		}
-	}
-	for gv, plurals := range want {
-		var missing []string
-		err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-			list, err := dc.ServerResourcesForGroupVersion(gv)
-			if err != nil {
-				return false, nil // the group itself is not listed yet
-			}
-			missing = missing[:0]
-			for _, p := range plurals {
-				if !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == p }) {
-					missing = append(missing, p)
-				}
-			}
-			return len(missing) == 0, nil
-		})
-		if err != nil {
-			return fmt.Errorf("waiting for API discovery to list %s %v: %w", gv, missing, err)
 		}
 	}
 	return nil

@@ -46,7 +46,7 @@ type volumeHandler struct {
 	// (a timeout): their next placement reads from the API server.
 	uncertain map[types.UID]bool
 	// placedAt is when this operator completed a new volume's placement, until the volume
-	// is Ready or settleTime has passed: see settling.
+	// is Ready or settleTime has passed: see holdFor.
 	placedAt map[types.UID]time.Time
 }
 
@@ -56,28 +56,38 @@ type volumeHandler struct {
 // One whose agents are slower shows "waiting for their node agents" after it.
 const settleTime = time.Second
 
-// settling returns how much longer vol's first status is held back, or 0.
-func (h *volumeHandler) settling(vol *storagev1alpha1.CStorVolume, placed bool) time.Duration {
+// placed records that this operator has just completed vol's first placement.
+func (h *volumeHandler) placed(uid types.UID) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if placed {
-		if h.placedAt == nil {
-			h.placedAt = map[types.UID]time.Time{}
-		}
-		if _, ok := h.placedAt[vol.UID]; !ok {
-			h.placedAt[vol.UID] = time.Now()
-		}
+	if h.placedAt == nil {
+		h.placedAt = map[types.UID]time.Time{}
 	}
-	at, ok := h.placedAt[vol.UID]
+	h.placedAt[uid] = time.Now()
+}
+
+// holdFor returns how much longer a volume placed a moment ago holds back its first
+// status, or 0.
+func (h *volumeHandler) holdFor(uid types.UID) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	at, ok := h.placedAt[uid]
 	if !ok {
 		return 0
 	}
 	left := settleTime - time.Since(at)
 	if left <= 0 {
-		delete(h.placedAt, vol.UID)
+		delete(h.placedAt, uid)
 		return 0
 	}
 	return left
+}
+
+// settled ends a volume's hold: it is Ready, or something is wrong and is reported at once.
+func (h *volumeHandler) settled(uid types.UID) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.placedAt, uid)
 }
 
 type expectedReplica struct {
@@ -265,12 +275,13 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 		}
 	}
 	res := summarize(vol, rf, replicas, byName)
+	if placedNow && len(replicas) >= rf {
+		h.placed(vol.UID)
+	}
 	if waitingForAgents(vol, rf) {
-		res.HoldStatus = h.settling(vol, placedNow && len(replicas) >= rf)
+		res.HoldStatus = h.holdFor(vol.UID)
 	} else {
-		h.mu.Lock()
-		delete(h.placedAt, vol.UID) // Ready, or something is wrong: reported at once
-		h.mu.Unlock()
+		h.settled(vol.UID)
 	}
 	if len(collisions) > 0 {
 		// Terminal for this generation (a Warning Event, no retry loop); a pool change
