@@ -25,12 +25,23 @@ const (
 	VolumePhaseError   VolumePhase = "Error"
 )
 
+// Reasons of a volume's Ready condition besides the common ones (package conditions).
+const (
+	// ReasonResizing: spec.capacity grew and not every replica has grown to it yet.
+	ReasonResizing = "Resizing"
+	// ReasonInsufficientCapacity: spec.capacity grew beyond what a replica's pool has free;
+	// no replica is grown until every one fits.
+	ReasonInsufficientCapacity = "InsufficientCapacity"
+)
+
 // CStorVolumeSpec is a volume replicated over distinct pools.
 // +kubebuilder:validation:XValidation:rule="!has(self.consistencyFactor) || !has(self.replicationFactor) || self.consistencyFactor <= self.replicationFactor",message="consistencyFactor must be less than or equal to replicationFactor",fieldPath=".consistencyFactor"
 type CStorVolumeSpec struct {
-	// capacity of the volume (and of each replica).
+	// capacity of the volume (and of each replica). It may grow (the operator grows every
+	// replica, and a staged target then grows the volume online) but never shrink: a file
+	// system cut short would lose what it wrote at the end.
 	// +required
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="capacity is immutable"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity(string(oldSelf))) >= 0",message="capacity may grow but not shrink"
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="capacity must be greater than zero"
 	// Less than 8Ei (2^63 bytes): what fits the int64 byte counts of every consumer.
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isLessThan(quantity('8Ei'))",message="capacity must be less than 8Ei"
@@ -117,6 +128,12 @@ type CStorVolumeStatus struct {
 	// desiredReplicas is spec.replicationFactor as the operator saw it.
 	// +optional
 	DesiredReplicas int32 `json:"desiredReplicas,omitempty"`
+
+	// capacity every placed replica holds, as their agents measured it: the size a target
+	// may serve. Below spec.capacity while the replicas grow (Ready is then False, reason
+	// Resizing).
+	// +optional
+	Capacity *resource.Quantity `json:"capacity,omitempty"`
 
 	// conditions: Ready is True when every desired replica is Healthy; False with reason
 	// Waiting while the operator waits for pools to place the rest.

@@ -47,9 +47,10 @@ type CStorVolumeReplicaSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeName is immutable"
 	NodeName string `json:"nodeName"`
 
-	// capacity of the replica.
+	// capacity of the replica: the volume's, which the operator copies here. It may grow
+	// (the agent grows the data) but never shrink.
 	// +required
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="capacity is immutable"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).compareTo(quantity(string(oldSelf))) >= 0",message="capacity may grow but not shrink"
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="capacity must be greater than zero"
 	// Less than 8Ei (2^63 bytes): what fits the int64 byte counts of every consumer.
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isLessThan(quantity('8Ei'))",message="capacity must be less than 8Ei"

@@ -315,6 +315,11 @@ func (in *CStorVolumeStatus) DeepCopyInto(out *CStorVolumeStatus) {
 		*out = make([]VolumeReplicaStatus, len(*in))
 		copy(*out, *in)
 	}
+	if in.Capacity != nil {
+		in, out := &in.Capacity, &out.Capacity
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.Conditions != nil {
 		in, out := &in.Conditions, &out.Conditions
 		*out = make([]v1.Condition, len(*in))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +41,7 @@ type dataServer struct {
 	mu        sync.Mutex
 	ready     chan struct{} // closed once clientTLS is set
 	clientTLS *tls.Config
+	srv       *replica.Server          // once serving
 	conns     map[string]*replica.Conn // by address: to this node and to its peers
 	// checked holds the replicas found current since this data service started.
 	checked map[types.UID]bool
@@ -106,8 +108,27 @@ func (d *dataServer) Start(ctx context.Context) error {
 	close(d.ready)
 	d.mu.Unlock()
 	srv := replica.NewServer(replica.ServerOptions{Node: d.node, Lookup: d.lookup, TLS: serverTLS, ClientTLS: clientTLS, Logger: d.log})
+	d.mu.Lock()
+	d.srv = srv
+	d.mu.Unlock()
 	d.log.Info("serving replica data", "endpoint", d.endpoint)
 	return srv.Serve(ctx, d.ln)
+}
+
+// resize tells the data service that replica id's data now holds size bytes, so that an
+// open replica (a target's writer session) serves the grown size at once. Before the
+// service runs there is nothing open to tell: Lookup sizes a replica when it is opened.
+func (d *dataServer) resize(id string, size int64) error {
+	d.mu.Lock()
+	srv := d.srv
+	d.mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	if err := srv.Resize(id, size); err != nil && !errors.Is(err, replica.ErrClosed) {
+		return err
+	}
+	return nil
 }
 
 // waitCA loads the data CA, waiting for the operator to create it.
@@ -167,6 +188,11 @@ func (d *dataServer) lookup(id string) (replica.Location, error) {
 	path, err := f.ReplicaFile(pool.Name, backendReplica(&r))
 	if err != nil {
 		return replica.Location{}, fmt.Errorf("replica %s: %w", id, err)
+	}
+	// spec.capacity may have grown before the file did (the agent grows it next): serve
+	// what the file holds until then, never more; the agent resizes the open replica.
+	if fi, err := os.Lstat(path); err == nil && fi.Mode().IsRegular() && fi.Size() < size {
+		size = fi.Size()
 	}
 	return replica.Location{Data: path, Meta: path + backend.MetaSuffix, Size: size}, nil
 }

@@ -16,6 +16,10 @@
 // deleted. Every object is re-checked each resync period, so a pool directory or replica
 // file that disappears behind the agent's back turns Offline.
 //
+// A replica whose spec.capacity grew is grown through the backend (never shrunk), the node's
+// replica data service is told (open sessions see the new size), and status.capacity.total
+// reports it; a growth the pool has no room for is reported (reason Resizing) and retried.
+//
 // Supervisor runs agents for the simulated nodes of `crdipc up` (package simnode)
 // in-process.
 package agent

@@ -46,6 +46,10 @@ func poolFull(pool *storagev1alpha1.CStorPool) bool {
 	return ready != nil && ready.Reason == ReasonNoSpace
 }
 
+// ReasonResizing: the replica's spec.capacity grew and growing its data failed (the pool
+// has no room, the backend refused); it keeps serving its old size and growth is retried.
+const ReasonResizing = "Resizing"
+
 // rebuildPoll is how often a rebuilding replica's progress is brought into its status.
 const rebuildPoll = time.Second
 
@@ -81,7 +85,10 @@ func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVol
 	if err != nil {
 		return ipc.Result{}, ipc.Terminal("%v", err)
 	}
-	var st backend.ReplicaState
+	var (
+		st      backend.ReplicaState
+		growErr error // growing to spec.capacity failed; the replica serves its old size
+	)
 	if created {
 		st, err = b.StatReplica(ctx, backendPool(&pool), backendReplica(r))
 		if err != nil {
@@ -92,6 +99,20 @@ func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVol
 				return offline(fmt.Sprintf("replica is gone from pool %s (%v); not re-creating it, that would replace its data", pool.Name, err))
 			}
 			return offline(fmt.Sprintf("replica is unusable: %v", err))
+		}
+		if st.Size < r.Spec.Capacity.Value() {
+			// spec.capacity grew (the volume is being expanded): grow the data, never shrink.
+			grown, err := b.GrowReplica(ctx, backendPool(&pool), backendReplica(r))
+			switch {
+			case err == nil:
+				st = grown
+			case ctx.Err() != nil:
+				return ipc.Result{}, ctx.Err()
+			case errors.Is(err, backend.ErrNotFound):
+				return offline(fmt.Sprintf("replica is gone from pool %s (%v); not re-creating it, that would replace its data", pool.Name, err))
+			default:
+				growErr = err
+			}
 		}
 	} else {
 		if pool.Status.Phase != storagev1alpha1.PoolPhaseHealthy && pool.Status.Phase != storagev1alpha1.PoolPhaseDegraded || !pool.DeletionTimestamp.IsZero() {
@@ -119,6 +140,11 @@ func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVol
 		Used:  *resource.NewQuantity(st.Allocated, resource.BinarySI),
 	}
 	if h.data != nil {
+		// Every time, not only after growing: the agent may have died between growing the
+		// file and telling the data service, which keeps an open replica's size.
+		if err := h.data.resize(storagev1alpha1.ReplicaDataID(r.Namespace, r.Name), st.Size); err != nil {
+			return ipc.Result{Reason: conditions.ReasonReconciling, Message: fmt.Sprintf("replica data service: %v", err), RequeueAfter: rebuildPoll}, nil
+		}
 		ds, err := h.reconcileData(ctx, r, poolFull(&pool))
 		if err != nil {
 			if ctx.Err() != nil {
@@ -140,6 +166,14 @@ func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVol
 			r.Status.Phase = storagev1alpha1.ReplicaPhaseRebuilding
 			return ipc.Result{Reason: ReasonRebuilding, Message: ds.message, RequeueAfter: rebuildPoll}, nil
 		}
+	}
+	if growErr != nil {
+		return ipc.Result{
+			Reason: ReasonResizing,
+			Message: fmt.Sprintf("growing to %s failed, serving %d bytes meanwhile; retrying: %v",
+				r.Spec.Capacity.String(), st.Size, growErr),
+			RequeueAfter: h.resync,
+		}, nil
 	}
 	res := ipc.Done(fmt.Sprintf("replica %s on node %s", st.Location, h.node))
 	res.RequeueAfter = h.resync

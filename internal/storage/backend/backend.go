@@ -11,6 +11,9 @@ import (
 // does not exist on the node.
 var ErrNotFound = errors.New("not found")
 
+// ErrNoSpace is returned (wrapped) by GrowReplica when the pool has no room for the growth.
+var ErrNoSpace = errors.New("not enough space in the pool")
+
 // Pool identifies a pool and how it should be made.
 type Pool struct {
 	Name     string
@@ -54,10 +57,17 @@ type Backend interface {
 	ImportPool(ctx context.Context, p Pool) (PoolState, error)
 	// DeletePool destroys the pool and its data; a missing pool is success.
 	DeletePool(ctx context.Context, p Pool) error
-	// CreateReplica creates the replica in an existing pool or, if it exists, adopts it.
+	// CreateReplica creates the replica in an existing pool or, if it exists, adopts it
+	// (growing it first if it is smaller than r.Capacity: a growth interrupted before the
+	// replica was recorded).
 	CreateReplica(ctx context.Context, p Pool, r Replica) (ReplicaState, error)
 	// StatReplica finds an existing replica; ErrNotFound if it is gone.
 	StatReplica(ctx context.Context, p Pool, r Replica) (ReplicaState, error)
+	// GrowReplica grows an existing replica to r.Capacity (rounded as CreateReplica rounds);
+	// one that already holds as much is left as it is, so it never shrinks and may be called
+	// again after a crash. ErrNotFound if the replica is gone, ErrNoSpace if the pool cannot
+	// hold the growth.
+	GrowReplica(ctx context.Context, p Pool, r Replica) (ReplicaState, error)
 	// DeleteReplica destroys the replica's data; a missing replica is success.
 	DeleteReplica(ctx context.Context, p Pool, r Replica) error
 }

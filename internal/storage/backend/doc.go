@@ -7,6 +7,10 @@
 // (on sparse file vdevs) and one sparse zvol per replica; it is tested against recorded
 // commands only, never against a real ZFS.
 //
+// A replica grows (GrowReplica) when its capacity does, in place and never below its size:
+// the file is extended sparse, the zvol's volsize raised. The file backend refuses a growth
+// its pool has not room left for (ErrNoSpace).
+//
 // Every operation is idempotent, because an agent may be killed between doing something and
 // recording it: Create* adopts what already exists, Delete* treats "not found" as success.
 // Import and Stat never create: a pool or replica that existed once and is gone is reported

@@ -171,8 +171,13 @@ func (f *File) CreateReplica(ctx context.Context, p Pool, r Replica) (ReplicaSta
 	path := f.ReplicaPath(p.Name, r)
 	st, err := statReplica(path)
 	if err == nil {
-		if st.Size != r.Capacity {
+		// Smaller: spec.capacity grew before this replica was recorded as created; larger
+		// cannot come from a spec that never shrinks, so it is someone else's file.
+		if st.Size > r.Capacity {
 			return ReplicaState{}, fmt.Errorf("replica file %s exists with size %d, want %d", path, st.Size, r.Capacity)
+		}
+		if st.Size < r.Capacity {
+			return f.grow(p, r, path)
 		}
 		return st, nil
 	}
@@ -190,6 +195,65 @@ func (f *File) CreateReplica(ctx context.Context, p Pool, r Replica) (ReplicaSta
 	})
 	if err != nil {
 		return ReplicaState{}, fmt.Errorf("creating replica file: %w", err)
+	}
+	return statReplica(path)
+}
+
+// GrowReplica implements Backend: the file is extended in place (sparse, so no blocks are
+// allocated) while the data service may have it open, and the new size is made durable.
+func (f *File) GrowReplica(ctx context.Context, p Pool, r Replica) (ReplicaState, error) {
+	if err := ctx.Err(); err != nil {
+		return ReplicaState{}, err
+	}
+	if err := checkNames(p.Name, &r); err != nil {
+		return ReplicaState{}, err
+	}
+	if r.Capacity <= 0 {
+		return ReplicaState{}, fmt.Errorf("growing replica %s/%s to %d bytes: capacity must be positive", r.Namespace, r.Name, r.Capacity)
+	}
+	if err := f.checkPool(p); err != nil {
+		return ReplicaState{}, fmt.Errorf("pool %s: %w", p.Name, err)
+	}
+	path := f.ReplicaPath(p.Name, r)
+	st, err := statReplica(path)
+	if err != nil || st.Size >= r.Capacity {
+		return st, err
+	}
+	return f.grow(p, r, path)
+}
+
+// grow extends the existing replica file at path to r.Capacity if the pool has room for
+// the difference (replicas are thin: the room is what the pool promised, not what is
+// written).
+func (f *File) grow(p Pool, r Replica, path string) (ReplicaState, error) {
+	st, err := statReplica(path)
+	if err != nil || st.Size >= r.Capacity {
+		return st, err
+	}
+	ps, err := f.poolState(f.PoolDir(p.Name), p)
+	if err != nil {
+		return ReplicaState{}, err
+	}
+	if need := r.Capacity - st.Size; need > ps.Free {
+		return ReplicaState{}, fmt.Errorf("growing replica %s/%s from %d to %d bytes needs %d more, pool %s has %d free: %w",
+			r.Namespace, r.Name, st.Size, r.Capacity, need, p.Name, ps.Free, ErrNoSpace)
+	}
+	file, err := safefile.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return ReplicaState{}, fmt.Errorf("growing replica file: %w", err)
+	}
+	err = file.Truncate(r.Capacity) // sparse: the new range is a hole
+	if err == nil {
+		err = file.Sync()
+	}
+	if cerr := file.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = safefile.SyncDir(filepath.Dir(path))
+	}
+	if err != nil {
+		return ReplicaState{}, fmt.Errorf("growing replica file %s to %d bytes: %w", path, r.Capacity, err)
 	}
 	return statReplica(path)
 }

@@ -54,8 +54,10 @@ func TestFilePoolLifecycle(t *testing.T) {
 	if st, _ := f.ImportPool(ctx, p); st.Used != gib || st.Free != 9*gib {
 		t.Fatalf("pool after replica: %+v", st)
 	}
-	if _, err := f.CreateReplica(ctx, p, backend.Replica{Namespace: "default", Name: r.Name, Capacity: 2 * gib}); err == nil {
-		t.Fatal("CreateReplica with a different size adopted the existing file")
+	// A file larger than asked for is not this replica's (its capacity never shrinks); a
+	// smaller one is grown, see TestFileGrowReplica.
+	if _, err := f.CreateReplica(ctx, p, backend.Replica{Namespace: "default", Name: r.Name, Capacity: gib / 2}); err == nil {
+		t.Fatal("CreateReplica with a smaller size adopted the larger existing file")
 	}
 
 	if err := f.DeleteReplica(ctx, p, r); err != nil {
@@ -175,4 +177,96 @@ func TestFileRefusesNamesOutsideItsRoot(t *testing.T) {
 	if _, err := f.CreateReplica(ctx, good, backend.Replica{Namespace: "ns-0", Name: "x0.r", Capacity: 1 << 20}); err != nil {
 		t.Errorf("an ordinary name was refused: %v", err)
 	}
+}
+
+func TestFileGrowReplica(t *testing.T) {
+	ctx := context.Background()
+	f := backend.NewFile(t.TempDir())
+	p := backend.Pool{Name: "p", Capacity: 4 * gib}
+	if _, err := f.CreatePool(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	r := backend.Replica{Namespace: "ns", Name: "r", Capacity: 64 << 20}
+	if _, err := f.GrowReplica(ctx, p, r); !errors.Is(err, backend.ErrNotFound) {
+		t.Fatalf("GrowReplica of a missing replica: %v, want ErrNotFound", err)
+	}
+	if _, err := f.CreateReplica(ctx, p, r); err != nil {
+		t.Fatal(err)
+	}
+	path := f.ReplicaPath(p.Name, r)
+	data := []byte("written before the growth")
+	if err := os.WriteFile(path, data, 0); err != nil { // truncates: size it again below
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, r.Capacity); err != nil {
+		t.Fatal(err)
+	}
+
+	grown := r
+	grown.Capacity = 3 * gib / 2
+	for range 2 { // idempotent: the second call finds it grown
+		st, err := f.GrowReplica(ctx, p, grown)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Size != grown.Capacity || st.Allocated >= gib {
+			t.Fatalf("after growth: %+v, want a sparse file of %d bytes", st, grown.Capacity)
+		}
+	}
+	if !fileHas(t, path, data) {
+		t.Fatal("data written before the growth is gone")
+	}
+	if ps, _ := f.ImportPool(ctx, p); ps.Used != grown.Capacity {
+		t.Fatalf("pool used %d after growth, want %d", ps.Used, grown.Capacity)
+	}
+	// Never shrinks.
+	if st, err := f.GrowReplica(ctx, p, r); err != nil || st.Size != grown.Capacity {
+		t.Fatalf("GrowReplica to a smaller size: %+v, %v; want the grown size kept", st, err)
+	}
+	// The pool promised 4Gi: growing by more than it has left is refused, and nothing changes.
+	tooBig := r
+	tooBig.Capacity = 5 * gib
+	if _, err := f.GrowReplica(ctx, p, tooBig); !errors.Is(err, backend.ErrNoSpace) {
+		t.Fatalf("growth past the pool's capacity: %v, want ErrNoSpace", err)
+	}
+	if fi, _ := os.Stat(path); fi.Size() != grown.Capacity {
+		t.Fatalf("refused growth changed the size to %d", fi.Size())
+	}
+	if _, err := f.GrowReplica(ctx, p, backend.Replica{Namespace: "ns", Name: "../r", Capacity: gib}); err == nil {
+		t.Fatal("GrowReplica accepted a name outside the pool")
+	}
+}
+
+// An agent killed between growing a replica and recording it created finds the file smaller
+// than the grown spec: creating it again grows it.
+func TestFileCreateReplicaGrowsAnAdoptedSmallerFile(t *testing.T) {
+	ctx := context.Background()
+	f := backend.NewFile(t.TempDir())
+	p := backend.Pool{Name: "p", Capacity: gib}
+	if _, err := f.CreatePool(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	r := backend.Replica{Namespace: "ns", Name: "r", Capacity: 1 << 20}
+	if _, err := f.CreateReplica(ctx, p, r); err != nil {
+		t.Fatal(err)
+	}
+	r.Capacity = 8 << 20
+	st, err := f.CreateReplica(ctx, p, r)
+	if err != nil || st.Size != r.Capacity {
+		t.Fatalf("CreateReplica over a smaller file: %+v, %v", st, err)
+	}
+}
+
+func fileHas(t *testing.T, path string, prefix []byte) bool {
+	t.Helper()
+	got := make([]byte, len(prefix))
+	fh, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	if _, err := fh.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	return string(got) == string(prefix)
 }

@@ -166,12 +166,43 @@ func (z *ZFS) DeletePool(ctx context.Context, p Pool) error {
 // CreateReplica implements Backend.
 func (z *ZFS) CreateReplica(ctx context.Context, p Pool, r Replica) (ReplicaState, error) {
 	st, err := z.StatReplica(ctx, p, r)
+	if err == nil && st.Size < volSize(r.Capacity) {
+		return z.grow(ctx, p, r) // spec.capacity grew before the replica was recorded
+	}
 	if err == nil || !errors.Is(err, ErrNotFound) {
 		return st, err
 	}
-	size := (r.Capacity + volBlockSize - 1) / volBlockSize * volBlockSize
+	size := volSize(r.Capacity)
 	if _, err := z.Runner.Run(ctx, "zfs", "create", "-p", "-s", "-V", strconv.FormatInt(size, 10), z.dataset(p, r)); err != nil {
 		return ReplicaState{}, fmt.Errorf("creating zvol: %w", err)
+	}
+	return z.StatReplica(ctx, p, r)
+}
+
+// volSize rounds a capacity up to a whole number of zvol blocks.
+func volSize(capacity int64) int64 {
+	return (capacity + volBlockSize - 1) / volBlockSize * volBlockSize
+}
+
+// GrowReplica implements Backend: volsize is raised (rounded like CreateReplica), never lowered.
+func (z *ZFS) GrowReplica(ctx context.Context, p Pool, r Replica) (ReplicaState, error) {
+	if r.Capacity <= 0 {
+		return ReplicaState{}, fmt.Errorf("growing replica %s/%s to %d bytes: capacity must be positive", r.Namespace, r.Name, r.Capacity)
+	}
+	st, err := z.StatReplica(ctx, p, r)
+	if err != nil || st.Size >= volSize(r.Capacity) {
+		return st, err
+	}
+	return z.grow(ctx, p, r)
+}
+
+func (z *ZFS) grow(ctx context.Context, p Pool, r Replica) (ReplicaState, error) {
+	size := volSize(r.Capacity)
+	if _, err := z.Runner.Run(ctx, "zfs", "set", "volsize="+strconv.FormatInt(size, 10), z.dataset(p, r)); err != nil {
+		if msg := err.Error(); strings.Contains(msg, "out of space") || strings.Contains(msg, "greater than available space") {
+			return ReplicaState{}, fmt.Errorf("growing zvol to %d bytes: %w: %w", size, ErrNoSpace, err)
+		}
+		return ReplicaState{}, fmt.Errorf("growing zvol to %d bytes: %w", size, err)
 	}
 	return z.StatReplica(ctx, p, r)
 }

@@ -138,3 +138,46 @@ func TestZFSReplicas(t *testing.T) {
 	}
 	rec.done()
 }
+
+func TestZFSGrowReplica(t *testing.T) {
+	const ds = "crdipc-p1/default/vol-p1"
+	rec := &recorded{t: t, steps: []step{
+		{cmd: "zfs list -Hp -o volsize,used " + ds, out: "1000013824\t8192\n"},
+		{cmd: "zfs set volsize=2000011264 " + ds}, // 2e9 rounded up to 16 KiB
+		{cmd: "zfs list -Hp -o volsize,used " + ds, out: "2000011264\t8192\n"},
+		// Again: already that large, nothing is set; nor for a smaller size.
+		{cmd: "zfs list -Hp -o volsize,used " + ds, out: "2000011264\t8192\n"},
+		{cmd: "zfs list -Hp -o volsize,used " + ds, out: "2000011264\t8192\n"},
+		// No room: the error says so.
+		{cmd: "zfs list -Hp -o volsize,used " + ds, out: "2000011264\t8192\n"},
+		{cmd: "zfs set volsize=1099511627776 " + ds, stderr: "cannot set property for '" + ds + "': out of space"},
+		{cmd: "zfs list -Hp -o volsize,used " + ds, stderr: "cannot open '" + ds + "': dataset does not exist"},
+		// CreateReplica of an existing smaller zvol grows it.
+		{cmd: "zfs list -Hp -o volsize,used " + ds, out: "2000011264\t8192\n"},
+		{cmd: "zfs set volsize=3000008704 " + ds},
+		{cmd: "zfs list -Hp -o volsize,used " + ds, out: "3000008704\t8192\n"},
+	}}
+	z := &backend.ZFS{Runner: rec, VdevDir: t.TempDir()}
+	ctx := context.Background()
+	p := backend.Pool{Name: "p1", Capacity: 10 * gib}
+	r := backend.Replica{Namespace: "default", Name: "vol-p1", Capacity: 2e9}
+	for range 2 {
+		st, err := z.GrowReplica(ctx, p, r)
+		if err != nil || st.Size != 2000011264 {
+			t.Fatalf("grow: %+v %v", st, err)
+		}
+	}
+	if st, err := z.GrowReplica(ctx, p, backend.Replica{Namespace: "default", Name: "vol-p1", Capacity: 1e9}); err != nil || st.Size != 2000011264 {
+		t.Fatalf("grow to a smaller size: %+v %v", st, err)
+	}
+	if _, err := z.GrowReplica(ctx, p, backend.Replica{Namespace: "default", Name: "vol-p1", Capacity: 1 << 40}); !errors.Is(err, backend.ErrNoSpace) {
+		t.Fatalf("grow without room: %v, want ErrNoSpace", err)
+	}
+	if _, err := z.GrowReplica(ctx, p, r); !errors.Is(err, backend.ErrNotFound) {
+		t.Fatalf("grow of a missing zvol: %v, want ErrNotFound", err)
+	}
+	if st, err := z.CreateReplica(ctx, p, backend.Replica{Namespace: "default", Name: "vol-p1", Capacity: 3e9}); err != nil || st.Size != 3000008704 {
+		t.Fatalf("create over a smaller zvol: %+v %v", st, err)
+	}
+	rec.done()
+}

@@ -6,7 +6,8 @@ import (
 	"time"
 )
 
-// Device is the storage behind an export: a fixed-size array of bytes.
+// Device is the storage behind an export: an array of bytes, whose size may only grow
+// (Exported.Resize).
 //
 // The FUSE server serves kernel requests on many goroutines at once, so every method may be
 // called concurrently with every other; a Device must be safe for concurrent use. Concurrent
@@ -22,7 +23,8 @@ type Device interface {
 	// Flush makes every write that WriteAt has acknowledged durable. The kernel asks for it
 	// when the file system above commits (fsync, sync, a journal commit): see doc.go.
 	Flush() error
-	// Size is the volume size in bytes. It is read once, at Export.
+	// Size is the volume size in bytes. It is read at Export; Exported.Resize checks that
+	// the Device holds at least the size it is given.
 	Size() int64
 }
 

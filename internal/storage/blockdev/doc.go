@@ -39,8 +39,12 @@
 // original error): a file system sees a failing disk, never a silently lost write.
 //
 // The Device is called from many goroutines at once and must be safe for concurrent use.
-// Its size is fixed for the life of the export; the file cannot be truncated or grown, and
-// discard is not supported (the loop driver turns it off after the first refusal).
+// Writes and truncates cannot change the file's size, and discard is not supported (the
+// loop driver turns it off after the first refusal). The size grows only through
+// Exported.Resize, after the Device has grown: the FUSE file takes the new size, the
+// kernel's cached attributes of it are invalidated, and the loop device re-reads its
+// capacity (LOOP_SET_CAPACITY). Growing a file system on the loop device is the caller's
+// next step.
 //
 // # Lifecycle and crashes
 //

@@ -73,6 +73,9 @@ type Exported struct {
 	opts      Options
 	server    *fuse.Server
 	served    chan struct{} // closed when the FUSE server has stopped
+	vol       *volume       // the served file
+
+	resizeMu sync.Mutex // serializes Resize
 
 	closeOnce sync.Once
 	closeErr  error
@@ -122,9 +125,11 @@ func Export(ctx context.Context, dev Device, dir string, o Options) (*Exported, 
 
 func (e *Exported) mount(dev Device) error {
 	vol := newVolume(dev, e.opts.Logger)
+	e.vol = vol
 	root := &fs.Inode{}
-	// The file's attributes never change while it is served, so the kernel may cache them
-	// for as long as it likes; that saves a GETATTR round trip per loop I/O.
+	// The file's attributes change only when Resize grows it, which tells the kernel, so the
+	// kernel may cache them for as long as it likes; that saves a GETATTR round trip per
+	// loop I/O.
 	forever := 24 * time.Hour
 	opts := &fs.Options{
 		MountOptions: fuse.MountOptions{
@@ -174,6 +179,59 @@ func fuseLogLevel(debug bool) slog.Level {
 		return slog.LevelDebug
 	}
 	return slog.LevelWarn
+}
+
+// Resize grows the export to size bytes, a positive multiple of 512, while it is in use:
+// the FUSE file takes the new size, the kernel's cached attributes of it are invalidated,
+// and the loop device re-reads its capacity (LOOP_SET_CAPACITY), so that afterwards the
+// loop device is size bytes. The Device must already hold size bytes (for the volume
+// engine: Grow first). A file system on the loop device is not touched: growing it is the
+// caller's next step (resize2fs, xfs_growfs).
+//
+// Shrinking is refused. Resizing to the current size finishes what an interrupted Resize
+// left undone (the loop device not re-sized yet) and is otherwise a no-op.
+func (e *Exported) Resize(size int64) error {
+	if size <= 0 || size%512 != 0 {
+		return fmt.Errorf("resize export at %s to %d bytes: size must be a positive multiple of 512", e.dir, size)
+	}
+	e.resizeMu.Lock()
+	defer e.resizeMu.Unlock()
+	if e.vol == nil || e.loop == "" {
+		return fmt.Errorf("resize export at %s: not exported", e.dir)
+	}
+	select {
+	case <-e.served:
+		return fmt.Errorf("resize export at %s: the FUSE server has stopped", e.dir)
+	default:
+	}
+	if cur := e.vol.size.Load(); size < cur {
+		return fmt.Errorf("resize export at %s: it is %d bytes; shrinking it to %d is not supported", e.dir, cur, size)
+	}
+	if have := e.vol.dev.Size(); have < size {
+		return fmt.Errorf("resize export at %s to %d bytes: the device holds %d; grow it first", e.dir, size, have)
+	}
+	e.vol.size.Store(size)
+	// The kernel caches the file's attributes (AttrTimeout): drop them (offset -1: the
+	// attributes only, there is no page cache), then stat the file so that its inode takes
+	// the new size before the loop driver reads it.
+	if errno := e.vol.NotifyContent(-1, 0); errno != 0 && errno != syscall.ENOENT {
+		return fmt.Errorf("resize export at %s: invalidating the kernel's attributes of %s: %w", e.dir, e.file, errno)
+	}
+	if fi, err := os.Stat(e.file); err != nil {
+		return fmt.Errorf("resize export at %s: %w", e.dir, err)
+	} else if fi.Size() != size {
+		return fmt.Errorf("resize export at %s: the kernel still sees %s as %d bytes, want %d", e.dir, e.file, fi.Size(), size)
+	}
+	if err := loopSetCapacity(e.loop); err != nil {
+		return fmt.Errorf("resize export at %s: %w", e.dir, err)
+	}
+	if got, err := loopSize(e.loop); err != nil {
+		return fmt.Errorf("resize export at %s: %w", e.dir, err)
+	} else if got != size {
+		return fmt.Errorf("resize export at %s: loop device %s is %d bytes after re-reading its capacity, want %d", e.dir, e.loop, got, size)
+	}
+	e.opts.Logger.Info("block device export resized", "dir", e.dir, "device", e.loop, "size", size)
+	return nil
 }
 
 // Device is the loop device, e.g. /dev/loop3.

@@ -21,6 +21,9 @@ func Export(ctx context.Context, dev Device, dir string, o Options) (*Exported, 
 	return nil, Available()
 }
 
+// Resize grows the export; it fails off Linux, as Export does.
+func (e *Exported) Resize(size int64) error { return Available() }
+
 // Device is the loop device.
 func (e *Exported) Device() string { return "" }
 

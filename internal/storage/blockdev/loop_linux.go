@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -122,6 +123,32 @@ func loopsBackedBy(match func(name, backingFile string) bool) []string {
 		}
 	}
 	return names
+}
+
+// loopSetCapacity makes the loop device dev re-read the size of its backing file.
+func loopSetCapacity(dev string) error {
+	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("set capacity of %s: %w", dev, err)
+	}
+	defer f.Close()
+	if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_SET_CAPACITY, 0); err != nil {
+		return fmt.Errorf("set capacity of %s: %w", dev, err)
+	}
+	return nil
+}
+
+// loopSize reads the size of block device dev from sysfs, which counts 512-byte sectors.
+func loopSize(dev string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join(sysBlock, filepath.Base(dev), "size"))
+	if err != nil {
+		return 0, fmt.Errorf("size of %s: %w", dev, err)
+	}
+	sectors, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size of %s: %w", dev, err)
+	}
+	return sectors * 512, nil
 }
 
 // loopFSDev asks the loop driver for the device number of the file system holding its

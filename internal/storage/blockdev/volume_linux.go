@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -17,8 +18,9 @@ import (
 type volume struct {
 	fs.Inode
 
-	dev   Device
-	size  int64
+	dev Device
+	// size only grows (Exported.Resize); every request reads it.
+	size  atomic.Int64
 	mtime time.Time
 	log   *slog.Logger
 }
@@ -40,14 +42,16 @@ var (
 )
 
 func newVolume(dev Device, log *slog.Logger) *volume {
-	return &volume{dev: dev, size: dev.Size(), mtime: time.Now(), log: log}
+	v := &volume{dev: dev, mtime: time.Now(), log: log}
+	v.size.Store(dev.Size())
+	return v
 }
 
 // Open hands out FOPEN_DIRECT_IO handles: with no page cache in the FUSE layer, a write the
 // loop driver completes has been acknowledged by Device.WriteAt, and no stale cached page
 // can hide what the Device holds. PARALLEL_DIRECT_WRITES lets the kernel send concurrent
-// writes instead of serialising them on the inode lock; that is safe because the file never
-// changes size.
+// writes instead of serialising them on the inode lock; that is safe because writes never
+// change the file's size (only Exported.Resize does).
 func (v *volume) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	h := &handle{writable: flags&syscall.O_ACCMODE != syscall.O_RDONLY}
 	return h, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_PARALLEL_DIRECT_WRITES, 0
@@ -58,10 +62,11 @@ func (v *volume) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut
 	return 0
 }
 
-// Setattr accepts everything but a size change: the volume's size is the Device's.
-// Setting the current size is allowed because some tools "truncate" to the size they found.
+// Setattr accepts everything but a size change: the volume's size is the Device's, changed
+// only by Exported.Resize. Setting the current size is allowed because some tools
+// "truncate" to the size they found.
 func (v *volume) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if sz, ok := in.GetSize(); ok && int64(sz) != v.size {
+	if sz, ok := in.GetSize(); ok && int64(sz) != v.size.Load() {
 		return syscall.EINVAL
 	}
 	v.fill(&out.Attr)
@@ -69,9 +74,10 @@ func (v *volume) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrI
 }
 
 func (v *volume) fill(a *fuse.Attr) {
+	size := uint64(v.size.Load())
 	a.Mode = syscall.S_IFREG | 0o600
-	a.Size = uint64(v.size)
-	a.Blocks = (uint64(v.size) + 511) / 512
+	a.Size = size
+	a.Blocks = (size + 511) / 512
 	a.Blksize = 4096
 	a.Nlink = 1
 	a.SetTimes(nil, &v.mtime, &v.mtime)
@@ -82,10 +88,11 @@ func (v *volume) Read(ctx context.Context, f fs.FileHandle, dest []byte, off int
 	if off < 0 {
 		return nil, syscall.EINVAL
 	}
-	if off >= v.size {
+	size := v.size.Load()
+	if off >= size {
 		return fuse.ReadResultData(nil), 0
 	}
-	p := dest[:min(int64(len(dest)), v.size-off)]
+	p := dest[:min(int64(len(dest)), size-off)]
 	n, err := v.dev.ReadAt(p, off)
 	// io.ReaderAt may return io.EOF along with a full read at the very end.
 	if err != nil && !(errors.Is(err, io.EOF) && n == len(p)) {
@@ -108,10 +115,11 @@ func (v *volume) Write(ctx context.Context, f fs.FileHandle, data []byte, off in
 	if len(data) == 0 {
 		return 0, 0
 	}
-	if off >= v.size {
+	size := v.size.Load()
+	if off >= size {
 		return 0, syscall.EFBIG
 	}
-	p := data[:min(int64(len(data)), v.size-off)]
+	p := data[:min(int64(len(data)), size-off)]
 	n, err := v.dev.WriteAt(p, off)
 	if err != nil || n != len(p) {
 		v.log.Warn("device write failed; returning EIO", "offset", off, "length", len(p), "written", n, "err", err)

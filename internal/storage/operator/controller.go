@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -128,12 +129,14 @@ var poolChanged = predicate.Funcs{
 }
 
 // replicaChanged passes replicas appearing, going, and changing phase, data endpoint (which
-// the volume's status carries to its target) or location (which it shows).
+// the volume's status carries to its target), location (which it shows) or size (which
+// ends a resize).
 var replicaChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*storagev1alpha1.CStorVolumeReplica), e.ObjectNew.(*storagev1alpha1.CStorVolumeReplica)
 		return o.Status.Phase != n.Status.Phase || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() ||
-			o.Status.Endpoint != n.Status.Endpoint || o.Status.Location != n.Status.Location
+			o.Status.Endpoint != n.Status.Endpoint || o.Status.Location != n.Status.Location ||
+			!replicaTotal(o).Equal(replicaTotal(n))
 	},
 }
 
@@ -160,4 +163,12 @@ func nodeIsReady(n *corev1.Node) bool {
 		}
 	}
 	return false
+}
+
+// replicaTotal is the replica's size as its agent last measured it; zero before it did.
+func replicaTotal(r *storagev1alpha1.CStorVolumeReplica) resource.Quantity {
+	if r.Status.Capacity == nil {
+		return resource.Quantity{}
+	}
+	return r.Status.Capacity.Total
 }

@@ -274,7 +274,14 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 			}
 		}
 	}
-	res := summarize(vol, rf, replicas, byName)
+	grow, err := h.growReplicas(ctx, vol, size, replicas, byName)
+	if err != nil {
+		return ipc.Result{}, err
+	}
+	res := resized(vol, size, replicas, summarize(vol, rf, replicas, byName))
+	if grow != nil {
+		res = *grow
+	}
 	if placedNow && len(replicas) >= rf {
 		h.placed(vol.UID)
 	}

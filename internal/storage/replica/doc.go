@@ -74,6 +74,11 @@
 // for this to hold (the target read-modify-writes unaligned ones), and a replica must only
 // be sent writes after its Rebuild call returned.
 //
+// A replica grows while open: Server.Resize (after the node grew its file) makes every
+// session see the new size. A rebuild copies the whole current size, also a range that
+// appeared during the copy, and fails if the source's size and the replica's differ at the
+// start or the end (it is asked again once both have grown).
+//
 // A replica has at most one copier. Rebuild with the running copier's source, within the
 // writer session it was asked for in, leaves it running and returns once it has started.
 // Any other Rebuild (another source, as a restarted target may choose, possibly even

@@ -150,18 +150,81 @@ func (s *Server) copyFrom(ctx context.Context, r *replica, st *rebuildState, add
 	if info.Rebuilding {
 		return errors.New("source is itself rebuilding")
 	}
-	if info.Size != r.size {
-		return fmt.Errorf("source size %d differs from replica size %d", info.Size, r.size)
+	if size := r.size.Load(); info.Size != size {
+		return fmt.Errorf("source size %d differs from replica size %d", info.Size, size)
 	}
+	// The whole current size is copied: when the replica grows during the copy (its volume
+	// was expanded), the grown range is listed and copied too.
+	for copied := int64(0); ; {
+		end := r.size.Load()
+		if copied >= end {
+			break
+		}
+		if err := s.copyRange(ctx, r, st, src, call, copied, end); err != nil {
+			return err
+		}
+		copied = end
+	}
+
+	// The source's revision now covers everything copied; take it before the sync so the
+	// persisted revision never claims more than is on disk. The copy is only good if the
+	// source stayed what it was at the start: not punched by a rebuild of its own, and
+	// written by no writer session but the one that also writes r (a new session may
+	// have written the source without sending r the write).
+	if err := call(func(ctx context.Context) (err error) { info, err = src.Info(ctx); return }); err != nil {
+		return err
+	}
+	if info.Rebuilding {
+		return errors.New("source started rebuilding during the copy")
+	}
+	if info.Epoch != startEpoch {
+		return fmt.Errorf("source had a new writer session during the copy (epoch %d, then %d)", startEpoch, info.Epoch)
+	}
+	if size := r.size.Load(); info.Size != size {
+		// One of the two grew during the copy and the other not yet: what the larger holds
+		// past the smaller's end was not copied. A rebuild once both have grown copies it.
+		return fmt.Errorf("source size %d differs from replica size %d after the copy (the volume is growing)", info.Size, size)
+	}
+	// Checked under metaMu, so a superseding rebuild either sees rebuilding=false already
+	// persisted (and sets it again) or keeps this copier from ever clearing it. A writer
+	// that dropped this replica during the copy (it faulted it) went on writing the source
+	// without it: what the copy took before those writes lacks them, so the copy claims the
+	// source's revision only if the writer that fed it is still the one.
+	superseded, dropped := false, false
+	err = r.flush(func(m *meta) {
+		if ctx.Err() != nil {
+			superseded = true
+			return
+		}
+		if st.writer != nil && r.owner.Load() != st.writer {
+			dropped = true
+			return
+		}
+		r.bumpRevision(info.Revision)
+		m.Revision = max(m.Revision, info.Revision)
+		m.Rebuilding, m.RebuildSource = false, ""
+	})
+	if err == nil && superseded {
+		err = context.Cause(ctx)
+	}
+	if err == nil && dropped {
+		err = errors.New("the writer session that fed this replica ended during the copy: writes may be missing")
+	}
+	return err
+}
+
+// copyRange copies the source's allocated extents in [lo, hi) into r, several chunks in
+// flight over one pipelined connection; call bounds each request to the source.
+func (s *Server) copyRange(ctx context.Context, r *replica, st *rebuildState, src *Client, call func(func(context.Context) error) error, lo, hi int64) error {
 	var exts []Extent
-	if err := call(func(ctx context.Context) (err error) { exts, err = src.Extents(ctx, 0, r.size); return }); err != nil {
+	if err := call(func(ctx context.Context) (err error) { exts, err = src.Extents(ctx, lo, hi-lo); return }); err != nil {
 		return err
 	}
 	var total int64
 	for _, e := range exts {
 		total += e.Length
 	}
-	st.total.Store(total)
+	st.total.Add(total)
 
 	g, gctx := errgroup.WithContext(ctx)
 	chunks := make(chan chunk)
@@ -202,48 +265,5 @@ func (s *Server) copyFrom(ctx context.Context, r *replica, st *rebuildState, add
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return err
-	}
-
-	// The source's revision now covers everything copied; take it before the sync so the
-	// persisted revision never claims more than is on disk. The copy is only good if the
-	// source stayed what it was at the start: not punched by a rebuild of its own, and
-	// written by no writer session but the one that also writes r (a new session may
-	// have written the source without sending r the write).
-	if err := call(func(ctx context.Context) (err error) { info, err = src.Info(ctx); return }); err != nil {
-		return err
-	}
-	if info.Rebuilding {
-		return errors.New("source started rebuilding during the copy")
-	}
-	if info.Epoch != startEpoch {
-		return fmt.Errorf("source had a new writer session during the copy (epoch %d, then %d)", startEpoch, info.Epoch)
-	}
-	// Checked under metaMu, so a superseding rebuild either sees rebuilding=false already
-	// persisted (and sets it again) or keeps this copier from ever clearing it. A writer
-	// that dropped this replica during the copy (it faulted it) went on writing the source
-	// without it: what the copy took before those writes lacks them, so the copy claims the
-	// source's revision only if the writer that fed it is still the one.
-	superseded, dropped := false, false
-	err = r.flush(func(m *meta) {
-		if ctx.Err() != nil {
-			superseded = true
-			return
-		}
-		if st.writer != nil && r.owner.Load() != st.writer {
-			dropped = true
-			return
-		}
-		r.bumpRevision(info.Revision)
-		m.Revision = max(m.Revision, info.Revision)
-		m.Rebuilding, m.RebuildSource = false, ""
-	})
-	if err == nil && superseded {
-		err = context.Cause(ctx)
-	}
-	if err == nil && dropped {
-		err = errors.New("the writer session that fed this replica ended during the copy: writes may be missing")
-	}
-	return err
+	return g.Wait()
 }

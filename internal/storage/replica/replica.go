@@ -78,9 +78,11 @@ type replica struct {
 	id       string
 	dataPath string
 	metaPath string
-	size     int64
 	f        *os.File
 	refs     int
+
+	// size is the replica's size; it only grows (Server.Resize), while I/O goes on.
+	size atomic.Int64
 
 	// rev is the highest revision applied, durable or not.
 	rev atomic.Uint64
@@ -109,18 +111,20 @@ func openReplica(id string, loc Location) (*replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening replica file: %w", err)
 	}
-	r := &replica{id: id, dataPath: loc.Data, metaPath: loc.Meta, size: loc.Size, f: f}
+	r := &replica{id: id, dataPath: loc.Data, metaPath: loc.Meta, f: f}
 	if r.metaPath == "" {
 		r.metaPath = loc.Data + ".meta"
 	}
-	if r.size <= 0 {
+	size := loc.Size
+	if size <= 0 {
 		st, err := f.Stat()
 		if err != nil {
 			f.Close()
 			return nil, fmt.Errorf("stat replica file: %w", err)
 		}
-		r.size = st.Size()
+		size = st.Size()
 	}
+	r.size.Store(size)
 	m, err := readMeta(r.metaPath)
 	if err != nil {
 		f.Close()
@@ -194,9 +198,30 @@ func (r *replica) bumpRevision(v uint64) {
 }
 
 func (r *replica) checkRange(off, n int64) error {
-	if off < 0 || n < 0 || off > r.size || n > r.size-off {
-		return fmt.Errorf("range [%d, +%d) outside replica %s of size %d: %w", off, n, r.id, r.size, ErrInvalid)
+	if size := r.size.Load(); off < 0 || n < 0 || off > size || n > size-off {
+		return fmt.Errorf("range [%d, +%d) outside replica %s of size %d: %w", off, n, r.id, size, ErrInvalid)
 	}
+	return nil
+}
+
+// grow raises the replica's size to size, which the data file must already hold (the
+// node's backend grows it first). It never shrinks. Called under Server.mu.
+func (r *replica) grow(size int64) error {
+	cur := r.size.Load()
+	if size < cur {
+		return fmt.Errorf("replica %s is %d bytes; shrinking it to %d is not supported: %w", r.id, cur, size, ErrInvalid)
+	}
+	if size == cur {
+		return nil
+	}
+	st, err := r.f.Stat()
+	if err != nil {
+		return fmt.Errorf("stat replica %s: %w", r.id, err)
+	}
+	if st.Mode().IsRegular() && st.Size() < size {
+		return fmt.Errorf("replica file of %s holds %d bytes, fewer than %d: grow the file first: %w", r.id, st.Size(), size, ErrInvalid)
+	}
+	r.size.Store(size)
 	return nil
 }
 
@@ -287,7 +312,7 @@ func (r *replica) flush(change func(*meta)) error {
 // extents lists allocated ranges in [off, end), at most limit of them; more says the list
 // was cut short.
 func (r *replica) extents(off, end int64, limit int) (exts []Extent, more bool, err error) {
-	end = min(end, r.size)
+	end = min(end, r.size.Load())
 	err = r.withFd(func(fd int) error {
 		for off < end {
 			d, err := unix.Seek(fd, off, unix.SEEK_DATA)

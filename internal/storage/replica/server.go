@@ -215,6 +215,31 @@ func (s *Server) acquire(id string) (*replica, error) {
 	return r, nil
 }
 
+// Resize tells the server that replica id has grown to size bytes: its data file (which
+// the node's backend has grown already) must hold at least that much. A replica that is
+// open — by a writer session, readers, a rebuild — serves the new size from now on, with
+// no reopening; one that is not open is sized by Lookup when it is next opened, and then
+// Resize has nothing to do. A size below the current one is refused: replicas never shrink.
+func (s *Server) Resize(id string, size int64) error {
+	if size <= 0 {
+		return fmt.Errorf("resizing replica %s to %d bytes: size must be positive: %w", id, size, ErrInvalid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return ErrClosed
+	}
+	r := s.replicas[id]
+	if r == nil {
+		return nil
+	}
+	if err := r.grow(size); err != nil {
+		return err
+	}
+	s.log.Info("replica resized", "replica", id, "size", size)
+	return nil
+}
+
 // release drops a reference; the last one closes the file. A replica written since its
 // last flush is flushed first: the data stays in the file (the page cache outlives the
 // writer's disconnect and this server's restart), so reopening it at its older durable
@@ -535,10 +560,11 @@ func (c *serverConn) do(r *replica, h reqHeader, payload []byte) (outFrame, erro
 		if h.offset < 0 {
 			return outFrame{}, fmt.Errorf("extents from offset %d: %w", h.offset, ErrInvalid)
 		}
-		if h.offset >= r.size {
+		size := r.size.Load()
+		if h.offset >= size {
 			return outFrame{}, nil
 		}
-		end := h.offset + int64(min(h.arg, uint64(r.size-h.offset)))
+		end := h.offset + int64(min(h.arg, uint64(size-h.offset)))
 		exts, more, err := r.extents(h.offset, end, MaxPayload/16)
 		if err != nil {
 			return outFrame{}, err
@@ -609,7 +635,7 @@ func (s *Server) info(r *replica) Info {
 	m := r.durable()
 	in := Info{
 		ID:         r.id,
-		Size:       r.size,
+		Size:       r.size.Load(),
 		Revision:   r.rev.Load(),
 		Dirty:      m.Dirty,
 		Rebuilding: m.Rebuilding,

@@ -60,6 +60,13 @@
 //   - The target dies: the replicas stay dirty, and the next New rebuilds them from the
 //     freshest.
 //
+// # Growth
+//
+// Grow raises the volume size once every healthy replica holds the new size (their agents
+// grow them first); I/O past the old end is refused until then. A rebuilding or rejoining
+// replica smaller than the volume is kept out of the write set until it has grown, and a
+// rebuild copies the replica's whole current size.
+//
 // Close waits for writes in flight, then ends every writer session (clearing Dirty);
 // replicas that were faulted stay dirty and are rebuilt at the next start.
 package target

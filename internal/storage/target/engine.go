@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/crdipc/crdipc/internal/storage/replica"
@@ -103,8 +104,10 @@ type member struct {
 // acknowledges at ConsistencyFactor healthy ones, reads from a healthy one and rebuilds the
 // others while I/O goes on. It implements blockdev.Device.
 type Engine struct {
-	cf             int
-	size           int64
+	cf int
+	// size is the volume size; it only grows (Grow), and I/O checks ranges against it.
+	size           atomic.Int64
+	growMu         sync.Mutex // serializes Grow
 	ioTimeout      time.Duration
 	rejoinInterval time.Duration
 	quorumWait     time.Duration
@@ -143,7 +146,6 @@ func New(ctx context.Context, o Options) (*Engine, error) {
 	}
 	e := &Engine{
 		cf:             o.ConsistencyFactor,
-		size:           o.Size,
 		ioTimeout:      o.IOTimeout,
 		rejoinInterval: o.RejoinInterval,
 		quorumWait:     o.QuorumWait,
@@ -162,6 +164,7 @@ func New(ctx context.Context, o Options) (*Engine, error) {
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}
+	e.size.Store(o.Size)
 	e.ioCtx = context.WithoutCancel(ctx)
 	e.ctx, e.cancel = context.WithCancel(e.ioCtx)
 	for _, m := range o.Members {
@@ -240,6 +243,7 @@ func (e *Engine) start(ctx context.Context) error {
 	}
 	wg.Wait()
 
+	size := e.size.Load() // 0: the source's
 	var cands []Info
 	var candProbes []*probe
 	all := map[string]Info{} // every member's, if every one answered
@@ -259,7 +263,7 @@ func (e *Engine) start(ctx context.Context) error {
 		if p.info.Revision > e.rev {
 			e.rev = p.info.Revision
 		}
-		if !p.info.Rebuilding && (e.size == 0 || p.info.Size >= e.size) {
+		if !p.info.Rebuilding && (size == 0 || p.info.Size >= size) {
 			cands = append(cands, p.info)
 			candProbes = append(candProbes, p)
 		}
@@ -272,12 +276,13 @@ func (e *Engine) start(ctx context.Context) error {
 		return fmt.Errorf("%w: no replica can be a source", ErrNoQuorum)
 	}
 	src, srcProbe := cands[i], candProbes[i]
-	if e.size == 0 {
-		e.size = src.Size
+	if size == 0 {
+		size = src.Size
 	}
-	if e.size <= 0 || e.size%SectorSize != 0 {
-		return fmt.Errorf("source replica %s: size %d is not a positive multiple of %d", src.ID, e.size, SectorSize)
+	if size <= 0 || size%SectorSize != 0 {
+		return fmt.Errorf("source replica %s: size %d is not a positive multiple of %d", src.ID, size, SectorSize)
 	}
+	e.size.Store(size)
 	e.ackedRev = src.Revision
 	e.log.Info("source replica chosen", "replica", srcProbe.m.ID, "revision", src.Revision, "dirty", src.Dirty)
 
@@ -293,8 +298,8 @@ func (e *Engine) start(ctx context.Context) error {
 		if p.err != nil {
 			continue
 		}
-		if p.info.Size < e.size {
-			p.err = fmt.Errorf("replica size %d is smaller than the volume (%d)", p.info.Size, e.size)
+		if p.info.Size < size {
+			p.err = smallerErr(p.info.Size, size)
 			p.m.err = p.err
 			continue
 		}
@@ -422,7 +427,7 @@ func (e *Engine) closeHandle(m *member, r Replica) {
 }
 
 // Size is the volume size in bytes.
-func (e *Engine) Size() int64 { return e.size }
+func (e *Engine) Size() int64 { return e.size.Load() }
 
 // States reports every replica's state.
 func (e *Engine) States() map[string]Status {

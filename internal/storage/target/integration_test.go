@@ -34,6 +34,7 @@ type node struct {
 	cancel context.CancelFunc
 	done   chan error
 	opts   func(*replica.ServerOptions) // adjusts the server's options, if set
+	srv    *replica.Server              // while started
 }
 
 func (n *node) path(id string) string {
@@ -72,6 +73,7 @@ func (n *node) start() {
 		n.opts(&o)
 	}
 	srv := replica.NewServer(o)
+	n.srv = srv
 	addr := n.addr
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -242,7 +244,7 @@ func (c *cluster) writers(seed uint64, n int, mid func()) {
 
 func (c *cluster) checkRead() {
 	c.t.Helper()
-	got := make([]byte, itSize)
+	got := make([]byte, len(c.exp))
 	if _, err := c.e.ReadAt(got, 0); err != nil {
 		c.t.Fatalf("read: %v", err)
 	}

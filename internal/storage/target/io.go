@@ -16,12 +16,13 @@ func (e *Engine) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("read at negative offset %d", off)
 	}
-	if off >= e.size {
+	size := e.size.Load()
+	if off >= size {
 		return 0, io.EOF
 	}
 	n, short := len(p), false
-	if int64(n) > e.size-off {
-		n, short = int(e.size-off), true
+	if int64(n) > size-off {
+		n, short = int(size-off), true
 	}
 	for done := 0; done < n; {
 		c := min(n-done, maxIO)
@@ -96,8 +97,8 @@ func (e *Engine) readTarget(tried map[*member]bool) (_ dest, ok, closed bool) {
 // faulted. Writes that are not whole sectors are widened by read-modify-write. Overlapping
 // writes are serialized so that every replica applies them in the same order.
 func (e *Engine) WriteAt(p []byte, off int64) (int, error) {
-	if off < 0 || off+int64(len(p)) > e.size {
-		return 0, fmt.Errorf("write of %d bytes at %d outside the volume (%d bytes)", len(p), off, e.size)
+	if size := e.size.Load(); off < 0 || off+int64(len(p)) > size {
+		return 0, fmt.Errorf("write of %d bytes at %d outside the volume (%d bytes)", len(p), off, size)
 	}
 	if len(p) == 0 {
 		return 0, nil

@@ -116,8 +116,8 @@ func (e *Engine) rejoin(m *member) {
 	// Later writes must carry revisions above whatever this replica claims.
 	e.rev = max(e.rev, info.Revision)
 	e.mu.Unlock()
-	if info.Size < e.size {
-		fail(fmt.Errorf("replica size %d is smaller than the volume (%d)", info.Size, e.size))
+	if size := e.size.Load(); info.Size < size {
+		fail(smallerErr(info.Size, size))
 		return
 	}
 	if err := e.open(e.ctx, r); err != nil {
@@ -152,6 +152,16 @@ func (e *Engine) startRebuild(m *member, r Replica, src *member) {
 	e.barrier.Lock()
 	e.mu.Lock()
 	if e.closed || m.removed || m.state != Faulted || src.state != Healthy {
+		e.mu.Unlock()
+		e.barrier.Unlock()
+		if m.Dial != nil && r != m.r {
+			e.closeHandle(m, r)
+		}
+		return
+	}
+	if size := e.size.Load(); m.info.Size < size {
+		// The volume grew (Grow) since rejoin looked at the replica.
+		m.err = smallerErr(m.info.Size, size)
 		e.mu.Unlock()
 		e.barrier.Unlock()
 		if m.Dial != nil && r != m.r {
@@ -227,6 +237,11 @@ func (e *Engine) poll(m *member) {
 	}
 	m.info = info
 	switch {
+	case info.Size < e.size.Load():
+		// The volume grew while it rebuilt and this replica has not: it cannot hold writes
+		// past its end, so it leaves the write set until it has grown.
+		e.mu.Unlock()
+		e.fault(m, gen, smallerErr(info.Size, e.size.Load()))
 	case !info.Rebuilding && info.Revision >= base:
 		m.state, m.err = Healthy, nil
 		e.changedLocked()
@@ -300,7 +315,7 @@ func (e *Engine) recover(members []*member) {
 		} else {
 			all = nil
 		}
-		if err != nil || info.Rebuilding || info.Size < e.size {
+		if err != nil || info.Rebuilding || info.Size < e.size.Load() {
 			if dialed {
 				e.closeHandle(m, r)
 			}

@@ -1,0 +1,173 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crdipc/crdipc/api/conditions"
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/install"
+	"github.com/crdipc/crdipc/internal/storage/dataca"
+	"github.com/crdipc/crdipc/internal/storage/replica"
+	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// A replica whose spec.capacity grows is grown on disk, its data service serves the new size
+// to the writer session that was open all along, and status.capacity.total reports it. A
+// growth the pool has no room for is refused with a message saying so, and nothing shrinks.
+func TestReplicaGrowsWithItsSpec(t *testing.T) {
+	const mi = 1 << 20
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := t.Context()
+	c := env.Client
+	node := "grow-" + ns
+	ca, err := dataca.Ensure(ctx, c, c, install.SystemNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	pool := &storagev1alpha1.CStorPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "claim-" + node},
+		Spec:       storagev1alpha1.CStorPoolSpec{NodeName: node, Claim: "claim", Capacity: resource.MustParse("1Gi"), Backend: storagev1alpha1.BackendFile},
+	}
+	r := &storagev1alpha1.CStorVolumeReplica{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vol-" + pool.Name},
+		Spec:       storagev1alpha1.CStorVolumeReplicaSpec{Volume: "vol", Pool: pool.Name, NodeName: node, Capacity: resource.MustParse("4Mi")},
+	}
+	for _, o := range []client.Object{pool, r} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		// The agent is stopped by then: release its finalizers so the objects go.
+		bg := context.Background()
+		for _, o := range []client.Object{r, pool} {
+			_ = c.Patch(bg, o, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`)))
+			_ = c.Delete(bg, o)
+		}
+	})
+
+	a, err := New(env.Config, Options{
+		Node: node, Root: t.TempDir(), Resync: 300 * time.Millisecond, DataAddr: "127.0.0.1:0",
+		LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(actx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+
+	// ready waits until the agent reports r at its current generation with capacity total.
+	ready := func(total string) {
+		t.Helper()
+		wait.Eventually(t, 60*time.Second, "replica Ready with capacity "+total, func(ctx context.Context) (bool, error) {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(r), r); err != nil {
+				return false, err
+			}
+			cond := meta.FindStatusCondition(r.Status.Conditions, conditions.TypeReady)
+			if cond == nil || cond.Status != metav1.ConditionTrue || r.Status.ObservedGeneration != r.Generation ||
+				r.Status.Capacity == nil || r.Status.Capacity.Total.String() != total {
+				return false, fmt.Errorf("generation %d, status %+v", r.Generation, r.Status)
+			}
+			return true, nil
+		})
+	}
+	ready("4Mi")
+	path := r.Status.Location
+
+	// A target's writer session, open across the growth.
+	_, clientTLS, err := dataca.Identity(ca, "test-target")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := replica.Dial(ctx, r.Status.Endpoint, clientTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	session := conn.Replica(storagev1alpha1.ReplicaDataID(r.Namespace, r.Name))
+	if in, err := session.Open(ctx); err != nil || in.Size != 4*mi {
+		t.Fatalf("open: %+v, %v", in, err)
+	}
+	before := bytes.Repeat([]byte{0xB0}, 64<<10)
+	if err := session.WriteAt(ctx, before, 4*mi-int64(len(before)), 1); err != nil {
+		t.Fatal(err)
+	}
+
+	patchCapacity := func(q string) {
+		t.Helper()
+		patch := fmt.Sprintf(`{"spec":{"capacity":%q}}`, q)
+		if err := c.Patch(ctx, r, client.RawPatch("application/merge-patch+json", []byte(patch))); err != nil {
+			t.Fatalf("raising spec.capacity to %s: %v", q, err)
+		}
+	}
+	patchCapacity("12Mi")
+	ready("12Mi")
+	if fi, err := os.Stat(path); err != nil || fi.Size() != 12*mi {
+		t.Fatalf("replica file after growth: %v, %v", fi, err)
+	}
+	in, err := session.Info(ctx)
+	if err != nil || in.Size != 12*mi || !in.Session {
+		t.Fatalf("info in the session opened before the growth: %+v, %v", in, err)
+	}
+	after := bytes.Repeat([]byte{0xA1}, 64<<10)
+	if err := session.WriteAt(ctx, after, 12*mi-int64(len(after)), 2); err != nil {
+		t.Fatalf("write up to the new end: %v", err)
+	}
+	for off, want := range map[int64][]byte{4*mi - int64(len(before)): before, 12*mi - int64(len(after)): after} {
+		got := make([]byte, len(want))
+		if err := session.ReadAt(ctx, got, off); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("read at %d: %v (equal %v)", off, err, bytes.Equal(got, want))
+		}
+	}
+
+	// More than the 1Gi pool holds: refused, said so, retried; the replica keeps serving.
+	patchCapacity("2Gi")
+	wait.Eventually(t, 60*time.Second, "growth past the pool refused", func(ctx context.Context) (bool, error) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(r), r); err != nil {
+			return false, err
+		}
+		cond := meta.FindStatusCondition(r.Status.Conditions, conditions.TypeReady)
+		if cond == nil || r.Status.ObservedGeneration != r.Generation || cond.Reason != ReasonResizing {
+			return false, fmt.Errorf("generation %d, status %+v", r.Generation, r.Status)
+		}
+		if !strings.Contains(cond.Message, "not enough space in the pool") || !strings.Contains(cond.Message, pool.Name) {
+			return false, fmt.Errorf("message %q does not say the pool has no room", cond.Message)
+		}
+		return true, nil
+	})
+	if r.Status.Phase != storagev1alpha1.ReplicaPhaseHealthy || r.Status.Capacity.Total.String() != "12Mi" {
+		t.Fatalf("after a refused growth: phase %s, capacity %+v", r.Status.Phase, r.Status.Capacity)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Size() != 12*mi {
+		t.Fatalf("replica file after a refused growth: %v, %v", fi, err)
+	}
+	if in, err := session.Info(ctx); err != nil || in.Size != 12*mi {
+		t.Fatalf("info after a refused growth: %+v, %v", in, err)
+	}
+	if err := session.CloseSession(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
