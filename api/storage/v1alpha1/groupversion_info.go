@@ -31,6 +31,7 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&CStorPool{}, &CStorPoolList{},
 		&CStorVolume{}, &CStorVolumeList{},
 		&CStorVolumeReplica{}, &CStorVolumeReplicaList{},
+		&CStorVolumeSnapshot{}, &CStorVolumeSnapshotList{},
 	)
 	metav1.AddToGroupVersion(scheme, GroupVersion)
 	return nil

@@ -67,3 +67,10 @@ func NodeLeaseName(node string) string {
 // ReplicaDataID is how the replica data service names a replica: namespace/name of its
 // CStorVolumeReplica.
 func ReplicaDataID(namespace, name string) string { return namespace + "/" + name }
+
+// SnapshotDataID is the data service's id of the copy a replica holds of a snapshot: the
+// replica's id, "@", and the snapshot's UID (the name its copies have on the nodes, so a
+// snapshot deleted and made again under the same name never reads an old copy).
+func SnapshotDataID(namespace, replica, snapshotUID string) string {
+	return ReplicaDataID(namespace, replica) + "@" + snapshotUID
+}

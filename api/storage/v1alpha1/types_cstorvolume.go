@@ -61,11 +61,27 @@ type CStorVolumeSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	ConsistencyFactor *int32 `json:"consistencyFactor,omitempty"`
 
+	// source, when set, fills the new volume's replicas from a snapshot instead of leaving
+	// them empty: a restore, or (of a snapshot taken for it) a clone.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="source is immutable"
+	Source *VolumeSource `json:"source,omitempty"`
+
 	// ttlSecondsAfterFinished, when set, lets the operator delete the volume this many seconds
 	// after it became Ready; for throwaway volumes in tests and benchmarks.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
+}
+
+// VolumeSource is what a new volume's data comes from.
+type VolumeSource struct {
+	// snapshot is a CStorVolumeSnapshot (same namespace), ready to use, no larger than the
+	// volume.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Snapshot string `json:"snapshot"`
 }
 
 // EffectiveConsistencyFactor returns spec.consistencyFactor, or the majority of the replication

@@ -23,8 +23,9 @@ const (
 	ReplicaPhaseDeletionFailed ReplicaPhase = "DeletionFailed"
 )
 
-// CStorVolumeReplicaSpec places one replica of a volume on one pool. Every field is fixed at
-// creation: moving a replica means deleting it and creating another.
+// CStorVolumeReplicaSpec places one replica of a volume on one pool. Every field but
+// capacity (which grows with the volume) is fixed at creation: moving a replica means
+// deleting it and creating another.
 type CStorVolumeReplicaSpec struct {
 	// volume is the name of the CStorVolume (same namespace) this replica belongs to.
 	// +required
@@ -47,6 +48,13 @@ type CStorVolumeReplicaSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeName is immutable"
 	NodeName string `json:"nodeName"`
 
+	// source, when set, is the snapshot the agent fills a new replica from before it is
+	// Healthy (its volume's spec.source), read over the data path from a replica holding a
+	// copy.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="source is immutable"
+	Source *ReplicaSource `json:"source,omitempty"`
+
 	// capacity of the replica: the volume's, which the operator copies here. It may grow
 	// (the agent grows the data) but never shrink.
 	// +required
@@ -55,6 +63,16 @@ type CStorVolumeReplicaSpec struct {
 	// Less than 8Ei (2^63 bytes): what fits the int64 byte counts of every consumer.
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isLessThan(quantity('8Ei'))",message="capacity must be less than 8Ei"
 	Capacity resource.Quantity `json:"capacity"`
+}
+
+// ReplicaSource is the snapshot a new replica is filled from: the agent reads whichever of
+// its copies it can reach.
+type ReplicaSource struct {
+	// snapshot is the CStorVolumeSnapshot (same namespace).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Snapshot string `json:"snapshot"`
 }
 
 // ReplicaCapacity is the space of a replica as the agent measured it.

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -48,6 +49,12 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 	if info.Rebuilding && (info.RebuildError == "" || info.Session) {
 		return h.rebuilding(r, info), nil
 	}
+	if info.Rebuilding && r.Spec.Source != nil && info.Revision == 0 {
+		// A fill from the source snapshot failed: fill again, from any copy.
+		if ds, filling, err := h.fillFromSnapshot(ctx, self, r); err != nil || filling {
+			return ds, err
+		}
+	}
 	if info.Rebuilding {
 		// The last copy failed (its source went away or changed) and no target is there to
 		// start another: start one from the freshest clean peer, or report the failure.
@@ -64,6 +71,13 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 	r.Status.Rebuild = nil
 	if info.Session {
 		return dataState{}, nil // a target writes it: the target decides
+	}
+	if r.Spec.Source != nil && info.Revision == 0 {
+		// A restored replica that holds nothing yet: no write ever reached it (a target
+		// would have raised its revision), so filling it loses nothing.
+		if ds, filling, err := h.fillFromSnapshot(ctx, self, r); err != nil || filling {
+			return ds, err
+		}
 	}
 	// A replica falls behind its peers only while this agent is not serving it, or when a
 	// target drops it (leaving it dirty): the peers are asked then, and for a new replica,
@@ -156,4 +170,50 @@ func (h *replicaHandler) freshestPeer(ctx context.Context, r *storagev1alpha1.CS
 		return nil, replica.Info{}, writing, nil
 	}
 	return peers[i], infos[i], writing, nil
+}
+
+// fillFromSnapshot starts filling replica r (self, on this node) from a copy of its source
+// snapshot on any node that holds one. filling is false when there is nothing to copy (the
+// snapshot's volume was never written): r is then as current as any peer.
+func (h *replicaHandler) fillFromSnapshot(ctx context.Context, self *replica.Client, r *storagev1alpha1.CStorVolumeReplica) (_ dataState, filling bool, _ error) {
+	name := r.Spec.Source.Snapshot
+	var snap storagev1alpha1.CStorVolumeSnapshot
+	if err := h.live.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: name}, &snap); err != nil {
+		// The operator placed r only once the snapshot was ready; without it, r stays
+		// unfilled and says so rather than passing for a restored replica.
+		return dataState{rebuilding: true, message: fmt.Sprintf("cannot read snapshot %s to fill the replica from: %v", name, err)}, true, nil
+	}
+	var tried []string
+	for _, c := range snap.Status.Copies {
+		var holder storagev1alpha1.CStorVolumeReplica
+		if err := h.live.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: c.Replica}, &holder); err != nil {
+			tried = append(tried, fmt.Sprintf("%s: %v", c.Replica, err))
+			continue
+		}
+		if holder.Status.Endpoint == "" {
+			tried = append(tried, c.Replica+": no data endpoint")
+			continue
+		}
+		id := storagev1alpha1.SnapshotDataID(r.Namespace, c.Replica, string(snap.UID))
+		src, err := h.data.client(ctx, holder.Status.Endpoint, id)
+		if err != nil {
+			tried = append(tried, fmt.Sprintf("%s: %v", c.Replica, err))
+			continue
+		}
+		info, err := src.Info(ctx)
+		if err != nil {
+			h.data.drop(holder.Status.Endpoint)
+			tried = append(tried, fmt.Sprintf("%s: %v", c.Replica, err))
+			continue
+		}
+		if info.Revision == 0 {
+			return dataState{}, false, nil
+		}
+		if err := self.Rebuild(ctx, holder.Status.Endpoint, id); err != nil {
+			return dataState{}, false, fmt.Errorf("filling from snapshot %s on %s: %w", name, c.Replica, err)
+		}
+		r.Status.Rebuild = &storagev1alpha1.ReplicaRebuild{Source: "snapshot " + name + " on " + c.Replica, Progress: "0%"}
+		return dataState{rebuilding: true, message: fmt.Sprintf("filling from snapshot %s (the copy on %s, revision %d)", name, c.Replica, info.Revision)}, true, nil
+	}
+	return dataState{rebuilding: true, message: fmt.Sprintf("no copy of snapshot %s reachable to fill the replica from: %s", name, strings.Join(tried, "; "))}, true, nil
 }

@@ -35,6 +35,7 @@ const (
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=storagepoolclaims;cstorvolumes,verbs=get;list;watch;update;patch;delete
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=storagepoolclaims/status;cstorvolumes/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools;cstorvolumereplicas,verbs=get;list;watch;create;delete;update;patch
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumesnapshots,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete,namespace=crdipc-system

@@ -226,6 +226,18 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 		used                map[string]int64
 		placedNow           bool // this call created replicas of a volume with none placed before
 	)
+	if len(replicas) == 0 && vol.Spec.Source != nil {
+		// Placed only once the snapshot can fill the replicas: an empty replica must never
+		// pass for a restored one.
+		res, err := h.checkSource(ctx, vol, size)
+		if err != nil {
+			return ipc.Result{}, err
+		}
+		if res != nil {
+			summarize(vol, rf, replicas, byName)
+			return *res, nil
+		}
+	}
 	if len(replicas) < rf {
 		placedNow = len(replicas) == 0
 		if used, err = h.poolUsage(ctx); err != nil {
@@ -241,6 +253,11 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 			go func() {
 				defer wg.Done()
 				r := newReplica(vol, pool)
+				if placedNow && vol.Spec.Source != nil {
+					// Only the first replicas fill from the snapshot; one placed later
+					// (a replacement) is rebuilt from its peers, which hold newer writes.
+					r.Spec.Source = &storagev1alpha1.ReplicaSource{Snapshot: vol.Spec.Source.Snapshot}
+				}
 				errs[i] = h.c.Create(ctx, r)
 				created[i] = r
 			}()
