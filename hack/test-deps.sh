@@ -5,6 +5,8 @@
 #    Prometheus server (without it that test skips, unless CRDIPC_REQUIRE_PROMETHEUS=1);
 #  - e2fsprogs (mkfs.ext4), util-linux (blkid, losetup) and mount: the CSI Node service
 #    formats replica files and loop-mounts them;
+#  - xfsprogs (mkfs.xfs, xfs_growfs): volume expansion is tested online on xfs, which grows
+#    with the privilege mounting needs (ext4 online needs CAP_SYS_RESOURCE, which CI lacks);
 #  - fio: `crdipc bench volume` and its test measure the volume data path with it (without
 #    it that test skips, unless CRDIPC_REQUIRE_FIO=1).
 #  - chromium: the console end-to-end test loads up's console page in headless Chromium and
@@ -23,6 +25,7 @@ fi
 pkgs=()
 command -v prometheus >/dev/null 2>&1 || pkgs+=(prometheus)
 command -v mkfs.ext4 >/dev/null 2>&1 || pkgs+=(e2fsprogs)
+command -v mkfs.xfs >/dev/null 2>&1 || pkgs+=(xfsprogs)
 command -v blkid >/dev/null 2>&1 || pkgs+=(util-linux)
 command -v mount >/dev/null 2>&1 || pkgs+=(mount)
 command -v fio >/dev/null 2>&1 || pkgs+=(fio)

@@ -275,21 +275,34 @@ func installCluster(ctx context.Context, admin *rest.Config, o upOptions) (*upId
 const StorageClassName = "crdipc"
 
 // installStorageClass installs the StorageClass crdipc: 3 replicas, deleted with the claim,
-// bound at once (no scheduler runs in up, so WaitForFirstConsumer would never bind). It is
-// the cluster's configuration, not a service's: up writes it with its own credentials.
+// bound at once (no scheduler runs in up, so WaitForFirstConsumer would never bind), claims
+// may grow. It is the cluster's configuration, not a service's: up writes it with its own
+// credentials.
 func installStorageClass(ctx context.Context, admin *rest.Config) error {
 	c, err := client.New(admin, client.Options{})
 	if err != nil {
 		return fmt.Errorf("csi: %w", err)
 	}
 	sc := &storagev1.StorageClass{
-		ObjectMeta:        metav1.ObjectMeta{Name: StorageClassName},
-		Provisioner:       driver.Name,
-		Parameters:        map[string]string{driver.ParamReplicaCount: "3"},
-		ReclaimPolicy:     ptr.To(corev1.PersistentVolumeReclaimDelete),
-		VolumeBindingMode: ptr.To(storagev1.VolumeBindingImmediate),
+		ObjectMeta:           metav1.ObjectMeta{Name: StorageClassName},
+		Provisioner:          driver.Name,
+		Parameters:           map[string]string{driver.ParamReplicaCount: "3"},
+		ReclaimPolicy:        ptr.To(corev1.PersistentVolumeReclaimDelete),
+		VolumeBindingMode:    ptr.To(storagev1.VolumeBindingImmediate),
+		AllowVolumeExpansion: ptr.To(true),
 	}
-	if err := c.Create(ctx, sc); err != nil && !apierrors.IsAlreadyExists(err) {
+	err = c.Create(ctx, sc)
+	if apierrors.IsAlreadyExists(err) {
+		// A data dir from before claims could grow: its class says nothing on expansion,
+		// which Kubernetes reads as no. One set either way by its user is left alone.
+		var have storagev1.StorageClass
+		if err = c.Get(ctx, client.ObjectKey{Name: StorageClassName}, &have); err == nil && have.AllowVolumeExpansion == nil {
+			base := have.DeepCopy()
+			have.AllowVolumeExpansion = ptr.To(true)
+			err = c.Patch(ctx, &have, client.MergeFrom(base))
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("csi: installing StorageClass %s: %w", StorageClassName, err)
 	}
 	return nil

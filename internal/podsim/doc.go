@@ -75,6 +75,14 @@
 // replicas cleanly; the next start mounts them again. A pod's directory is never
 // removed while something is mounted below it.
 //
+// Expansion. A claim whose controller-side expansion is done (allocatedResourceStatuses
+// "storage": NodeResizePending, as the CSI sidecar's resizer leaves it) and that a pod
+// here has mounted gets NodeExpandVolume on that pod's node, with the publish path and the
+// staging path, as kubelet's volume manager does for online expansion; the claim's
+// status.capacity then becomes the PV's capacity and the resize status and conditions go
+// (a failure: condition NodeResizeError, Event FileSystemResizeFailed on the pod). A claim
+// no pod mounts is expanded when one mounts it (resize.go).
+//
 // Deletion. A pod being deleted gets SIGTERM (to its process groups), SIGKILL when its
 // grace period ends, and is then deleted for good (grace period 0, UID precondition), as
 // kubelet's final delete. Its directory is removed once the pod object is gone; the

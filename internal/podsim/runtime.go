@@ -46,11 +46,13 @@ type runtime struct {
 	mu sync.Mutex
 	// pods is the pod table: every pod this runtime runs, with its processes, by UID;
 	// entries come with ensure and go with forgetUID (podtable.go).
-	pods     map[types.UID]*podState
-	ips      *ipAllocator
-	queue    workqueue.TypedRateLimitingInterface[reconcile.Request]
-	stopping bool
-	launch   *launcher
+	pods  map[types.UID]*podState
+	ips   *ipAllocator
+	queue workqueue.TypedRateLimitingInterface[reconcile.Request]
+	// claimQueue is the volume expander's (resize.go).
+	claimQueue workqueue.TypedRateLimitingInterface[reconcile.Request]
+	stopping   bool
+	launch     *launcher
 	// wg counts every goroutine the runtime starts; Add only under mu while !stopping,
 	// or from a goroutine wg already counts.
 	wg sync.WaitGroup
@@ -83,6 +85,9 @@ func addRuntime(mgr manager.Manager, o Options, nodes labels.Selector, images ma
 	r.ips = newIPAllocator(r.ipReported)
 	r.volCtx, r.volCancel = context.WithCancel(context.Background())
 	if err := mgr.Add(r); err != nil {
+		return err
+	}
+	if err := addExpander(mgr, r); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).

@@ -38,6 +38,7 @@ type volPath struct {
 // csiVolume is a CSI volume the runtime staged or published for one pod.
 type csiVolume struct {
 	name      string // the pod's volume name
+	claim     string // its PersistentVolumeClaim
 	pv        string
 	handle    string
 	node      string
@@ -106,6 +107,7 @@ func (r *runtime) mountVolumes(ps *podState, pod *corev1.Pod) {
 	r.volOps.Unlock()
 
 	var event string
+	var claims []string
 	r.mu.Lock()
 	v := &ps.vols
 	v.busy = false
@@ -117,6 +119,9 @@ func (r *runtime) mountVolumes(ps *podState, pod *corev1.Pod) {
 			if c.wait != nil && c.wait.Reason == reasonCreating {
 				c.wait = nil
 			}
+		}
+		for _, cv := range v.csi {
+			claims = append(claims, cv.claim)
 		}
 	case errors.As(err, &we):
 		v.backoff, v.notBefore = 0, time.Now().Add(pvcPoll)
@@ -133,6 +138,8 @@ func (r *runtime) mountVolumes(ps *podState, pod *corev1.Pod) {
 	if event != "" {
 		r.rec.Eventf(pod, nil, corev1.EventTypeWarning, "FailedMount", "MountVolume", "%s", event)
 	}
+	// A claim grown while no pod mounted it is expanded on the node now.
+	r.expandLater(pod.Namespace, claims)
 	r.enqueue(ps.key)
 }
 
@@ -214,7 +221,7 @@ func (r *runtime) mountClaim(ctx context.Context, ps *podState, pod *corev1.Pod,
 	}
 	fresh := cv == nil
 	if fresh {
-		cv = &csiVolume{name: vol.Name, pv: pv.Name, handle: src.VolumeHandle, node: node,
+		cv = &csiVolume{name: vol.Name, claim: name, pv: pv.Name, handle: src.VolumeHandle, node: node,
 			target: filepath.Join(ps.dir, "volumes", "kubernetes.io~csi", pv.Name, "mount")}
 		ps.vols.csi = append(ps.vols.csi, cv)
 	}

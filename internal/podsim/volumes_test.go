@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -109,6 +110,8 @@ func TestPodVolumes(t *testing.T) {
 		Provisioner:   driver.Name,
 		Parameters:    map[string]string{driver.ParamReplicaCount: "2"},
 		ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete),
+		// The sleeper's claim grows.
+		AllowVolumeExpansion: ptr.To(true),
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -179,15 +182,19 @@ func TestPodVolumes(t *testing.T) {
 	assertUnmounted(t, volume, podRoot, targets)
 
 	// A pod still running when the kubelet stops (and ignoring SIGTERM for its grace
-	// period): its volume is unmounted all the same, once it is killed.
-	sleeper := volumePod(ns, "sleeper", "node-1", `trap '' TERM; echo up; sleep 3600`)
+	// period): its volume is unmounted all the same, once it is killed. While it runs, its
+	// claim grows: the sidecar expands the volume, and the kubelet completes the file
+	// system resize on the node (NodeExpandVolume) and records the claim's new capacity.
+	sleeper := volumePod(ns, "sleeper", "node-1", `trap '' TERM; echo up; while :; do echo "size $(df -kP /data | awk 'NR==2 {print $2}')"; sleep 0.5; done`)
 	if err := c.Create(ctx, sleeper); err != nil {
 		t.Fatal(err)
 	}
-	waitPodVolumes(t, c, sleeper, "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	sleeper = waitPodVolumes(t, c, sleeper, "Running", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 	if lines := mountLines(t, filepath.Join(targets, "node-1")); len(lines) == 0 {
 		t.Fatal("the sleeper's volume is not staged on node-1")
 	}
+	t.Run("Expansion", func(t *testing.T) { testExpansion(t, c, pvc, sleeper, podRoot) })
+
 	stopKubelet()
 	assertUnmounted(t, volume, podRoot, targets)
 
@@ -208,6 +215,81 @@ func TestPodVolumes(t *testing.T) {
 	if a, b := testenv.SHA256File(t, files[0]), testenv.SHA256File(t, files[1]); a != b {
 		t.Errorf("replica files differ after the kubelet stopped: %s %s, %s %s", files[0], a, files[1], b)
 	}
+}
+
+// testExpansion grows the claim of the running pod: the sidecar expands the volume, the
+// kubelet completes the file system resize on the node and records the claim's capacity,
+// and the container sees the larger file system.
+//
+// Where this process cannot grow a mounted ext4 file system (no CAP_SYS_RESOURCE, as on
+// the CI machine, whose container lacks it even in its bounding set), the kubelet's
+// NodeExpandVolume is refused, and the test checks that the claim and the pod say why:
+// that is what a user there sees. Under CRDIPC_REQUIRE_ONLINE_RESIZE=1 (a host that must
+// grow ext4 online) it fails instead. Online growth itself is tested on xfs in
+// internal/csi/e2e (PodExpansion), which needs no such capability.
+func testExpansion(t *testing.T, c client.Client, pvc *corev1.PersistentVolumeClaim, pod *corev1.Pod, podRoot string) {
+	ctx := context.Background()
+	cannot := driver.OnlineResizeAvailable("ext4")
+	if cannot != nil && os.Getenv("CRDIPC_REQUIRE_ONLINE_RESIZE") == "1" {
+		t.Fatalf("CRDIPC_REQUIRE_ONLINE_RESIZE=1 but this host cannot grow a mounted ext4 file system: %v", cannot)
+	}
+	if err := c.Patch(ctx, pvc, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"resources":{"requests":{"storage":"32Mi"}}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	if cannot != nil {
+		testenv.Eventually(t, 60*time.Second, "the node's refusal on the claim and the pod", func(ctx context.Context) (bool, error) {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(pvc), pvc); err != nil {
+				return false, err
+			}
+			msg := ""
+			for _, cond := range pvc.Status.Conditions {
+				if cond.Type == corev1.PersistentVolumeClaimNodeResizeError {
+					msg = cond.Message
+				}
+			}
+			if pvc.Status.AllocatedResourceStatuses[corev1.ResourceStorage] != corev1.PersistentVolumeClaimNodeResizeInfeasible ||
+				!strings.Contains(msg, "needs CAP_SYS_RESOURCE") {
+				return false, fmt.Errorf("allocatedResourceStatuses %v, conditions %+v", pvc.Status.AllocatedResourceStatuses, pvc.Status.Conditions)
+			}
+			var evs corev1.EventList
+			if err := c.List(ctx, &evs, client.InNamespace(pod.Namespace), client.MatchingFields{"involvedObject.uid": string(pod.UID)}); err != nil {
+				return false, err
+			}
+			for _, e := range evs.Items {
+				if e.Type == corev1.EventTypeWarning && e.Reason == "FileSystemResizeFailed" && strings.Contains(e.Message, "needs CAP_SYS_RESOURCE") {
+					return true, nil
+				}
+			}
+			return false, fmt.Errorf("no FileSystemResizeFailed Event on the pod among %d", len(evs.Items))
+		})
+		return
+	}
+	testenv.Eventually(t, 60*time.Second, "the claim's resize completed by the kubelet", func(ctx context.Context) (bool, error) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(pvc), pvc); err != nil {
+			return false, err
+		}
+		q := pvc.Status.Capacity[corev1.ResourceStorage]
+		pending := pvc.Status.AllocatedResourceStatuses[corev1.ResourceStorage]
+		for _, cond := range pvc.Status.Conditions {
+			if cond.Type == corev1.PersistentVolumeClaimFileSystemResizePending || cond.Type == corev1.PersistentVolumeClaimNodeResizeError {
+				pending = corev1.ClaimResourceStatus(cond.Type)
+			}
+		}
+		if q.String() != "32Mi" || pending != "" {
+			return false, fmt.Errorf("status.capacity %s, resize %q, conditions %+v", q.String(), pending, pvc.Status.Conditions)
+		}
+		return true, nil
+	})
+	// The running container sees the larger file system (df in KiB: more than 16Mi).
+	testenv.Eventually(t, 10*time.Second, "the sleeper's df showing the larger file system", func(context.Context) (bool, error) {
+		lines := strings.Split(strings.TrimSpace(podLog(pod, podRoot)), "\n")
+		last := lines[len(lines)-1]
+		var kib int64
+		if _, err := fmt.Sscanf(last, "size %d", &kib); err != nil || kib <= 16<<10 {
+			return false, fmt.Errorf("last log line %q", last)
+		}
+		return true, nil
+	})
 }
 
 // volumePod is a busybox pod on node that runs script with claim data at /data.

@@ -18,5 +18,11 @@
 // the staging path (or, for block access, the loop device) onto the target, remounted
 // nodev,nosuid (block: nosuid). Staging and target paths must lie inside the kubelet root,
 // symbolic links followed; NodeUnpublishVolume and NodeUnstageVolume unmount only what is
-// this volume's. docs/csi.md says exactly what each call does.
+// this volume's.
+//
+// Volumes grow online: ControllerExpandVolume raises the CStorVolume's capacity and awaits
+// every replica grown; NodeExpandVolume grows the staged target, its loop device and the
+// file system. NodeGetVolumeStats reports statfs of the mounted volume, and
+// Controller/NodeGetVolumeHealth what the operator and the node's target know to be wrong.
+// docs/csi.md says exactly what each call does.
 package driver

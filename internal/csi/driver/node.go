@@ -22,11 +22,19 @@ const LinkName = "crdipc-volume.img"
 
 // NodeGetCapabilities implements csi.NodeServer: STAGE_UNSTAGE_VOLUME, since a mount volume
 // is formatted and loop-mounted once per node (NodeStageVolume) and bind-mounted into each
-// target (NodePublishVolume).
+// target (NodePublishVolume); GET_VOLUME_STATS and GET_VOLUME_HEALTH for kubelet's volume
+// metrics and health; EXPAND_VOLUME, since the staged target and the file system grow here.
 func (d *Driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
-	return &csi.NodeGetCapabilitiesResponse{Capabilities: []*csi.NodeServiceCapability{{
-		Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME}},
-	}}}, nil
+	var caps []*csi.NodeServiceCapability
+	for _, t := range []csi.NodeServiceCapability_RPC_Type{
+		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
+	} {
+		caps = append(caps, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}}})
+	}
+	return &csi.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
 }
 
 // NodeGetInfo implements csi.NodeServer.

@@ -97,7 +97,7 @@ func (d *Driver) startTarget(ctx context.Context, id string) (*staged, error) {
 	e, err := target.New(ctx, target.Options{
 		Members:           members,
 		ConsistencyFactor: cf,
-		Size:              vol.Spec.Capacity.Value(),
+		Size:              servable(vol),
 		Logger:            slog.New(logr.ToSlogHandler(log.WithName("target"))),
 		OnReplicaState: func(rid string, s target.State, err error) {
 			if err != nil {
@@ -135,6 +135,19 @@ func (d *Driver) startTarget(ctx context.Context, id string) (*staged, error) {
 	go d.followMembers(mctx, id, s, tlsConf)
 	log.Info("volume target started", "device", ex.Device(), "replicas", len(members), "consistencyFactor", cf)
 	return s, nil
+}
+
+// servable is the size a target of vol may serve: its capacity, or less while the
+// operator still grows the replicas to a larger one (status.capacity is what every placed
+// replica holds); NodeExpandVolume grows the target once they have grown.
+func servable(vol *storagev1alpha1.CStorVolume) int64 {
+	size := vol.Spec.Capacity.Value()
+	if c := vol.Status.Capacity; c != nil {
+		if held, err := storagev1alpha1.Bytes(*c); err == nil && held > 0 && held < size {
+			size = held
+		}
+	}
+	return roundDown(size)
 }
 
 // members are the replicas of vol that report a data endpoint (checkReplicas has passed).

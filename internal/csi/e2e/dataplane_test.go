@@ -9,10 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -181,6 +183,8 @@ func (w *world) testDataPlane(t *testing.T) {
 		}
 		return true, nil
 	})
+	// Its health says so, to the CO and to the node's kubelet, with a message.
+	w.wantHealth(t, conn, id, csi.VolumeHealthErrorType_DEGRADED, driver.HealthDegraded, fmt.Sprintf("%d of %d replicas healthy", rf-1, rf))
 	write(10) // the first writes find the replica gone and leave it; the rest need cf acks
 	if rf-1 < cf {
 		t.Fatalf("rf %d, cf %d: the test needs writes to go on with one replica lost", rf, cf)
@@ -197,6 +201,7 @@ func (w *world) testDataPlane(t *testing.T) {
 		}
 		return true, nil
 	})
+	w.wantHealth(t, conn, id, 0, "", "")
 	write(5)
 	unmount()
 	w.sameReplicas(t, id)
@@ -279,4 +284,38 @@ func (w *world) checkFiles(t *testing.T, dir string, files map[string]string) {
 			t.Fatalf("%s: sha256 %s, want %s", name, got, want)
 		}
 	}
+}
+
+// wantHealth waits until the health of volume id, as ControllerGetVolumeHealth and
+// NodeGetVolumeHealth of node-1 (where it is staged) report it, holds an entry of type typ
+// and reason whose message holds msg, or, for reason "", no adverse entry at all.
+func (w *world) wantHealth(t *testing.T, conn *grpc.ClientConn, id string, typ csi.VolumeHealthErrorType, reason, msg string) {
+	t.Helper()
+	what := fmt.Sprintf("the health of %s: %s %s %q", id, typ, reason, msg)
+	if reason == "" {
+		what = "no adverse health entry for " + id
+	}
+	testenv.Eventually(t, 20*time.Second, what, func(ctx context.Context) (bool, error) {
+		c, err := csi.NewControllerClient(conn).ControllerGetVolumeHealth(ctx, &csi.ControllerGetVolumeHealthRequest{VolumeId: id})
+		if err != nil {
+			return false, fmt.Errorf("ControllerGetVolumeHealth: %w", err)
+		}
+		n, err := csi.NewNodeClient(conn).NodeGetVolumeHealth(ctx, &csi.NodeGetVolumeHealthRequest{VolumeId: id})
+		if err != nil {
+			return false, fmt.Errorf("NodeGetVolumeHealth: %w", err)
+		}
+		for who, h := range map[string]*csi.VolumeHealth{"controller": c.GetVolumeHealth(), "node": n.GetVolumeHealth()} {
+			found := false
+			for _, e := range h.GetHealthStatuses() {
+				found = found || (e.GetStatus() == typ && e.GetReason() == reason && strings.Contains(e.GetMessage(), msg))
+			}
+			switch {
+			case h.GetVolumeId() != id:
+				return false, fmt.Errorf("%s health names volume %q", who, h.GetVolumeId())
+			case reason == "" && len(h.GetHealthStatuses()) != 0, reason != "" && !found:
+				return false, fmt.Errorf("%s health: %+v", who, h.GetHealthStatuses())
+			}
+		}
+		return true, nil
+	})
 }

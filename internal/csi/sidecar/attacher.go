@@ -28,34 +28,33 @@ func AttacherFinalizer(driver string) string {
 	return "external-attacher/" + strings.NewReplacer("/", "-", ".", "-").Replace(driver)
 }
 
-// attacher reconciles VolumeAttachments whose attacher is the driver.
-type attacher struct {
-	c   client.Client
-	csi csi.ControllerClient
-	o   Options
-	log logr.Logger
-
+// started is what the sidecar's controllers learn once it starts: the driver's name and
+// the Event recorder that reports as its sidecar. Until then both are empty.
+type started struct {
 	mu     sync.Mutex
 	driver string
 	rec    record.EventRecorder
 }
 
-func (a *attacher) setDriver(name string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.driver = name
+func (s *started) set(name string, r record.EventRecorder) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.driver, s.rec = name, r
 }
 
-func (a *attacher) setRecorder(r record.EventRecorder) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.rec = r
+func (s *started) state() (string, record.EventRecorder) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.driver, s.rec
 }
 
-func (a *attacher) state() (string, record.EventRecorder) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.driver, a.rec
+// attacher reconciles VolumeAttachments whose attacher is the driver.
+type attacher struct {
+	*started
+	c   client.Client
+	csi csi.ControllerClient
+	o   Options
+	log logr.Logger
 }
 
 func (a *attacher) setup(mgr ctrl.Manager) error {

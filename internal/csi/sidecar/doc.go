@@ -11,6 +11,10 @@
 //   - The attacher turns VolumeAttachments whose attacher is the driver into
 //     ControllerPublishVolume / ControllerUnpublishVolume calls and reports the outcome in the
 //     VolumeAttachment's status.
+//   - The resizer, as upstream's external-resizer, turns a raised request of a bound claim
+//     into ControllerExpandVolume, the PV's new capacity and the claim's resize status
+//     (allocatedResources, allocatedResourceStatuses NodeResizePending, condition
+//     FileSystemResizePending), which the kubelet completes on the node.
 //
 // Both retry only retryable gRPC codes (Unavailable, DeadlineExceeded, Aborted, Canceled,
 // ResourceExhausted), with exponential backoff; a final code becomes a Warning Event carrying

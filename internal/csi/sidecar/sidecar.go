@@ -18,6 +18,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/lru"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
@@ -28,6 +29,7 @@ import (
 // the storage.crdipc.io kinds (the driver's business).
 // +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;create;delete;update;patch
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims/status,verbs=update;patch
 // +kubebuilder:rbac:groups="";events.k8s.io,resources=events,verbs=create;patch;update
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=volumeattachments,verbs=get;list;watch;update;patch
@@ -168,11 +170,11 @@ func (c *driverCheck) check(r *http.Request) error {
 	return nil
 }
 
-// Add adds the provisioner and the attacher for the driver at o.DriverEndpoint to mgr, and
-// a readiness check ("csi-driver") that fails, with the reason, while the driver cannot be
-// reached. Provisioner and attacher run only while mgr leads, so two sidecars never act on
-// one object. Without o.DriverName, the driver's name is read from the driver when mgr
-// starts.
+// Add adds the provisioner, the attacher and the resizer for the driver at
+// o.DriverEndpoint to mgr, and a readiness check ("csi-driver") that fails, with the
+// reason, while the driver cannot be reached. They run only while mgr leads, so two
+// sidecars never act on one object. Without o.DriverName, the driver's name is read from
+// the driver when mgr starts.
 func Add(mgr manager.Manager, o Options) error {
 	o.defaults()
 	if o.DriverEndpoint == "" {
@@ -199,8 +201,13 @@ func Add(mgr manager.Manager, o Options) error {
 	if err := mgr.AddReadyzCheck("csi-driver", dc.check); err != nil {
 		return fmt.Errorf("csi sidecar: %w", err)
 	}
-	a := &attacher{c: mgr.GetClient(), csi: csi.NewControllerClient(conn), o: o, log: l.WithName("attacher")}
+	st := &started{}
+	a := &attacher{started: st, c: mgr.GetClient(), csi: csi.NewControllerClient(conn), o: o, log: l.WithName("attacher")}
 	if err := a.setup(mgr); err != nil {
+		return err
+	}
+	z := &resizer{started: st, c: mgr.GetClient(), fresh: mgr.GetAPIReader(), csi: csi.NewControllerClient(conn), o: o, log: l.WithName("resizer"), failed: lru.New(failedClaimsRemembered)}
+	if err := z.setup(mgr); err != nil {
 		return err
 	}
 	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
@@ -217,8 +224,7 @@ func Add(mgr manager.Manager, o Options) error {
 			name = learned
 		}
 		rec := newRecorder(ctx, kube, name)
-		a.setRecorder(rec)
-		a.setDriver(name)
+		st.set(name, rec)
 		p := newProvisioner(ctx, kube, mgr.GetClient(), name, csi.NewControllerClient(conn), o, rec, l.WithName("provisioner"))
 		p.Run(ctx)
 		return nil
