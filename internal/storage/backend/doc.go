@@ -11,6 +11,9 @@
 // the file is extended sparse, the zvol's volsize raised. The file backend refuses a growth
 // its pool has not room left for (ErrNoSpace).
 //
+// A replica's snapshots (the replica data service's <file>.snap.<name>.* beside the file
+// backend's replica file) are deleted with the replica.
+//
 // Every operation is idempotent, because an agent may be killed between doing something and
 // recording it: Create* adopts what already exists, Delete* treats "not found" as success.
 // Import and Stat never create: a pool or replica that existed once and is gone is reported

@@ -279,6 +279,9 @@ func (f *File) DeleteReplica(ctx context.Context, p Pool, r Replica) error {
 	if err != nil {
 		return err
 	}
+	if err := removeSnapshots(path); err != nil {
+		return err
+	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("removing replica file: %w", err)
 	}
@@ -290,6 +293,49 @@ func (f *File) DeleteReplica(ctx context.Context, p Pool, r Replica) error {
 		return fmt.Errorf("removing replica temporaries: %w", err)
 	}
 	_ = os.Remove(filepath.Dir(path)) // the namespace directory, if now empty
+	return nil
+}
+
+// The replica data service keeps a replica's snapshots beside its file, as
+// <file>.snap.<name>.data and <file>.snap.<name>.snapmeta (package replica, SnapshotFiles);
+// they go with the replica. No replica's own file (.img) or metadata (.img.meta) ends so,
+// whatever its name.
+const (
+	snapshotInfix      = ".snap."
+	snapshotDataSuffix = ".data"
+	snapshotMetaSuffix = ".snapmeta"
+)
+
+// removeSnapshots removes the snapshots of the replica file at path, with the temporaries
+// that interrupted writes of their metadata left.
+func removeSnapshots(path string) error {
+	dir, base := filepath.Split(path)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("listing replica snapshots: %w", err)
+	}
+	removed := false
+	for _, e := range entries {
+		n := e.Name()
+		snapshot := strings.HasPrefix(n, base+snapshotInfix) &&
+			(strings.HasSuffix(n, snapshotDataSuffix) || strings.HasSuffix(n, snapshotMetaSuffix))
+		temporary := strings.HasPrefix(n, "."+base+snapshotInfix) && strings.Contains(n, snapshotMetaSuffix+".tmp-")
+		if !snapshot && !temporary {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("removing replica snapshot: %w", err)
+		}
+		removed = true
+	}
+	if removed {
+		if err := safefile.SyncDir(dir); err != nil {
+			return fmt.Errorf("removing replica snapshots: %w", err)
+		}
+	}
 	return nil
 }
 

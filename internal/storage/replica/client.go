@@ -419,3 +419,37 @@ func (r *Client) Rebuild(ctx context.Context, sourceAddr, sourceID string) error
 	_, err = r.simple(ctx, opRebuild, 0, 0, payload)
 	return err
 }
+
+// Snapshot takes snapshot name of the replica: a crash-consistent copy of its data as of
+// the call, made under a lock that holds back the replica's writes (reads go on). It needs
+// this connection's writer session (ErrNoSession without one, ErrBusy when another
+// connection holds it), since only the writer knows when its writes are settled. A
+// complete snapshot of that name is reported as it is (Created false); a partial one is
+// taken again. ErrNoSpace when the file system cannot hold the copy; ErrInvalid for a bad
+// name (ValidateSnapshotName) or a replica that is rebuilding. The snapshot is then served
+// read-only as replica SnapshotID(id, name).
+func (r *Client) Snapshot(ctx context.Context, name string) (SnapshotInfo, error) {
+	if err := ValidateSnapshotName(name); err != nil {
+		return SnapshotInfo{}, err
+	}
+	res, err := r.simple(ctx, opSnapshot, 0, 0, []byte(name))
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	defer putBuf(res.buf)
+	var in SnapshotInfo
+	if err := json.Unmarshal(res.data(), &in); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("decoding snapshot info: %w", err)
+	}
+	return in, nil
+}
+
+// DeleteSnapshot deletes snapshot name of the replica; a missing one is success. It needs
+// no writer session. Readers that have the snapshot open keep reading it until they let go.
+func (r *Client) DeleteSnapshot(ctx context.Context, name string) error {
+	if err := ValidateSnapshotName(name); err != nil {
+		return err
+	}
+	_, err := r.simple(ctx, opDeleteSnapshot, 0, 0, []byte(name))
+	return err
+}

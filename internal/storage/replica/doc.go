@@ -28,7 +28,8 @@
 // queue is empty. arg is the revision of a write and the length of a read or of an extents
 // query. Payloads are the data of a write or read, JSON Info for Info and Open, u64
 // (offset, length) pairs for Extents (arg 1 in the response: more follow), the source of a
-// Rebuild (u16-prefixed address and id), or the error message when status is not 0. Status
+// Rebuild (u16-prefixed address and id), the snapshot name of Snapshot and DeleteSnapshot
+// (JSON SnapshotInfo in Snapshot's response), or the error message when status is not 0. Status
 // codes map to ErrBusy, ErrNotFound, ErrNoSession, ErrTooLarge and ErrInvalid, so errors.Is
 // works on the client side (RemoteError). A payload over MaxPayload (4 MiB) is skipped and
 // refused with ErrTooLarge, leaving the connection usable; the client splits larger reads
@@ -87,4 +88,31 @@
 // true throughout. Info reports the source of the current rebuild (RebuildSource, durable)
 // and whether a writer session is open (Session), which tells a replica being written from
 // one left dirty by a crash.
+//
+// # Snapshots
+//
+// Ops 10 (Snapshot) and 11 (DeleteSnapshot) carry a snapshot name ([a-z0-9][a-z0-9.-]{0,127},
+// else ErrInvalid). Snapshot needs the caller's writer session (ErrNoSession without one,
+// ErrBusy when another connection holds it) and a replica that is not rebuilding
+// (ErrInvalid). Under the lock that excludes writes (applyMu; reads go on) it fdatasyncs
+// the data file, copies it to "<data>.snap.<name>.data" — a reflink (FICLONE) where the
+// file system shares blocks, else a sparse copy of the allocated extents
+// (SEEK_DATA/SEEK_HOLE, copy_file_range), holes staying holes — fsyncs the copy, then
+// writes "<data>.snap.<name>.snapmeta" atomically as the replica's metadata is written:
+//
+//	{"size": 4194304, "revision": 12, "epoch": 3, "time": "…", "reflink": true}
+//
+// (size, revision and epoch of the replica at the copy). The snapshot exists iff its
+// metadata does: Snapshot of a complete one reports it (Created false), a partial one
+// (a copy without metadata, left by a crash or a failure) is taken again; a full file
+// system fails with ErrNoSpace and leaves no copy. DeleteSnapshot removes the metadata,
+// then the copy; a missing snapshot is success, and no session is needed.
+//
+// A snapshot is also a read-only replica, id "<replica id>@<name>" (SnapshotID), for Info
+// (its size and revision, never dirty or rebuilding), Extents and Read; Write, Open, Flush,
+// CloseSession, Rebuild and Snapshot on it are refused with ErrInvalid. So Rebuild(addr,
+// "<replica>@<name>") fills a replica from a snapshot on another node with the copier
+// above; the replica may be larger than the snapshot (a restore at a larger size), the
+// range past the snapshot's end staying a hole. Readers of a deleted snapshot keep the
+// file they opened; the next opener finds the current one, if any.
 package replica

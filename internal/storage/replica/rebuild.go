@@ -150,13 +150,20 @@ func (s *Server) copyFrom(ctx context.Context, r *replica, st *rebuildState, add
 	if info.Rebuilding {
 		return errors.New("source is itself rebuilding")
 	}
-	if size := r.size.Load(); info.Size != size {
+	// A snapshot may fill a larger replica (a volume restored at a larger size): what lies
+	// past the snapshot's end stays the hole the punch made.
+	_, _, fromSnapshot := SplitSnapshotID(srcID)
+	sizeOK := func(src, dst int64) bool { return src == dst || (fromSnapshot && src < dst) }
+	if size := r.size.Load(); !sizeOK(info.Size, size) {
 		return fmt.Errorf("source size %d differs from replica size %d", info.Size, size)
 	}
 	// The whole current size is copied: when the replica grows during the copy (its volume
 	// was expanded), the grown range is listed and copied too.
 	for copied := int64(0); ; {
 		end := r.size.Load()
+		if fromSnapshot {
+			end = min(end, info.Size)
+		}
 		if copied >= end {
 			break
 		}
@@ -180,7 +187,7 @@ func (s *Server) copyFrom(ctx context.Context, r *replica, st *rebuildState, add
 	if info.Epoch != startEpoch {
 		return fmt.Errorf("source had a new writer session during the copy (epoch %d, then %d)", startEpoch, info.Epoch)
 	}
-	if size := r.size.Load(); info.Size != size {
+	if size := r.size.Load(); !sizeOK(info.Size, size) {
 		// One of the two grew during the copy and the other not yet: what the larger holds
 		// past the smaller's end was not copied. A rebuild once both have grown copies it.
 		return fmt.Errorf("source size %d differs from replica size %d after the copy (the volume is growing)", info.Size, size)

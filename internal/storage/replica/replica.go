@@ -80,6 +80,11 @@ type replica struct {
 	metaPath string
 	f        *os.File
 	refs     int
+	// snap: a snapshot, served read-only under "<replica id>@<name>".
+	snap bool
+	// detached: replaced in Server.replicas by a newer open of the same id (a snapshot
+	// deleted and taken again); closed when its last user releases it. Under Server.mu.
+	detached bool
 
 	// size is the replica's size; it only grows (Server.Resize), while I/O goes on.
 	size atomic.Int64
@@ -241,11 +246,14 @@ func (r *replica) writeAt(p []byte, off int64, rev uint64) error {
 		r.freshMu.Unlock()
 	}
 	_, err := r.f.WriteAt(p, off)
+	if err == nil {
+		// Still under applyMu, so a snapshot's revision covers every write it holds.
+		r.bumpRevision(rev)
+	}
 	r.applyMu.RUnlock()
 	if err != nil {
 		return fmt.Errorf("writing replica %s: %w", r.id, noSpace(err))
 	}
-	r.bumpRevision(rev)
 	return nil
 }
 

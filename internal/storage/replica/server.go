@@ -58,6 +58,8 @@ type Server struct {
 	replicas map[string]*replica
 	rebuilds map[string]*rebuildState
 	conns    map[*serverConn]struct{}
+	// snapLocks serialize taking and deleting snapshots, by replica id.
+	snapLocks map[string]*refMutex
 	// noSpace holds, by replica id, the last write that failed for a full file system
 	// while none has succeeded since (Info.NoSpace). A sync.Map: every write looks it up.
 	noSpace sync.Map
@@ -68,6 +70,8 @@ type Server struct {
 	// testBeforeApply, if set, runs before the copier applies each chunk; ctx is the
 	// copier's, ended when it is superseded or the server stops.
 	testBeforeApply func(ctx context.Context, off int64)
+	// testNoReflink makes snapshots take the sparse copy even where FICLONE works.
+	testNoReflink bool
 }
 
 // NewServer returns a server; nothing happens until Serve.
@@ -86,11 +90,12 @@ func NewServer(o ServerOptions) *Server {
 		o.RebuildParallel = 8
 	}
 	s := &Server{
-		o:        o,
-		log:      o.Logger.WithValues("node", o.Node),
-		replicas: map[string]*replica{},
-		rebuilds: map[string]*rebuildState{},
-		conns:    map[*serverConn]struct{}{},
+		o:         o,
+		log:       o.Logger.WithValues("node", o.Node),
+		replicas:  map[string]*replica{},
+		rebuilds:  map[string]*rebuildState{},
+		conns:     map[*serverConn]struct{}{},
+		snapLocks: map[string]*refMutex{},
 	}
 	if o.TLS != nil {
 		s.tlsConf = o.TLS.Clone()
@@ -196,14 +201,31 @@ func (s *Server) acquire(id string) (*replica, error) {
 		return nil, ErrClosed
 	}
 	if r := s.replicas[id]; r != nil {
-		r.refs++
-		return r, nil
+		if !r.snap || !r.deleted() {
+			r.refs++
+			return r, nil
+		}
+		// The snapshot was deleted (and maybe taken again) since it was opened: its
+		// users keep the old file, new ones get what exists now.
+		r.detached = true
+		delete(s.replicas, id)
 	}
-	loc, err := s.o.Lookup(id)
+	base, snapName, isSnap := SplitSnapshotID(id)
+	if isSnap {
+		if err := ValidateSnapshotName(snapName); err != nil {
+			return nil, err
+		}
+	}
+	loc, err := s.o.Lookup(base)
 	if err != nil {
-		return nil, fmt.Errorf("no replica %s on node %s: %v: %w", id, s.o.Node, err, ErrNotFound)
+		return nil, fmt.Errorf("no replica %s on node %s: %v: %w", base, s.o.Node, err, ErrNotFound)
 	}
-	r, err := openReplica(id, loc)
+	var r *replica
+	if isSnap {
+		r, err = openSnapshot(id, snapName, loc)
+	} else {
+		r, err = openReplica(id, loc)
+	}
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return nil, fmt.Errorf("no replica %s on node %s: %w", id, s.o.Node, err)
@@ -233,6 +255,9 @@ func (s *Server) Resize(id string, size int64) error {
 	if r == nil {
 		return nil
 	}
+	if r.snap {
+		return fmt.Errorf("snapshot %s never grows: %w", id, ErrInvalid)
+	}
 	if err := r.grow(size); err != nil {
 		return err
 	}
@@ -249,9 +274,15 @@ func (s *Server) release(r *replica) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r.refs--
+	if r.refs == 0 && r.detached {
+		if err := r.close(); err != nil {
+			s.log.Error(err, "closing replica file", "replica", r.id)
+		}
+		return
+	}
 	if r.refs == 0 && s.replicas[r.id] == r {
 		delete(s.replicas, r.id)
-		if r.rev.Load() > r.durable().Revision && !r.deleted() {
+		if !r.snap && r.rev.Load() > r.durable().Revision && !r.deleted() {
 			if err := r.flush(nil); err != nil {
 				s.log.Error(err, "flushing replica before closing it", "replica", r.id)
 			}
@@ -496,6 +527,13 @@ func (c *serverConn) handle(h reqHeader, id string, buf *[]byte) outFrame {
 	if h.op == opPing {
 		return outFrame{h: respHeader{id: h.id}}
 	}
+	if h.op == opDeleteSnapshot {
+		// Needs no session, nor the replica's data file: its snapshots go with it.
+		if err := c.s.deleteSnapshot(id, string(payload)); err != nil {
+			return errorFrame(h.id, fmt.Errorf("replica %s on node %s: %w", id, c.s.o.Node, err))
+		}
+		return outFrame{h: respHeader{id: h.id}}
+	}
 	r, err := c.replica(id)
 	if err != nil {
 		return errorFrame(h.id, err)
@@ -513,6 +551,9 @@ func (c *serverConn) handle(h reqHeader, id string, buf *[]byte) outFrame {
 }
 
 func (c *serverConn) do(r *replica, h reqHeader, payload []byte) (outFrame, error) {
+	if r.snap && h.op != opRead && h.op != opInfo && h.op != opExtents {
+		return outFrame{}, fmt.Errorf("snapshot %s is read-only: %w", r.id, ErrInvalid)
+	}
 	switch h.op {
 	case opWrite:
 		if r.owner.Load() != c {
@@ -579,6 +620,28 @@ func (c *serverConn) do(r *replica, h reqHeader, payload []byte) (outFrame, erro
 			f.h.arg = 1
 		}
 		return f, nil
+
+	case opSnapshot:
+		name := string(payload)
+		if err := ValidateSnapshotName(name); err != nil {
+			return outFrame{}, err
+		}
+		switch owner := r.owner.Load(); {
+		case owner == nil:
+			return outFrame{}, ErrNoSession
+		case owner != c:
+			// Only the writer knows when its writes are settled.
+			return outFrame{}, ErrBusy
+		}
+		in, err := c.s.snapshot(r, name)
+		if err != nil {
+			return outFrame{}, err
+		}
+		data, err := json.Marshal(in)
+		if err != nil {
+			return outFrame{}, err
+		}
+		return outFrame{payload: data}, nil
 
 	case opRebuild:
 		addr, srcID, err := decodeRebuild(payload)

@@ -28,6 +28,9 @@ const (
 	opCloseSession uint8 = 7
 	opExtents      uint8 = 8
 	opRebuild      uint8 = 9
+	// Snapshots: the payload is the snapshot's name.
+	opSnapshot       uint8 = 10
+	opDeleteSnapshot uint8 = 11
 )
 
 // Request frame: u32 length of what follows, then reqHeaderLen bytes

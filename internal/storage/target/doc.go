@@ -67,6 +67,17 @@
 // replica smaller than the volume is kept out of the write set until it has grown, and a
 // rebuild copies the replica's whole current size.
 //
+// # Snapshots
+//
+// Snapshot takes a crash-consistent snapshot: holding the barrier that every write fan-out
+// holds shared, no write is half applied and every healthy replica holds the same data, so
+// the copies (replica.Client.Snapshot) are alike, and each holds every write acknowledged
+// before the call. Writes wait meanwhile, reads do not. It stands when ConsistencyFactor
+// healthy replicas took it; otherwise the copies made are deleted again. A replica that
+// refuses (no space, say) is only named; one whose connection fails is faulted, as on a
+// write. A name stands for one content: asked again, existing copies are returned and any
+// made now are deleted. DeleteSnapshot deletes it on every member, dialling faulted ones.
+//
 // Close waits for writes in flight, then ends every writer session (clearing Dirty);
 // replicas that were faulted stay dirty and are rebuilt at the next start.
 package target

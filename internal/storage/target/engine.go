@@ -107,7 +107,8 @@ type Engine struct {
 	cf int
 	// size is the volume size; it only grows (Grow), and I/O checks ranges against it.
 	size           atomic.Int64
-	growMu         sync.Mutex // serializes Grow
+	growMu         sync.Mutex // serializes Grow, and Grow with Snapshot
+	snapMu         sync.Mutex // serializes Snapshot and DeleteSnapshot
 	ioTimeout      time.Duration
 	rejoinInterval time.Duration
 	quorumWait     time.Duration

@@ -61,6 +61,17 @@ type fakeStore struct {
 	failWrite func(off int64, rev uint64) error // consulted on WriteAt
 	gate      chan struct{}                     // a rebuild copier waits on it before copying
 	onWrite   func()                            // called (unlocked) inside WriteAt, e.g. to yield
+	// snapshots by name; failSnapshot, if set, is consulted on Snapshot; snapGate, if set,
+	// holds a Snapshot (unlocked) until it is closed.
+	snaps        map[string]fakeSnap
+	failSnapshot func(name string) error
+	snapGate     chan struct{}
+	snapCalls    int
+}
+
+type fakeSnap struct {
+	data []byte
+	info replica.SnapshotInfo
 }
 
 func (s *fakeStore) handle() *fakeReplica {
@@ -338,4 +349,63 @@ func (s *fakeStore) copyFrom(src *fakeStore, gate chan struct{}) {
 	s.rev = max(s.rev, srcRev)
 	s.rebuilding, s.copying, s.fresh = false, false, nil
 	s.mu.Unlock()
+}
+
+func (r *fakeReplica) Snapshot(ctx context.Context, name string) (replica.SnapshotInfo, error) {
+	if err := r.enter(ctx); err != nil {
+		return replica.SnapshotInfo{}, err
+	}
+	s := r.s
+	s.snapCalls++
+	s.changedLocked()
+	gate := s.snapGate
+	s.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return replica.SnapshotInfo{}, ctx.Err()
+		}
+	}
+	if err := r.enter(ctx); err != nil {
+		return replica.SnapshotInfo{}, err
+	}
+	defer s.mu.Unlock()
+	if s.session != r.h {
+		return replica.SnapshotInfo{}, errNoSession
+	}
+	if f := s.failSnapshot; f != nil {
+		if err := f(name); err != nil {
+			return replica.SnapshotInfo{}, err
+		}
+	}
+	if sn, ok := s.snaps[name]; ok {
+		return sn.info, nil
+	}
+	in := replica.SnapshotInfo{ID: replica.SnapshotID(s.id, name), Name: name, Size: int64(len(s.data)),
+		Revision: s.rev, Time: time.Now(), Created: true}
+	if s.snaps == nil {
+		s.snaps = map[string]fakeSnap{}
+	}
+	stored := in
+	stored.Created = false
+	s.snaps[name] = fakeSnap{data: append([]byte(nil), s.data...), info: stored}
+	return in, nil
+}
+
+func (r *fakeReplica) DeleteSnapshot(ctx context.Context, name string) error {
+	if err := r.enter(ctx); err != nil {
+		return err
+	}
+	defer r.s.mu.Unlock()
+	delete(r.s.snaps, name)
+	return nil
+}
+
+// snap returns the data of snapshot name, if the store has it.
+func (s *fakeStore) snap(name string) ([]byte, replica.SnapshotInfo, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sn, ok := s.snaps[name]
+	return sn.data, sn.info, ok
 }

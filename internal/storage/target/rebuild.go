@@ -221,8 +221,11 @@ func (e *Engine) restartRebuild(m *member, gen uint64) {
 // it began) → healthy; copier failed → rebuild again.
 func (e *Engine) poll(m *member) {
 	e.mu.Lock()
-	r, gen, base := m.r, m.gen, m.rebuildBase
+	r, gen, base, state := m.r, m.gen, m.rebuildBase, m.state
 	e.mu.Unlock()
+	if state != Rebuilding || r == nil {
+		return // faulted since tick chose it (which drops the handle)
+	}
 	info, err := e.infoOf(e.ctx, r)
 	if err != nil {
 		if e.ctx.Err() == nil {

@@ -28,6 +28,11 @@ type Replica interface {
 	// Rebuild makes the replica copy itself from the replica sourceID served at sourceAddr
 	// in the background; it returns once the rebuild has begun (writes from then on are kept).
 	Rebuild(ctx context.Context, sourceAddr, sourceID string) error
+	// Snapshot copies the replica's data as of the call to snapshot name, within the writer
+	// session; a complete one of that name is reported as it is (Created false).
+	Snapshot(ctx context.Context, name string) (replica.SnapshotInfo, error)
+	// DeleteSnapshot deletes snapshot name; a missing one is success. No session needed.
+	DeleteSnapshot(ctx context.Context, name string) error
 }
 
 // Member is a replica of the volume as placed by the control plane.
