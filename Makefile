@@ -11,6 +11,9 @@ generate: ## Regenerate deepcopy functions and CRD manifests from api/.
 	@# Start from an empty directory so a removed kind does not leave its CRD behind.
 	rm -f config/crd/bases/*.yaml
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	@# The VolumeSnapshot kinds are upstream's own CRDs (snapshot.storage.k8s.io is a
+	@# Kubernetes API group), taken from the external-snapshotter client module go.mod pins.
+	install -m 0644 $$(go list -m -f '{{.Dir}}' github.com/kubernetes-csi/external-snapshotter/client/v8)/config/crd/snapshot.storage.k8s.io_*.yaml config/crd/bases/
 	@# One least-privilege role per service, from the +kubebuilder:rbac markers in its package.
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-books paths=./internal/books/... output:rbac:artifacts:config=config/rbac/books
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-bitcoin-operator paths=./internal/bitcoin/... output:rbac:artifacts:config=config/rbac/bitcoin-operator
@@ -19,6 +22,7 @@ generate: ## Regenerate deepcopy functions and CRD manifests from api/.
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-csi-driver paths=./internal/csi/driver/... output:rbac:artifacts:config=config/rbac/csi-driver
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-csi-node paths=./internal/csi/nodeservice/... output:rbac:artifacts:config=config/rbac/csi-node
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-csi-sidecar paths=./internal/csi/sidecar/... output:rbac:artifacts:config=config/rbac/csi-sidecar
+	$(CONTROLLER_GEN) rbac:roleName=crdipc-snapshot-controller paths=./internal/csi/snapshotcontroller/... output:rbac:artifacts:config=config/rbac/snapshot-controller
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-webhook-listener paths=./internal/scm/webhook/... output:rbac:artifacts:config=config/rbac/webhook-listener
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-metrics-agent paths=./internal/scm/metricsagent/... output:rbac:artifacts:config=config/rbac/metrics-agent
 

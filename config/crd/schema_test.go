@@ -45,7 +45,13 @@ func TestCRDsServed(t *testing.T) {
 	}
 	for _, c := range crds {
 		gk := schema.GroupKind{Group: c.Spec.Group, Kind: c.Spec.Names.Kind}
-		m, err := env.Client.RESTMapper().RESTMapping(gk, "v1alpha1")
+		var storage string
+		for _, v := range c.Spec.Versions {
+			if v.Storage {
+				storage = v.Name
+			}
+		}
+		m, err := env.Client.RESTMapper().RESTMapping(gk, storage)
 		if err != nil {
 			t.Errorf("%s: not served: %v", c.Name, err)
 			continue
@@ -354,14 +360,19 @@ func TestImmutability(t *testing.T) {
 		{"csp poolType", "storage/CStorPool", csp, `{nodeName: node-a, claim: claim-a, capacity: 1Gi, poolType: mirrored}`, "spec.poolType", "poolType is immutable"},
 		{"csp backend", "storage/CStorPool", csp, `{nodeName: node-a, claim: claim-a, capacity: 1Gi, backend: zfs}`, "spec.backend", "backend is immutable"},
 		{"csp capacity", "storage/CStorPool", csp, `{nodeName: node-a, claim: claim-a, capacity: 2Gi}`, "", ""},
-		{"cv capacity", "storage/CStorVolume", `{capacity: 1Gi}`, `{capacity: 2Gi}`, "spec.capacity", "capacity is immutable"},
+		{"cv capacity grows", "storage/CStorVolume", `{capacity: 1Gi}`, `{capacity: 2Gi}`, "", ""},
+		{"cv capacity shrinks", "storage/CStorVolume", `{capacity: 2Gi}`, `{capacity: 1Gi}`, "spec.capacity", "capacity may grow but not shrink"},
+		{"cv capacity same, other unit", "storage/CStorVolume", `{capacity: 1Gi}`, `{capacity: 1073741824}`, "", ""},
+		{"cv source", "storage/CStorVolume", `{capacity: 1Gi, source: {snapshot: a}}`, `{capacity: 1Gi, source: {snapshot: b}}`, "spec.source", "source is immutable"},
+		{"cvsnap volume", "storage/CStorVolumeSnapshot", `{volume: a}`, `{volume: b}`, "spec.volume", "volume is immutable"},
 		{"cv rf", "storage/CStorVolume", `{capacity: 1Gi}`, `{capacity: 1Gi, replicationFactor: 5}`, "spec.replicationFactor", "replicationFactor is immutable"},
 		{"cv rf explicit default", "storage/CStorVolume", `{capacity: 1Gi}`, `{capacity: 1Gi, replicationFactor: 3}`, "", ""},
 		{"cv cf", "storage/CStorVolume", `{capacity: 1Gi}`, `{capacity: 1Gi, consistencyFactor: 2}`, "", ""},
 		{"cvr volume", "storage/CStorVolumeReplica", cvr, `{volume: vol-b, pool: pool-a, nodeName: node-a, capacity: 1Gi}`, "spec.volume", "volume is immutable"},
 		{"cvr pool", "storage/CStorVolumeReplica", cvr, `{volume: vol-a, pool: pool-b, nodeName: node-a, capacity: 1Gi}`, "spec.pool", "pool is immutable"},
 		{"cvr node", "storage/CStorVolumeReplica", cvr, `{volume: vol-a, pool: pool-a, nodeName: node-b, capacity: 1Gi}`, "spec.nodeName", "nodeName is immutable"},
-		{"cvr capacity", "storage/CStorVolumeReplica", cvr, `{volume: vol-a, pool: pool-a, nodeName: node-a, capacity: 2Gi}`, "spec.capacity", "capacity is immutable"},
+		{"cvr capacity grows", "storage/CStorVolumeReplica", cvr, `{volume: vol-a, pool: pool-a, nodeName: node-a, capacity: 2Gi}`, "", ""},
+		{"cvr capacity shrinks", "storage/CStorVolumeReplica", cvr, `{volume: vol-a, pool: pool-a, nodeName: node-a, capacity: 512Mi}`, "spec.capacity", "capacity may grow but not shrink"},
 		{"pr id", "scm/PullRequest", pr, `{user: u, branch: b, status: open, id: 2, repository: o/r, number: 1}`, "spec.id", "id is immutable"},
 		{"pr repository", "scm/PullRequest", pr, `{user: u, branch: b, status: open, id: 1, repository: o/s, number: 1}`, "spec.repository", "repository is immutable"},
 		{"pr number", "scm/PullRequest", pr, `{user: u, branch: b, status: open, id: 1, repository: o/r, number: 2}`, "spec.number", "number is immutable"},

@@ -82,11 +82,25 @@ func TestShippedRolesAllowOnlyWhatEachServiceNeeds(t *testing.T) {
 			// Read-only: the node plugin stages volumes; the controller creates and deletes them.
 			{verb: "get", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys, allowed: true},
 			{verb: "list", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys, allowed: true},
+			// It takes the snapshots of the volumes published to it, and reports them.
+			{verb: "watch", group: "storage.crdipc.io", resource: "cstorvolumesnapshots", namespace: sys, allowed: true},
+			{verb: "update", group: "storage.crdipc.io", resource: "cstorvolumesnapshots", subresource: "status", namespace: sys, allowed: true},
+			{verb: "create", group: "storage.crdipc.io", resource: "cstorvolumesnapshots", namespace: sys},
+			{verb: "delete", group: "storage.crdipc.io", resource: "cstorvolumesnapshots", namespace: sys},
 			{verb: "create", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys},
 			{verb: "delete", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys},
 			{verb: "update", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys},
 			{verb: "get", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: "default"},
 			{verb: "list", resource: "secrets", namespace: sys},
+		},
+		"snapshot-controller": {
+			{verb: "create", group: "snapshot.storage.k8s.io", resource: "volumesnapshotcontents", allowed: true},
+			{verb: "patch", group: "snapshot.storage.k8s.io", resource: "volumesnapshots", subresource: "status", namespace: "default", allowed: true},
+			{verb: "update", resource: "persistentvolumeclaims", namespace: "default", allowed: true},
+			// Upstream's role less the group snapshots; never the volumes themselves.
+			{verb: "list", group: "groupsnapshot.storage.k8s.io", resource: "volumegroupsnapshots", namespace: "default"},
+			{verb: "delete", resource: "persistentvolumes"},
+			{verb: "get", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys},
 		},
 		"csi-sidecar": {
 			{verb: "create", resource: "persistentvolumes", allowed: true},

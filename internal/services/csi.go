@@ -3,6 +3,7 @@ package services
 import (
 	"context"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
+	"github.com/crdipc/crdipc/internal/csi/snapshotcontroller"
 	"github.com/crdipc/crdipc/internal/install"
 )
 
@@ -122,4 +124,34 @@ func (s *csiSidecarService) Setup(mgr manager.Manager, env Env) error {
 		o.DriverEndpoint = filepath.Join(env.Local.DataDir, "csi", "csi.sock")
 	}
 	return sidecar.Add(mgr, o)
+}
+
+func snapshotControllerEntry() Entry {
+	return Entry{
+		Name:  "snapshot-controller",
+		Short: "Bind VolumeSnapshots to VolumeSnapshotContents (upstream's snapshot controller)",
+		Long: `snapshot-controller is upstream's snapshot controller (kubernetes-csi/external-snapshotter),
+run as a crdipc service: a VolumeSnapshot of a bound PVC gets a VolumeSnapshotContent made
+from its VolumeSnapshotClass and the PVC's PV, which the CSI driver's sidecar then takes
+(CreateSnapshot); the content's state (readyToUse, restoreSize, errors) is reported on the
+VolumeSnapshot. Deleting a VolumeSnapshot deletes its content as the class's
+deletionPolicy says. The VolumeSnapshot CRDs are upstream's, installed by crdipc install.
+
+Run two replicas for availability: leader election lets only one act.`,
+		Kind: Controllers,
+		New:  func() Service { return &snapshotControllerService{} },
+	}
+}
+
+type snapshotControllerService struct{ o snapshotcontroller.Options }
+
+func (s *snapshotControllerService) AddFlags(fs *pflag.FlagSet) {
+	fs.IntVar(&s.o.Workers, "workers", 10, "snapshots and contents worked on at once")
+	fs.DurationVar(&s.o.Resync, "resync-period", 15*time.Minute, "how often every snapshot and content is looked at again")
+	fs.DurationVar(&s.o.RetryStart, "retry-interval-start", time.Second, "first retry delay of a failed snapshot or content; doubles on each failure")
+	fs.DurationVar(&s.o.RetryMax, "retry-interval-max", 5*time.Minute, "largest retry delay")
+}
+
+func (s *snapshotControllerService) Setup(mgr manager.Manager, _ Env) error {
+	return snapshotcontroller.Add(mgr, s.o)
 }

@@ -99,6 +99,7 @@ func Table() []Entry {
 		poolAgentEntry(),
 		csiDriverEntry(),
 		csiSidecarEntry(),
+		snapshotControllerEntry(),
 		bitcoinOperatorEntry(),
 		webhookListenerEntry(),
 		metricsAgentEntry(),
