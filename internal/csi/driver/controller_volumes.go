@@ -47,8 +47,9 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return nil, err
 	}
-	if req.GetVolumeContentSource() != nil {
-		return nil, status.Error(codes.InvalidArgument, "volume content sources (snapshots, clones) are not supported")
+	source, err := sourceKey(req.GetVolumeContentSource())
+	if err != nil {
+		return nil, err
 	}
 	size, err := d.capacity(req.GetCapacityRange())
 	if err != nil {
@@ -64,6 +65,10 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	err = d.c.Get(ctx, d.volumeKey(id), vol)
 	switch {
 	case apierrors.IsNotFound(err):
+		fill, err := d.fillSource(ctx, req.GetName(), req.GetVolumeContentSource(), size)
+		if err != nil {
+			return nil, err
+		}
 		vol = &storagev1alpha1.CStorVolume{
 			ObjectMeta: metav1.ObjectMeta{
 				Namespace:   d.o.Namespace,
@@ -76,6 +81,10 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 				ReplicationFactor: rf,
 				ConsistencyFactor: cf,
 			},
+		}
+		if source != "" {
+			vol.Annotations[AnnotationContentSource] = source
+			vol.Spec.Source = &storagev1alpha1.VolumeSource{Snapshot: fill}
 		}
 		if err := d.c.Create(ctx, vol); apierrors.IsAlreadyExists(err) {
 			// A concurrent call with the same name won: use its volume (compatible, below,
@@ -97,12 +106,16 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err := compatible(vol, req, size, rf, cf); err != nil {
 		return nil, err
 	}
+	if have := vol.Annotations[AnnotationContentSource]; have != source {
+		return nil, status.Errorf(codes.AlreadyExists, "volume %q exists with content source %q, the request asks for %q", req.GetName(), have, source)
+	}
 	if !vol.DeletionTimestamp.IsZero() {
 		return nil, status.Errorf(codes.Aborted, "volume %s is still being deleted", id)
 	}
 	if err := d.awaitReady(ctx, vol); err != nil {
 		return nil, err
 	}
+	d.dropCloneSnapshot(ctx, vol)
 	v, err := csiVolume(vol)
 	if err != nil {
 		return nil, err
@@ -223,6 +236,7 @@ func csiVolume(vol *storagev1alpha1.CStorVolume) (*csi.Volume, error) {
 	return &csi.Volume{
 		VolumeId:      vol.Name,
 		CapacityBytes: size,
+		ContentSource: csiSource(vol),
 		VolumeContext: map[string]string{
 			ParamReplicaCount: strconv.Itoa(int(rf)),
 			"namespace":       vol.Namespace,
@@ -248,6 +262,13 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	}
 	if nodes := published(vol); len(nodes) > 0 {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is published to %s", vol.Name, strings.Join(sortedKeys(nodes), ", "))
+	}
+	// Snapshots are copies next to the replicas' data, deleted with them: the volume goes
+	// only once they have (CSI lets a plugin whose snapshots depend on their volume refuse).
+	if snaps, err := d.snapshotsOf(ctx, vol.Name); err != nil {
+		return nil, err
+	} else if len(snaps) > 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s has snapshots (%s): delete them first", vol.Name, strings.Join(snaps, ", "))
 	}
 	if vol.DeletionTimestamp.IsZero() {
 		// The precondition makes the delete fail if a ControllerPublish recorded a node in

@@ -10,7 +10,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
 	"time"
+
+	"golang.org/x/sync/singleflight"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
@@ -45,6 +48,10 @@ const (
 	// AnnotationPublished records the nodes the volume is ControllerPublished to, as a JSON
 	// object node → "rw" | "ro". DeleteVolume refuses while it is not empty.
 	AnnotationPublished = "csi.crdipc.io/published"
+	// AnnotationContentSource is the content source the volume was created from, as CSI
+	// named it: "snapshot:<snapshot id>" or "volume:<volume id>" (a clone). A retried
+	// CreateVolume must ask for the same.
+	AnnotationContentSource = "csi.crdipc.io/content-source"
 )
 
 // Parameters a StorageClass may set.
@@ -106,6 +113,10 @@ type Driver struct {
 	}
 	hostOnce sync.Once
 	host     *host // see node()
+
+	// taking joins the callers that take the same snapshot at once (CreateSnapshot and
+	// the node's own watch of its snapshots) into one take.
+	taking singleflight.Group
 
 	// data is the Node service's data path: its TLS identity and the volumes it stages.
 	data struct {
@@ -188,6 +199,13 @@ func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
 	csi.RegisterNodeServer(srv, d)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
+	if d.o.NodeID != "" {
+		// Snapshots of volumes published to this node are taken here, where their target
+		// runs; CreateSnapshot on the controller waits for them.
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go d.serveSnapshots(sctx)
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("csi driver: serving: %w", err)

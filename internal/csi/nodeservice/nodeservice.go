@@ -26,6 +26,9 @@ import (
 // for the replicas' data services. Creating and deleting volumes is the controller's
 // (config/rbac/csi-driver): a node, which runs pods, cannot.
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumes,verbs=get;list,namespace=crdipc-system
+// Snapshots of the volumes published to the node are taken there, by its target.
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumesnapshots,verbs=get;list;watch,namespace=crdipc-system
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumesnapshots/status,verbs=get;update;patch,namespace=crdipc-system
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
 
 // Options configure a Set.

@@ -1,0 +1,111 @@
+package driver
+
+import (
+	"context"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+)
+
+// sourceKey is how AnnotationContentSource records a content source; "" for none.
+func sourceKey(src *csi.VolumeContentSource) (string, error) {
+	switch {
+	case src == nil:
+		return "", nil
+	case src.GetSnapshot() != nil && src.GetSnapshot().GetSnapshotId() != "":
+		return "snapshot:" + src.GetSnapshot().GetSnapshotId(), nil
+	case src.GetVolume() != nil && src.GetVolume().GetVolumeId() != "":
+		return "volume:" + src.GetVolume().GetVolumeId(), nil
+	}
+	return "", status.Error(codes.InvalidArgument, "volume content source: a snapshot id or a volume id is required")
+}
+
+// csiSource is the content source recorded on vol, as CSI names it.
+func csiSource(vol *storagev1alpha1.CStorVolume) *csi.VolumeContentSource {
+	kind, id, ok := strings.Cut(vol.Annotations[AnnotationContentSource], ":")
+	switch {
+	case !ok:
+		return nil
+	case kind == "snapshot":
+		return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
+	case kind == "volume":
+		return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}}
+	}
+	return nil
+}
+
+// cloneSnapshotName is the CSI name of the snapshot a clone named name is filled from.
+func cloneSnapshotName(name string) string { return "clone-" + name }
+
+// fillSource resolves the content source of a new volume of size bytes named name to the
+// CStorVolumeSnapshot that fills it: a snapshot as it is; a volume (a clone) through a
+// snapshot of it taken now, which the driver deletes once the clone is Ready.
+func (d *Driver) fillSource(ctx context.Context, name string, src *csi.VolumeContentSource, size int64) (string, error) {
+	if src == nil {
+		return "", nil
+	}
+	if s := src.GetSnapshot(); s != nil {
+		snap := &storagev1alpha1.CStorVolumeSnapshot{}
+		err := d.c.Get(ctx, client.ObjectKey{Namespace: d.o.Namespace, Name: s.GetSnapshotId()}, snap)
+		if apierrors.IsNotFound(err) || (err == nil && !snap.DeletionTimestamp.IsZero()) {
+			return "", status.Errorf(codes.NotFound, "snapshot %s not found", s.GetSnapshotId())
+		} else if err != nil {
+			return "", apiError("reading snapshot", err)
+		}
+		if !snap.Status.ReadyToUse || snap.Status.Size == nil {
+			return "", status.Errorf(codes.Unavailable, "snapshot %s is not ready to use yet", snap.Name)
+		}
+		if n, err := storagev1alpha1.Bytes(*snap.Status.Size); err != nil || n > size {
+			return "", status.Errorf(codes.OutOfRange, "snapshot %s is %s, larger than the requested %d bytes", snap.Name, snap.Status.Size, size)
+		}
+		return snap.Name, nil
+	}
+	srcVol := newVolume()
+	err := d.c.Get(ctx, d.volumeKey(src.GetVolume().GetVolumeId()), srcVol)
+	if apierrors.IsNotFound(err) || (err == nil && !srcVol.DeletionTimestamp.IsZero()) {
+		return "", status.Errorf(codes.NotFound, "volume %s not found", src.GetVolume().GetVolumeId())
+	} else if err != nil {
+		return "", apiError("reading volume", err)
+	}
+	if n, err := storagev1alpha1.Bytes(srcVol.Spec.Capacity); err != nil || n > size {
+		return "", status.Errorf(codes.OutOfRange, "volume %s is %s, larger than the requested %d bytes", srcVol.Name, srcVol.Spec.Capacity.String(), size)
+	}
+	snap, err := d.snapshot(ctx, cloneSnapshotName(name), srcVol)
+	if err != nil {
+		return "", err
+	}
+	return snap.Name, nil
+}
+
+// dropCloneSnapshot deletes the snapshot a clone was filled from, once the clone is Ready:
+// its replicas hold the data now. A failure leaves the snapshot (listed, and in the way of
+// deleting the source volume), which a retried CreateVolume deletes again.
+func (d *Driver) dropCloneSnapshot(ctx context.Context, vol *storagev1alpha1.CStorVolume) {
+	if !strings.HasPrefix(vol.Annotations[AnnotationContentSource], "volume:") || vol.Spec.Source == nil {
+		return
+	}
+	if _, err := d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: vol.Spec.Source.Snapshot}); err != nil {
+		d.log.Error(err, "deleting the snapshot a clone was filled from", "volume", vol.Name, "snapshot", vol.Spec.Source.Snapshot)
+	}
+}
+
+// snapshotsOf lists the snapshots of volume vol that are not being deleted.
+func (d *Driver) snapshotsOf(ctx context.Context, vol string) ([]string, error) {
+	var l storagev1alpha1.CStorVolumeSnapshotList
+	if err := d.c.List(ctx, &l, client.InNamespace(d.o.Namespace), client.MatchingFields{storagev1alpha1.FieldVolume: vol}); err != nil {
+		return nil, apiError("listing the volume's snapshots", err)
+	}
+	var names []string
+	for _, s := range l.Items {
+		if s.DeletionTimestamp.IsZero() {
+			names = append(names, s.Name)
+		}
+	}
+	return names, nil
+}
