@@ -133,6 +133,11 @@ type CStorVolumeReplicaStatus struct {
 	// +optional
 	Revision int64 `json:"revision,omitempty"`
 
+	// sourceFilled is set once the replica holds its spec.source snapshot's data (or there
+	// was none to copy): it is never filled again, even after the snapshot is deleted.
+	// +optional
+	SourceFilled bool `json:"sourceFilled,omitempty"`
+
 	// rebuild is set while the replica is Rebuilding.
 	// +optional
 	Rebuild *ReplicaRebuild `json:"rebuild,omitempty"`

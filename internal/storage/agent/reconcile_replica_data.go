@@ -49,7 +49,7 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 	if info.Rebuilding && (info.RebuildError == "" || info.Session) {
 		return h.rebuilding(r, info), nil
 	}
-	if info.Rebuilding && r.Spec.Source != nil && info.Revision == 0 {
+	if info.Rebuilding && r.Spec.Source != nil && !r.Status.SourceFilled && info.Revision == 0 {
 		// A fill from the source snapshot failed: fill again, from any copy.
 		if ds, filling, err := h.fillFromSnapshot(ctx, self, r); err != nil || filling {
 			return ds, err
@@ -72,12 +72,16 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 	if info.Session {
 		return dataState{}, nil // a target writes it: the target decides
 	}
-	if r.Spec.Source != nil && info.Revision == 0 {
-		// A restored replica that holds nothing yet: no write ever reached it (a target
-		// would have raised its revision), so filling it loses nothing.
-		if ds, filling, err := h.fillFromSnapshot(ctx, self, r); err != nil || filling {
-			return ds, err
+	if r.Spec.Source != nil && !r.Status.SourceFilled {
+		// A restored replica is filled once. One that holds nothing yet (revision 0: no
+		// write ever reached it, a target would have raised it) is filled now, losing
+		// nothing; one with writes holds the snapshot's (a fill ends at its revision).
+		if info.Revision == 0 {
+			if ds, filling, err := h.fillFromSnapshot(ctx, self, r); err != nil || filling {
+				return ds, err
+			}
 		}
+		r.Status.SourceFilled = true
 	}
 	// A replica falls behind its peers only while this agent is not serving it, or when a
 	// target drops it (leaving it dirty): the peers are asked then, and for a new replica,
