@@ -13,6 +13,8 @@ import (
 	"sync"
 
 	"github.com/go-logr/logr"
+	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
@@ -268,6 +270,9 @@ func installCluster(ctx context.Context, admin *rest.Config, o upOptions) (*upId
 	if err := installStorageClass(ctx, admin); err != nil {
 		return nil, err
 	}
+	if err := installSnapshotClass(ctx, admin); err != nil {
+		return nil, err
+	}
 	return &upIdentities{keeper: keeper, namespaces: namespaces, configs: configs, dir: idDir}, nil
 }
 
@@ -304,6 +309,31 @@ func installStorageClass(ctx context.Context, admin *rest.Config) error {
 	}
 	if err != nil {
 		return fmt.Errorf("csi: installing StorageClass %s: %w", StorageClassName, err)
+	}
+	return nil
+}
+
+// SnapshotClassName is the VolumeSnapshotClass `crdipc up` installs for the driver.
+const SnapshotClassName = "crdipc"
+
+// installSnapshotClass installs the VolumeSnapshotClass crdipc, the cluster's default (a
+// VolumeSnapshot that names no class gets it): snapshots taken by the driver, deleted with
+// their VolumeSnapshot. One that exists is left as it is: its user may have changed it.
+func installSnapshotClass(ctx context.Context, admin *rest.Config) error {
+	c, err := snapclientset.NewForConfig(admin)
+	if err != nil {
+		return fmt.Errorf("csi: %w", err)
+	}
+	vsc := &snapv1.VolumeSnapshotClass{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        SnapshotClassName,
+			Annotations: map[string]string{"snapshot.storage.kubernetes.io/is-default-class": "true"},
+		},
+		Driver:         driver.Name,
+		DeletionPolicy: snapv1.VolumeSnapshotContentDelete,
+	}
+	if _, err := c.SnapshotV1().VolumeSnapshotClasses().Create(ctx, vsc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("csi: installing VolumeSnapshotClass %s: %w", SnapshotClassName, err)
 	}
 	return nil
 }

@@ -71,10 +71,18 @@ func (d *Driver) snapshot(ctx context.Context, name string, vol *storagev1alpha1
 	if err != nil || snap.Status.ReadyToUse {
 		return snap, err
 	}
-	if snap.Labels[storagev1alpha1.LabelSnapshotNode] == d.o.NodeID {
-		err = d.takeSnapshot(ctx, snap)
-	} else {
-		err = d.awaitSnapshot(ctx, snap)
+	node := snap.Labels[storagev1alpha1.LabelSnapshotNode]
+	if node != "" && node != d.o.NodeID {
+		return snap, d.awaitSnapshot(ctx, snap)
+	}
+	// Published nowhere (or here): taken here, by the volume's target if it runs here, else
+	// by one started for the copy. A volume staged on a node without being published (no
+	// attach-detach controller runs in up) makes that fail, its target holding the replicas:
+	// the driver that stages it takes it instead (serveSnapshots), and this call waits.
+	if err = d.takeSnapshot(ctx, snap); err != nil {
+		if aerr := d.awaitSnapshot(ctx, snap); aerr == nil {
+			return snap, nil
+		}
 	}
 	return snap, err
 }
@@ -89,11 +97,15 @@ func (d *Driver) snapshotFor(ctx context.Context, name string, vol *storagev1alp
 		if nodes := sortedKeys(published(vol)); len(nodes) > 0 {
 			node = nodes[0] // one node at a time: where its target runs
 		}
+		labels := map[string]string{"app.kubernetes.io/managed-by": Name}
+		if node != "" {
+			labels[storagev1alpha1.LabelSnapshotNode] = node
+		}
 		snap = &storagev1alpha1.CStorVolumeSnapshot{
 			ObjectMeta: metav1.ObjectMeta{
 				Namespace: d.o.Namespace, Name: id,
 				Annotations: map[string]string{AnnotationName: name},
-				Labels:      map[string]string{"app.kubernetes.io/managed-by": Name, storagev1alpha1.LabelSnapshotNode: node},
+				Labels:      labels,
 			},
 			Spec: storagev1alpha1.CStorVolumeSnapshotSpec{Volume: vol.Name},
 		}

@@ -143,14 +143,16 @@ func (d *Driver) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (
 	return &csi.GetSnapshotResponse{Snapshot: s}, nil
 }
 
-// serveSnapshots takes the snapshots assigned to this node (label LabelSnapshotNode) that
-// are not ready: the CreateSnapshot calls of the controller wait for them. It runs until
-// ctx ends, watching, and lists again after a watch ends or fails.
+// serveSnapshots takes the snapshots that are not ready of the volumes this node stages
+// (their target runs here) or that are assigned to it (label LabelSnapshotNode: the volume
+// is published here): the CreateSnapshot calls of the controller wait for them. It runs
+// until ctx ends, watching, and lists again after a watch ends or fails.
 func (d *Driver) serveSnapshots(ctx context.Context) {
-	sel := client.MatchingLabels{storagev1alpha1.LabelSnapshotNode: d.o.NodeID}
+	sel := client.MatchingLabels{}
 	failed := false
 	take := func(snap *storagev1alpha1.CStorVolumeSnapshot) {
-		if snap.Status.ReadyToUse || !snap.DeletionTimestamp.IsZero() {
+		if snap.Status.ReadyToUse || !snap.DeletionTimestamp.IsZero() ||
+			(d.stagedVolume(snap.Spec.Volume) == nil && snap.Labels[storagev1alpha1.LabelSnapshotNode] != d.o.NodeID) {
 			return
 		}
 		if err := d.takeSnapshot(ctx, snap); err != nil && ctx.Err() == nil {

@@ -19,6 +19,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
+	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -36,6 +38,7 @@ import (
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
+	"github.com/crdipc/crdipc/internal/csi/snapshotcontroller"
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/mountinfo"
 	"github.com/crdipc/crdipc/internal/scheme"
@@ -85,6 +88,7 @@ func TestCSI(t *testing.T) {
 	t.Run("NodeExpandAndStats", w.testNodeExpandAndStats)
 	t.Run("BlockExpand", w.testBlockExpand)
 	t.Run("PodExpansion", w.testPodExpansion)
+	t.Run("PodSnapshots", w.testPodSnapshots)
 	t.Run("Sanity", w.testSanity)
 	// Last: it deletes nodes, node-1 among them.
 	t.Run("DataPlane", w.testDataPlane)
@@ -117,6 +121,13 @@ func newWorld(t *testing.T) *world {
 	w.waitHealthyPools(2)
 
 	w.startDriver()
+	// Upstream's snapshot controller, as up runs it: VolumeSnapshots get their contents,
+	// which the sidecar's snapshotter takes.
+	cm := testenv.NewManager(t, env.AsServiceAccount(t, "snapshot-controller"))
+	if err := snapshotcontroller.Add(cm, snapshotcontroller.Options{RetryStart: 200 * time.Millisecond, RetryMax: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Start(t, "snapshot-controller", cm.Start)
 	w.sidecarHealth = freeAddr(t)
 	sm := testenv.NewManager(t, impersonate(env.Config, sidecarSA), func(o *ctrl.Options) { o.HealthProbeBindAddress = w.sidecarHealth })
 	// As in up: the sidecar knows the driver's name, so it serves claims (and says why
@@ -135,6 +146,15 @@ func newWorld(t *testing.T) *world {
 		AllowVolumeExpansion: ptr.To(true),
 	}
 	if err := w.c.Create(context.Background(), sc); err != nil {
+		t.Fatal(err)
+	}
+	snaps, err := snapclientset.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As up's VolumeSnapshotClass.
+	vsc := &snapv1.VolumeSnapshotClass{ObjectMeta: metav1.ObjectMeta{Name: class}, Driver: driver.Name, DeletionPolicy: snapv1.VolumeSnapshotContentDelete}
+	if _, err := snaps.SnapshotV1().VolumeSnapshotClasses().Create(context.Background(), vsc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	return w

@@ -2,12 +2,14 @@ package sidecar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
+	snapclientset "github.com/kubernetes-csi/external-snapshotter/client/v8/clientset/versioned"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -34,9 +37,12 @@ type provisioner struct {
 	driver string
 	csi    csi.ControllerClient
 	c      client.Client
-	o      Options
-	rec    record.EventRecorder
-	log    logr.Logger
+	// kube and snaps read a claim's data source from the API server, as upstream does.
+	kube  kubernetes.Interface
+	snaps snapclientset.Interface
+	o     Options
+	rec   record.EventRecorder
+	log   logr.Logger
 	// failed holds the claims whose provisioning failed for good (a final code, or a claim
 	// no request can be made of), by UID, with the resourceVersion that failed. The library
 	// looks at a pending claim again on every resync and update; only a changed claim is
@@ -62,8 +68,12 @@ func (p *provisioner) ShouldProvision(_ context.Context, pvc *corev1.PersistentV
 // newProvisioner returns the library's controller for driver name. Its state machine is
 // upstream's: PVC → Provision → PV with claimRef (bound by the PV binder in the control
 // plane), provisioned-by annotation and finalizer; released PV → Delete → PV removed.
-func newProvisioner(ctx context.Context, kube kubernetes.Interface, c client.Client, name string, cc csi.ControllerClient, o Options, rec record.EventRecorder, l logr.Logger) *controller.ProvisionController {
-	p := &provisioner{driver: name, csi: cc, c: c, o: o, rec: rec, log: l, failed: lru.New(failedClaimsRemembered)}
+func newProvisioner(ctx context.Context, cfg *rest.Config, kube kubernetes.Interface, c client.Client, name string, cc csi.ControllerClient, o Options, rec record.EventRecorder, l logr.Logger) (*controller.ProvisionController, error) {
+	snaps, err := snapclientset.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("csi sidecar: %w", err)
+	}
+	p := &provisioner{driver: name, csi: cc, c: c, kube: kube, snaps: snaps, o: o, rec: rec, log: l, failed: lru.New(failedClaimsRemembered)}
 	ctx = klog.NewContext(ctx, l)
 	return controller.NewProvisionController(ctx, kube, name, p,
 		// The manager elects the leader; a second election inside would only add latency.
@@ -77,14 +87,18 @@ func newProvisioner(ctx context.Context, kube kubernetes.Interface, c client.Cli
 		controller.FailedDeleteThreshold(0),
 		controller.ProvisionTimeout(o.CallTimeout),
 		controller.DeletionTimeout(o.CallTimeout),
-	)
+	), nil
 }
 
 // Provision implements controller.Provisioner.
 func (p *provisioner) Provision(ctx context.Context, opts controller.ProvisionOptions) (*corev1.PersistentVolume, controller.ProvisioningState, error) {
 	pvc, class := opts.PVC, opts.StorageClass
-	req, err := p.createRequest(opts)
-	if err != nil {
+	req, err := p.createRequest(ctx, opts)
+	if wait := (*notYet)(nil); errors.As(err, &wait) {
+		// No volume was asked for: nothing is in progress. The library records a
+		// ProvisioningFailed Event with the message and tries again with backoff.
+		return nil, controller.ProvisioningNoChange, err
+	} else if err != nil {
 		return nil, controller.ProvisioningFinished, p.final(pvc, err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, p.o.CallTimeout)
@@ -130,8 +144,10 @@ func (p *provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 }
 
 // createRequest translates a claim and its class into a CreateVolume request named
-// pvc-<PVC UID> (the library's PV name), so a retry after a crash asks for the same volume.
-func (p *provisioner) createRequest(opts controller.ProvisionOptions) (*csi.CreateVolumeRequest, error) {
+// pvc-<PVC UID> (the library's PV name), so a retry after a crash asks for the same volume;
+// a claim with a data source gets its content source (a notYet error while the source is not
+// usable yet).
+func (p *provisioner) createRequest(ctx context.Context, opts controller.ProvisionOptions) (*csi.CreateVolumeRequest, error) {
 	pvc, class := opts.PVC, opts.StorageClass
 	size, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
 	if !ok || size.Sign() <= 0 {
@@ -169,11 +185,16 @@ func (p *provisioner) createRequest(opts controller.ProvisionOptions) (*csi.Crea
 	if len(caps) == 0 {
 		return nil, fmt.Errorf("claim %s/%s has no access modes", pvc.Namespace, pvc.Name)
 	}
+	src, err := p.contentSource(ctx, pvc, required)
+	if err != nil {
+		return nil, err
+	}
 	return &csi.CreateVolumeRequest{
-		Name:               opts.PVName,
-		CapacityRange:      &csi.CapacityRange{RequiredBytes: required, LimitBytes: limit},
-		Parameters:         params,
-		VolumeCapabilities: caps,
+		Name:                opts.PVName,
+		CapacityRange:       &csi.CapacityRange{RequiredBytes: required, LimitBytes: limit},
+		Parameters:          params,
+		VolumeCapabilities:  caps,
+		VolumeContentSource: src,
 	}, nil
 }
 

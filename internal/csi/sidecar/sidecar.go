@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -51,6 +52,10 @@ type Options struct {
 	// (as upstream's sidecars). A volume not ready within it comes back Aborted and is
 	// retried.
 	CallTimeout time.Duration
+	// SnapshotTimeout bounds one CreateSnapshot/DeleteSnapshot call; default 1 min (as
+	// upstream's csi-snapshotter): a volume staged nowhere is snapshotted by a target the
+	// driver starts for the copy, within the call. One that times out is retried.
+	SnapshotTimeout time.Duration
 	// BackoffBase and BackoffMax shape the retry backoff: BackoffBase doubling per failure up
 	// to BackoffMax; defaults 1 s and 5 min.
 	BackoffBase, BackoffMax time.Duration
@@ -63,6 +68,9 @@ type Options struct {
 func (o *Options) defaults() {
 	if o.CallTimeout == 0 {
 		o.CallTimeout = 10 * time.Second
+	}
+	if o.SnapshotTimeout == 0 {
+		o.SnapshotTimeout = time.Minute
 	}
 	if o.BackoffBase == 0 {
 		o.BackoffBase = time.Second
@@ -170,11 +178,11 @@ func (c *driverCheck) check(r *http.Request) error {
 	return nil
 }
 
-// Add adds the provisioner, the attacher and the resizer for the driver at
-// o.DriverEndpoint to mgr, and a readiness check ("csi-driver") that fails, with the
-// reason, while the driver cannot be reached. They run only while mgr leads, so two
-// sidecars never act on one object. Without o.DriverName, the driver's name is read from
-// the driver when mgr starts.
+// Add adds the provisioner, the attacher, the resizer and, for a driver that offers
+// CREATE_DELETE_SNAPSHOT, the snapshotter for the driver at o.DriverEndpoint to mgr, and a
+// readiness check ("csi-driver") that fails, with the reason, while the driver cannot be
+// reached. They run only while mgr leads, so two sidecars never act on one object. Without
+// o.DriverName, the driver's name is read from the driver when mgr starts.
 func Add(mgr manager.Manager, o Options) error {
 	o.defaults()
 	if o.DriverEndpoint == "" {
@@ -225,8 +233,24 @@ func Add(mgr manager.Manager, o Options) error {
 		}
 		rec := newRecorder(ctx, kube, name)
 		st.set(name, rec)
-		p := newProvisioner(ctx, kube, mgr.GetClient(), name, csi.NewControllerClient(conn), o, rec, l.WithName("provisioner"))
+		p, err := newProvisioner(ctx, mgr.GetConfig(), kube, mgr.GetClient(), name, csi.NewControllerClient(conn), o, rec, l.WithName("provisioner"))
+		if err != nil {
+			return err
+		}
+		// The snapshotter asks the driver what it offers, which may wait for the driver:
+		// beside the provisioner, not before it.
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sl := l.WithName("snapshotter")
+			if err := runSnapshotter(ctx, mgr.GetConfig(), conn, name, o, sl); err != nil && ctx.Err() == nil {
+				// Claims and attachments are still served; snapshots wait for a restart.
+				sl.Error(err, "VolumeSnapshotContents are not served")
+			}
+		}()
 		p.Run(ctx)
+		wg.Wait()
 		return nil
 	}))
 }

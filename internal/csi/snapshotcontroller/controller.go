@@ -12,6 +12,7 @@ import (
 	common "github.com/kubernetes-csi/external-snapshotter/v8/pkg/common-controller"
 	"github.com/kubernetes-csi/external-snapshotter/v8/pkg/metrics"
 	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -58,17 +59,13 @@ func (o *Options) defaults() {
 	}
 }
 
-var addSchemeOnce sync.Once
+// Upstream's Event recorder writes snapshots' Events through client-go's scheme; added
+// once, before any service's recorder reads it.
+func init() { utilruntime.Must(snapscheme.AddToScheme(scheme.Scheme)) }
 
 // Add runs the snapshot controller in mgr, as mgr's identity, while mgr leads.
 func Add(mgr manager.Manager, o Options) error {
 	o.defaults()
-	// Upstream's Event recorder writes snapshots' Events through client-go's scheme.
-	var schemeErr error
-	addSchemeOnce.Do(func() { schemeErr = snapscheme.AddToScheme(scheme.Scheme) })
-	if schemeErr != nil {
-		return fmt.Errorf("snapshot controller: %w", schemeErr)
-	}
 	cfg := mgr.GetConfig()
 	snaps, err := snapclientset.NewForConfig(cfg)
 	if err != nil {

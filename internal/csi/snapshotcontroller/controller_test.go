@@ -55,7 +55,9 @@ func TestSnapshotBindsToContent(t *testing.T) {
 	if _, err := snaps.SnapshotV1().VolumeSnapshotClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = snaps.SnapshotV1().VolumeSnapshotClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = snaps.SnapshotV1().VolumeSnapshotClasses().Delete(context.Background(), class.Name, metav1.DeleteOptions{})
+	})
 	pvc, pv := boundClaim(t, kube, ns, "data", "pvc-"+ns+"-data")
 
 	snap := &snapv1.VolumeSnapshot{
@@ -159,7 +161,9 @@ func boundClaim(t *testing.T, kube kubernetes.Interface, ns, name, handle string
 	if pv, err = kube.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = kube.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = kube.CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{})
+	})
 	pvc.Status.Phase = corev1.ClaimBound
 	pvc.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: size}
 	if pvc, err = kube.CoreV1().PersistentVolumeClaims(ns).UpdateStatus(ctx, pvc, metav1.UpdateOptions{}); err != nil {
