@@ -57,15 +57,9 @@ func (d *Driver) ControllerExpandVolume(ctx context.Context, req *csi.Controller
 			return nil, status.Error(codes.InvalidArgument, msg)
 		}
 	}
-	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
-	switch {
-	case required < 0 || limit < 0:
-		return nil, status.Error(codes.InvalidArgument, "capacity must not be negative")
-	case limit > 0 && required > limit:
-		return nil, status.Errorf(codes.InvalidArgument, "required bytes %d exceed limit bytes %d", required, limit)
-	case required > math.MaxInt64-target.SectorSize:
-		// No whole number of sectors that large fits a byte count (the CRD admits < 8Ei).
-		return nil, status.Errorf(codes.OutOfRange, "capacity %d bytes is unsupported", required)
+	required, limit, err := expandRange(req.GetCapacityRange())
+	if err != nil {
+		return nil, err
 	}
 	id := req.GetVolumeId()
 	vol, err := d.getVolume(ctx, id)
@@ -275,4 +269,19 @@ func (d *Driver) getVolume(ctx context.Context, id string) (*storagev1alpha1.CSt
 		return nil, status.Errorf(codes.NotFound, "volume %s not found (it is being deleted)", id)
 	}
 	return vol, nil
+}
+
+// expandRange is an expansion's capacity range, checked: not negative, required within the
+// limit, and a whole number of sectors that large fits a byte count (the CRD admits < 8Ei).
+func expandRange(r *csi.CapacityRange) (required, limit int64, err error) {
+	required, limit = r.GetRequiredBytes(), r.GetLimitBytes()
+	switch {
+	case required < 0 || limit < 0:
+		return 0, 0, status.Error(codes.InvalidArgument, "capacity must not be negative")
+	case limit > 0 && required > limit:
+		return 0, 0, status.Errorf(codes.InvalidArgument, "required bytes %d exceed limit bytes %d", required, limit)
+	case required > math.MaxInt64-target.SectorSize:
+		return 0, 0, status.Errorf(codes.OutOfRange, "capacity %d bytes is unsupported", required)
+	}
+	return required, limit, nil
 }

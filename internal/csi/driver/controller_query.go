@@ -47,6 +47,23 @@ func (d *Driver) ValidateVolumeCapabilities(ctx context.Context, req *csi.Valida
 // tokenPrefix marks ListVolumes tokens; anything else is an invalid token (Aborted).
 const tokenPrefix = "v1."
 
+// pageAfter is the name a starting token says the last page ended with; "" for none.
+func pageAfter(token string) (string, error) {
+	if token == "" {
+		return "", nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(token, tokenPrefix))
+	if !strings.HasPrefix(token, tokenPrefix) || err != nil {
+		return "", status.Errorf(codes.Aborted, "invalid starting token %q", token)
+	}
+	return string(raw), nil
+}
+
+// pageToken is the token of a page that ended with name.
+func pageToken(name string) string {
+	return tokenPrefix + base64.RawURLEncoding.EncodeToString([]byte(name))
+}
+
 // ListVolumes implements csi.ControllerServer. Volumes are returned in name order and the
 // token is the last name returned, so volumes created or deleted between pages neither
 // repeat nor shift the next page.
@@ -54,13 +71,9 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 	if req.GetMaxEntries() < 0 {
 		return nil, status.Error(codes.InvalidArgument, "max_entries must not be negative")
 	}
-	after := ""
-	if t := req.GetStartingToken(); t != "" {
-		raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(t, tokenPrefix))
-		if !strings.HasPrefix(t, tokenPrefix) || err != nil {
-			return nil, status.Errorf(codes.Aborted, "invalid starting token %q", t)
-		}
-		after = string(raw)
+	after, err := pageAfter(req.GetStartingToken())
+	if err != nil {
+		return nil, err
 	}
 	var l storagev1alpha1.CStorVolumeList
 	if err := d.c.List(ctx, &l, client.InNamespace(d.o.Namespace)); err != nil {
@@ -74,7 +87,7 @@ func (d *Driver) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (
 			continue
 		}
 		if req.GetMaxEntries() > 0 && len(resp.Entries) == int(req.GetMaxEntries()) {
-			resp.NextToken = tokenPrefix + base64.RawURLEncoding.EncodeToString([]byte(resp.Entries[len(resp.Entries)-1].Volume.VolumeId))
+			resp.NextToken = pageToken(resp.Entries[len(resp.Entries)-1].Volume.VolumeId)
 			break
 		}
 		v, err := csiVolume(vol)

@@ -2,7 +2,6 @@ package driver
 
 import (
 	"context"
-	"math"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -10,7 +9,6 @@ import (
 	"k8s.io/mount-utils"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
-	"github.com/crdipc/crdipc/internal/storage/target"
 )
 
 // NodeExpandVolume implements csi.NodeServer: it grows the volume where it is staged on
@@ -33,14 +31,9 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 			return nil, status.Error(codes.InvalidArgument, msg)
 		}
 	}
-	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
-	switch {
-	case required < 0 || limit < 0:
-		return nil, status.Error(codes.InvalidArgument, "capacity must not be negative")
-	case limit > 0 && required > limit:
-		return nil, status.Errorf(codes.InvalidArgument, "required bytes %d exceed limit bytes %d", required, limit)
-	case required > math.MaxInt64-target.SectorSize:
-		return nil, status.Errorf(codes.OutOfRange, "capacity %d bytes is unsupported", required)
+	required, limit, err := expandRange(req.GetCapacityRange())
+	if err != nil {
+		return nil, err
 	}
 	if d.o.NodeID == "" {
 		return nil, status.Error(codes.FailedPrecondition, "this driver instance serves no node")

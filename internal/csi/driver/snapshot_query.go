@@ -2,11 +2,9 @@ package driver
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -90,13 +88,9 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 	if req.GetMaxEntries() < 0 {
 		return nil, status.Error(codes.InvalidArgument, "max_entries must not be negative")
 	}
-	after := ""
-	if t := req.GetStartingToken(); t != "" {
-		raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(t, tokenPrefix))
-		if !strings.HasPrefix(t, tokenPrefix) || err != nil {
-			return nil, status.Errorf(codes.Aborted, "invalid starting token %q", t)
-		}
-		after = string(raw)
+	after, err := pageAfter(req.GetStartingToken())
+	if err != nil {
+		return nil, err
 	}
 	var l storagev1alpha1.CStorVolumeSnapshotList
 	if err := d.c.List(ctx, &l, client.InNamespace(d.o.Namespace)); err != nil {
@@ -112,7 +106,7 @@ func (d *Driver) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsReques
 			continue
 		}
 		if req.GetMaxEntries() > 0 && len(resp.Entries) == int(req.GetMaxEntries()) {
-			resp.NextToken = tokenPrefix + base64.RawURLEncoding.EncodeToString([]byte(resp.Entries[len(resp.Entries)-1].Snapshot.SnapshotId))
+			resp.NextToken = pageToken(resp.Entries[len(resp.Entries)-1].Snapshot.SnapshotId)
 			break
 		}
 		s, err := csiSnapshot(snap)
