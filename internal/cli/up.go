@@ -65,10 +65,15 @@ BitcoinNetwork operator's pods) as btcd, a Bitcoin node in Go
 (go install github.com/btcsuite/btcd@v0.26.2), and busybox as the host's /bin/sh
 and tools; other images wait with reason ImageNotSimulated. It mounts a pod's
 PersistentVolumeClaims of StorageClass crdipc as kubelet does, through each node's
-CSI socket (<data-dir>/csi/nodes/<node>/csi.sock: NodeStage, then NodePublish),
+CSI node plugin (<data-dir>/csi/nodes/<node>/csi.sock: NodeStage, then NodePublish),
 and runs a container with volumes in its own mount namespace, each volume at its
 mountPath (a missing mountPath such as /data is created on this machine, empty,
 while a pod uses it).
+
+The driver's controller socket, <data-dir>/csi/csi.sock, relays Node calls to
+node-1's plugin: CSI tools that dial one socket work as they are, e.g.
+csi-sanity --csi.endpoint=unix://$PWD/.crdipc/csi/csi.sock (the node plugins also
+accept paths under the system temp directory, where csi-sanity puts its own).
 
 Volumes hold replicated data: each node's agent serves its replicas on a loopback
 address of its own (mutual TLS), and a volume staged on a node is written to every

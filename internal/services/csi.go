@@ -2,6 +2,7 @@ package services
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
 	"github.com/crdipc/crdipc/internal/csi/snapshotcontroller"
 	"github.com/crdipc/crdipc/internal/install"
+	"github.com/crdipc/crdipc/internal/simnode"
 )
 
 func csiDriverEntry() Entry {
@@ -31,7 +33,10 @@ crdipc_csi_operations_seconds{method,grpc_status_code}.
 
 In crdipc up the controller instance serves <data-dir>/csi/csi.sock, and each
 simulated node's Node service runs with the simulated nodes (crdipc nodes), on
-<data-dir>/csi/nodes/<node>/csi.sock.`,
+<data-dir>/csi/nodes/<node>/csi.sock. The controller socket relays Node calls to
+node-1's node plugin, so a tool that dials one socket meets a whole driver:
+
+  csi-sanity --csi.endpoint=.crdipc/csi/csi.sock`,
 		Kind: Server,
 		New: func() Service {
 			return &csiDriverService{endpoint: "unix:///var/lib/crdipc/csi/csi.sock", httpAddr: ":9808"}
@@ -49,6 +54,7 @@ func (s *csiDriverService) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.o.NodeID, "node-id", "", "node this instance serves for the Node service (empty: controller only)")
 	fs.StringVar(&s.o.TargetDir, "target-dir", "/var/lib/crdipc/csi/targets", "where the Node service mounts the FUSE files of the volumes it stages (one directory per volume)")
 	fs.StringVar(&s.o.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "the kubelet's root directory (--root-dir): the Node service stages, publishes and unpublishes only paths inside it")
+	fs.StringSliceVar(&s.o.ExtraRoots, "extra-root", nil, "more directories the Node service's paths may lie in besides --kubelet-root (e.g. "+os.TempDir()+" for csi-sanity's default paths)")
 	fs.StringVar(&s.o.Namespace, "namespace", install.SystemNamespace, "namespace of the CStorVolumes the driver creates")
 	fs.StringVar(&s.httpAddr, "http-bind-address", s.httpAddr, "address for /healthz, /readyz (the CSI Probe) and Prometheus /metrics ('0' disables)")
 }
@@ -56,9 +62,13 @@ func (s *csiDriverService) AddFlags(fs *pflag.FlagSet) {
 func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 	o, endpoint, httpAddr := s.o, s.endpoint, s.httpAddr
 	if env.Local != nil {
-		// Controller only: the simulated nodes run the Node services.
+		// Controller only: the simulated nodes run the Node services, and node-1's answers
+		// this socket's Node calls too (a tool that dials one socket meets a whole driver).
 		o.NodeID, o.TargetDir, httpAddr = "", filepath.Join(env.Local.DataDir, "csi", "targets"), "0"
 		endpoint = filepath.Join(env.Local.DataDir, "csi", "csi.sock")
+		if env.Local.Nodes > 0 {
+			o.NodeRelay = filepath.Join(env.Local.DataDir, "csi", "nodes", simnode.NodeName(1), "csi.sock")
+		}
 	}
 	if err := Absolute(&o.TargetDir); err != nil {
 		return err
@@ -80,7 +90,11 @@ func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 		l.Close()
 		return err
 	}
-	env.say("csi      %s", endpoint)
+	if o.NodeRelay != "" {
+		env.say("csi      %s (Identity, Controller; Node relayed to %s's node plugin)", endpoint, simnode.NodeName(1))
+	} else {
+		env.say("csi      %s", endpoint)
+	}
 	if httpAddr == "0" {
 		return nil
 	}

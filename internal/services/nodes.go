@@ -1,6 +1,7 @@
 package services
 
 import (
+	"os"
 	"path/filepath"
 	"time"
 
@@ -49,6 +50,7 @@ The pool agents of the nodes are a service of their own (crdipc pool-agent).`,
 type nodesService struct {
 	count                    int
 	root, csiDir, csiKubecfg string
+	csiExtraRoots            []string
 	csi                      *nodeservice.Set
 }
 
@@ -57,15 +59,19 @@ func (s *nodesService) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.root, "root", s.root, "directory of the pods' files, one directory per pod, and the kubelets' root directory")
 	fs.StringVar(&s.csiDir, "csi-dir", s.csiDir, "directory of the nodes' CSI sockets (nodes/<node>/csi.sock) and volume targets (targets/<node>)")
 	fs.StringVar(&s.csiKubecfg, "csi-kubeconfig", "", "kubeconfig the CSI node plugins act with (default: --kubeconfig)")
+	fs.StringSliceVar(&s.csiExtraRoots, "csi-extra-root", nil, "more directories the CSI node plugins stage and publish in besides --root (e.g. "+os.TempDir()+" for csi-sanity's default paths)")
 }
 
 func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
-	count, root, csiDir := s.count, s.root, s.csiDir
+	count, root, csiDir, extra := s.count, s.root, s.csiDir, s.csiExtraRoots
 	csiCfg := env.Config
 	var err error
 	switch {
 	case env.Local != nil:
 		count, root, csiDir = env.Local.Nodes, filepath.Join(env.Local.DataDir, "pods"), filepath.Join(env.Local.DataDir, "csi")
+		// A development cluster on this machine: the CSI sanity suite's default paths
+		// ($TMPDIR/csi-mount, $TMPDIR/csi-staging) work against up's socket as they are.
+		extra = []string{os.TempDir()}
 		if csiCfg, err = env.Local.Config("csi-node"); err != nil {
 			return err
 		}
@@ -80,8 +86,15 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 	if err := simnode.Add(mgr, simnode.Options{Nodes: count}); err != nil {
 		return err
 	}
-	if s.csi, err = nodeservice.New(nodeservice.Options{Config: rest.CopyConfig(csiCfg), Dir: csiDir, KubeletRoot: root}); err != nil {
+	if s.csi, err = nodeservice.New(nodeservice.Options{Config: rest.CopyConfig(csiCfg), Dir: csiDir, KubeletRoot: root, ExtraRoots: extra}); err != nil {
 		return err
+	}
+	// Every node's plugin serves from the start, as a DaemonSet's pod would, not only once
+	// a pod of the node mounts a volume: CSI tools can dial it.
+	for i := 1; i <= count; i++ {
+		if _, err := s.csi.Client(simnode.NodeName(i)); err != nil {
+			return err
+		}
 	}
 	btcdImage := btcd.Image{}
 	// Ctrl-C must end up within seconds: processes get 2 s after SIGTERM.
@@ -98,6 +111,7 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 	if _, err := btcdImage.Find(); err != nil {
 		note = "bitcoin/bitcoin cannot run: btcd is not installed (go install " + btcd.Module + ")"
 	}
+	env.say("csi      node plugins on %s", filepath.Join(csiDir, "nodes", "<node>", "csi.sock"))
 	env.say("pods     run on the %d simulated nodes (label a Node %s=true to add one) under %s; %s; busybox runs the host's sh and tools", count, simnode.Label, root, note)
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"time"
@@ -79,6 +80,17 @@ type Options struct {
 	// KubeletRoot is the kubelet's root directory: the Node service stages, publishes,
 	// unmounts and removes only paths inside it; default DefaultKubeletRoot.
 	KubeletRoot string
+	// ExtraRoots are more directories the Node service's paths may lie in, for a node
+	// where something besides the kubelet stages and publishes: `crdipc up` adds the
+	// system temp directory, where the CSI sanity suite puts its paths by default
+	// ($TMPDIR/csi-mount, $TMPDIR/csi-staging).
+	ExtraRoots []string
+	// NodeRelay is the socket of another instance's Node service, served here as this
+	// instance's own (instead of FailedPrecondition) when NodeID is empty: `crdipc up`
+	// relays its controller socket's Node calls to node-1's node plugin, so that a tool
+	// that speaks to one socket (csi-sanity) meets a whole driver, while the node plugin
+	// keeps its own, read-only identity.
+	NodeRelay string
 	// DefaultCapacity is the size of a volume whose request names none; default 1 GiB.
 	DefaultCapacity int64
 	// CreateTimeout bounds how long CreateVolume waits for the volume when the caller's
@@ -157,6 +169,13 @@ func New(o Options) (*Driver, error) {
 	if abs, err := filepath.Abs(o.KubeletRoot); err == nil {
 		o.KubeletRoot = abs
 	}
+	o.ExtraRoots = slices.Clone(o.ExtraRoots)
+	for i, r := range o.ExtraRoots {
+		if !filepath.IsAbs(r) {
+			return nil, fmt.Errorf("csi driver: extra root %q is not an absolute path", r)
+		}
+		o.ExtraRoots[i] = filepath.Clean(r)
+	}
 	c := o.Client
 	if c == nil {
 		if o.Config == nil {
@@ -196,7 +215,16 @@ func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
 	csi.RegisterIdentityServer(srv, d)
 	csi.RegisterControllerServer(srv, d)
-	csi.RegisterNodeServer(srv, d)
+	if d.o.NodeID == "" && d.o.NodeRelay != "" {
+		r, err := newNodeRelay(d.o.NodeRelay)
+		if err != nil {
+			return err
+		}
+		defer r.close()
+		csi.RegisterNodeServer(srv, r)
+	} else {
+		csi.RegisterNodeServer(srv, d)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	if d.o.NodeID != "" {

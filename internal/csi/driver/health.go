@@ -145,16 +145,16 @@ func (d *Driver) NodeGetVolumeStats(_ context.Context, req *csi.NodeGetVolumeSta
 	}}, nil
 }
 
-// volumeAt returns path, resolved inside the kubelet root, when it is where volume id is
+// volumeAt returns path, resolved inside the driver's roots, when it is where volume id is
 // staged or published on this node; otherwise NotFound, as the CSI spec has it for a
 // volume that "does not exist on the specified path".
 func (d *Driver) volumeAt(id, path string) (string, error) {
 	if isInvalidName(id) || d.stagedVolume(id) == nil {
 		return "", status.Errorf(codes.NotFound, "volume %s is not staged on node %s", id, d.o.NodeID)
 	}
-	p, err := underRoot(d.o.KubeletRoot, path)
+	p, err := d.kubeletPath("volume path", path)
 	if err != nil {
-		return "", status.Errorf(codes.NotFound, "volume %s is not at %s: the path is not inside the kubelet root %s: %v", id, path, d.o.KubeletRoot, err)
+		return "", status.Errorf(codes.NotFound, "volume %s is not at %s: %s", id, path, status.Convert(err).Message())
 	}
 	m, mounted, err := mountAt(p)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -113,13 +114,40 @@ func (d *Driver) checkPublish(req *csi.NodePublishVolumeRequest) (staging, targe
 	return staging, target, nil
 }
 
-// kubeletPath is underRoot for a path of a request, which must lie inside the kubelet root.
+// kubeletPath is underRoot for a path of a request, which must lie inside the kubelet root
+// or one of the extra roots.
 func (d *Driver) kubeletPath(what, p string) (string, error) {
-	r, err := underRoot(d.o.KubeletRoot, p)
-	if err != nil {
-		return "", status.Errorf(codes.InvalidArgument, "%s %q must lie inside the kubelet root %s (--kubelet-root): %v", what, p, d.o.KubeletRoot, err)
+	return d.requestPath(what, p, true)
+}
+
+// requestPath resolves p inside the first of the driver's roots that holds it (see
+// Options.ExtraRoots); follow false leaves a last element that is a symbolic link unfollowed.
+func (d *Driver) requestPath(what, p string, follow bool) (string, error) {
+	var first error
+	for _, root := range d.roots() {
+		r, err := contained(root, p, follow)
+		if err == nil {
+			return r, nil
+		}
+		if first == nil {
+			first = err
+		}
 	}
-	return r, nil
+	return "", status.Errorf(codes.InvalidArgument, "%s %q must lie inside %s: %v", what, p, d.rootsFlag(), first)
+}
+
+// roots are the directories requests' paths may lie in: the kubelet root, then the extras.
+func (d *Driver) roots() []string {
+	return append([]string{d.o.KubeletRoot}, d.o.ExtraRoots...)
+}
+
+// rootsFlag names the roots for an error message, with the flags that set them.
+func (d *Driver) rootsFlag() string {
+	s := fmt.Sprintf("the kubelet root %s (--kubelet-root)", d.o.KubeletRoot)
+	if len(d.o.ExtraRoots) > 0 {
+		s += fmt.Sprintf(" or %s (--extra-root)", strings.Join(d.o.ExtraRoots, ", "))
+	}
+	return s
 }
 
 // volumeExists answers NotFound for a volume the API server does not know.
@@ -240,9 +268,9 @@ func (d *Driver) NodeUnpublishVolume(_ context.Context, req *csi.NodeUnpublishVo
 		return nil, status.Error(codes.InvalidArgument, "target path is required")
 	}
 	// Not followed if it is a link: a link is removed, never gone through.
-	target, err := underRootNoFollow(d.o.KubeletRoot, req.GetTargetPath())
+	target, err := d.requestPath("target path", req.GetTargetPath(), false)
 	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "target path %q must lie inside the kubelet root %s (--kubelet-root): %v", req.GetTargetPath(), d.o.KubeletRoot, err)
+		return nil, err
 	}
 	id := req.GetVolumeId()
 	done, err := d.lockVolume(id)

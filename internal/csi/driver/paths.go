@@ -24,12 +24,8 @@ func underRoot(root, path string) (string, error) {
 	return contained(root, path, true)
 }
 
-// underRootNoFollow is underRoot for a path whose last element is not followed if it is a
-// symbolic link: a link the driver may remove, not go through.
-func underRootNoFollow(root, path string) (string, error) {
-	return contained(root, path, false)
-}
-
+// contained is underRoot with a choice: follow false leaves a last element that is a
+// symbolic link unfollowed, a link the driver may remove but not go through.
 func contained(root, path string, follow bool) (string, error) {
 	if !filepath.IsAbs(path) {
 		return "", fmt.Errorf("%q is not an absolute path", path)

@@ -101,7 +101,7 @@ func TestHostPathStaysInsideItsRoot(t *testing.T) {
 		}
 	}
 	// A link leading out is not followed when it is what is to be removed.
-	if r, err := underRootNoFollow(root, filepath.Join(root, "escape")); err != nil || r != filepath.Join(root, "escape") {
+	if r, err := contained(root, filepath.Join(root, "escape"), false); err != nil || r != filepath.Join(root, "escape") {
 		t.Errorf("underRootNoFollow(escape) = %s, %v", r, err)
 	}
 }
@@ -192,5 +192,38 @@ func TestNodeCallsRefusePathsOutsideTheKubeletRoot(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "target")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a target was made for a refused call: %v", err)
+	}
+}
+
+// An extra root admits paths inside it as the kubelet root does, links out of it included
+// refused; a path in neither is refused naming both.
+func TestExtraRootsAdmitTheirPathsOnly(t *testing.T) {
+	ctx := context.Background()
+	root, extra, outside := t.TempDir(), t.TempDir(), t.TempDir()
+	if err := os.Symlink(outside, filepath.Join(extra, "link")); err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).Build()
+	d, err := New(Options{Client: c, NodeID: "n1", TargetDir: t.TempDir(), KubeletRoot: root, ExtraRoots: []string{extra}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.host = refusingHost(t)
+	unpublish := func(p string) error {
+		_, err := d.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "vol", TargetPath: p})
+		return err
+	}
+	// Nothing is there: unpublished already.
+	if err := unpublish(filepath.Join(extra, "target")); err != nil {
+		t.Errorf("NodeUnpublishVolume inside the extra root: %v", err)
+	}
+	for _, p := range []string{filepath.Join(outside, "target"), filepath.Join(extra, "link", "target")} {
+		err := unpublish(p)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), root) || !strings.Contains(err.Error(), extra) {
+			t.Errorf("NodeUnpublishVolume at %s: %v, want InvalidArgument naming the kubelet root and the extra root", p, err)
+		}
+	}
+	if _, err := New(Options{Client: c, ExtraRoots: []string{"relative"}}); err == nil {
+		t.Error("a relative extra root was taken")
 	}
 }

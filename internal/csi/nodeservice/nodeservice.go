@@ -42,6 +42,8 @@ type Options struct {
 	// KubeletRoot is the simulated kubelet's root directory (podsim's Root): the drivers
 	// stage and publish only inside it. Required.
 	KubeletRoot string
+	// ExtraRoots are more directories the drivers stage and publish in (driver.Options).
+	ExtraRoots []string
 	// Drivers are instances that serve a node already, such as the controller instance
 	// of up, which serves node-1: the Set serves them on the node's socket as they are,
 	// so one process never runs two targets of one volume for one node.
@@ -105,7 +107,7 @@ func (s *Set) Client(nodeName string) (csi.NodeClient, error) {
 	d := s.o.Drivers[nodeName]
 	if d == nil {
 		var err error
-		d, err = driver.New(driver.Options{Config: s.o.Config, NodeID: nodeName, TargetDir: filepath.Join(s.o.Dir, "targets", nodeName), KubeletRoot: s.o.KubeletRoot})
+		d, err = driver.New(driver.Options{Config: s.o.Config, NodeID: nodeName, TargetDir: filepath.Join(s.o.Dir, "targets", nodeName), KubeletRoot: s.o.KubeletRoot, ExtraRoots: s.o.ExtraRoots})
 		if err != nil {
 			return nil, fmt.Errorf("csi node service of %s: %w", nodeName, err)
 		}
