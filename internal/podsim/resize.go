@@ -97,6 +97,12 @@ func (r *runtime) reconcileExpansion(ctx context.Context, req reconcile.Request)
 	if !ok {
 		return reconcile.Result{}, nil // expanded when a pod mounts it
 	}
+	r.mu.Lock()
+	inUse := r.expandInUse[m.node+"/"+pv.Spec.CSI.VolumeHandle]
+	r.mu.Unlock()
+	if inUse {
+		return reconcile.Result{}, nil // expanded when it is staged again
+	}
 	return reconcile.Result{}, r.expandVolume(ctx, &pvc, &pv, m)
 }
 
@@ -161,10 +167,21 @@ func (r *runtime) expandVolume(ctx context.Context, pvc *corev1.PersistentVolume
 	if err != nil {
 		msg := fmt.Sprintf("MountVolume.NodeExpandVolume failed for volume %q (%s) on %s: %v", m.volume, pv.Name, m.node, err)
 		r.rec.Eventf(pod, nil, corev1.EventTypeWarning, eventFSResizeFailed, "NodeExpandVolume", "%s", msg)
-		final := false
+		final, inUse := false, false
 		switch status.Code(err) {
-		case codes.InvalidArgument, codes.OutOfRange, codes.NotFound, codes.FailedPrecondition:
+		case codes.InvalidArgument, codes.OutOfRange, codes.NotFound:
 			final = true
+		case codes.FailedPrecondition:
+			// The CSI spec's "cannot grow while staged or published": kubelet leaves the
+			// claim pending and tries again once the volume is staged anew on the node.
+			inUse = true
+			msg += "; tried again when the volume is next staged on the node"
+			r.mu.Lock()
+			if r.expandInUse == nil {
+				r.expandInUse = map[string]bool{}
+			}
+			r.expandInUse[m.node+"/"+pv.Spec.CSI.VolumeHandle] = true
+			r.mu.Unlock()
 		}
 		if perr := r.patchClaimStatus(ctx, pvc, func(s *corev1.PersistentVolumeClaimStatus) {
 			s.Conditions = setClaimResizeCondition(s.Conditions, corev1.PersistentVolumeClaimCondition{
@@ -178,8 +195,8 @@ func (r *runtime) expandVolume(ctx context.Context, pvc *corev1.PersistentVolume
 		}); perr != nil {
 			return perr
 		}
-		if final {
-			return nil // as kubelet: not retried until the claim's expansion is started again
+		if final || inUse {
+			return nil // as kubelet: not retried until the claim's expansion is started again, or the volume staged again
 		}
 		return fmt.Errorf("%s", msg)
 	}

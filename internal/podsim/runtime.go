@@ -59,6 +59,10 @@ type runtime struct {
 	// hostDirs are the mount point directories the runtime created on the node, with the
 	// pods that mount there (see useHostDirs).
 	hostDirs map[string]map[types.UID]bool
+	// expandInUse are the volumes (node/handle) whose NodeExpandVolume answered
+	// FailedPrecondition, "not while in use": as kubelet, not tried again until the
+	// volume is staged anew on the node (resize.go).
+	expandInUse map[string]bool
 
 	// volOps serialises the setup and teardown of volumes, so that a volume is never
 	// unstaged from a node while another pod's setup stages it there.

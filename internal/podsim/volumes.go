@@ -398,6 +398,9 @@ func (r *runtime) unmountVolume(ctx context.Context, ps *podState, cv *csiVolume
 	if _, err := nc.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: cv.handle, StagingTargetPath: cv.staging}); err != nil {
 		return fmt.Errorf("UnmountDevice failed for volume %q (%s): %w", cv.name, cv.pv, err)
 	}
+	r.mu.Lock()
+	delete(r.expandInUse, cv.node+"/"+cv.handle) // a pending expansion is tried at the next stage
+	r.mu.Unlock()
 	// The staging directory is the CO's: it goes with the volume's directory above it.
 	_ = os.Remove(cv.staging)
 	_ = os.Remove(filepath.Dir(cv.staging))

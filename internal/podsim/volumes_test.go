@@ -223,8 +223,10 @@ func TestPodVolumes(t *testing.T) {
 //
 // Where this process cannot grow a mounted ext4 file system (no CAP_SYS_RESOURCE, as on
 // the CI machine, whose container lacks it even in its bounding set), the kubelet's
-// NodeExpandVolume is refused, and the test checks that the claim and the pod say why:
-// that is what a user there sees. Under CRDIPC_REQUIRE_ONLINE_RESIZE=1 (a host that must
+// NodeExpandVolume is refused with FailedPrecondition, "not while in use", and the test
+// checks that the claim and the pod say why and that the claim stays pending, to be grown
+// at the volume's next stage (internal/csi/e2e PodExpansion/Ext4AtNextStage): that is what
+// a user there sees. Under CRDIPC_REQUIRE_ONLINE_RESIZE=1 (a host that must
 // grow ext4 online) it fails instead. Online growth itself is tested on xfs in
 // internal/csi/e2e (PodExpansion), which needs no such capability.
 func testExpansion(t *testing.T, c client.Client, pvc *corev1.PersistentVolumeClaim, pod *corev1.Pod, podRoot string) {
@@ -247,8 +249,8 @@ func testExpansion(t *testing.T, c client.Client, pvc *corev1.PersistentVolumeCl
 					msg = cond.Message
 				}
 			}
-			if pvc.Status.AllocatedResourceStatuses[corev1.ResourceStorage] != corev1.PersistentVolumeClaimNodeResizeInfeasible ||
-				!strings.Contains(msg, "needs CAP_SYS_RESOURCE") {
+			if pvc.Status.AllocatedResourceStatuses[corev1.ResourceStorage] != corev1.PersistentVolumeClaimNodeResizePending ||
+				!strings.Contains(msg, "needs CAP_SYS_RESOURCE") || !strings.Contains(msg, "next staged") {
 				return false, fmt.Errorf("allocatedResourceStatuses %v, conditions %+v", pvc.Status.AllocatedResourceStatuses, pvc.Status.Conditions)
 			}
 			var evs corev1.EventList

@@ -84,7 +84,13 @@ func (d *Driver) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 			return nil, status.Error(codes.Internal, err.Error())
 		}
 		if err := OnlineResizeAvailable(m.fstype); err != nil {
-			return nil, status.Errorf(codes.FailedPrecondition, "volume %s cannot grow on node %s: %v", id, d.o.NodeID, err)
+			// Grown already when it was staged (growExtOffline): nothing left to do.
+			if have, ferr := extBytes(d.node().fs.Exec, s.export.Device()); ferr == nil && have >= size {
+				return &csi.NodeExpandVolumeResponse{CapacityBytes: s.engine.Size()}, nil
+			}
+			// FAILED_PRECONDITION is the CSI spec's "cannot grow while in use": a kubelet
+			// retries once the volume is staged again, which grows it unmounted.
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %s cannot grow on node %s while it is mounted: %v; it grows when it is next staged", id, d.o.NodeID, err)
 		}
 	}
 	if size > s.engine.Size() {

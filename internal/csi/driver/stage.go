@@ -173,6 +173,16 @@ func (d *Driver) stageMount(id, dev, staging, fsType string, flags []string) err
 	if have != "" && have != fsType {
 		return status.Errorf(codes.FailedPrecondition, "volume %s holds %s, not the %s file system the capability asks for", id, have, fsType)
 	}
+	if strings.HasPrefix(have, "ext") && !slices.Contains(flags, "ro") {
+		// Grown while mounted where it could not grow online: it grows now, unmounted.
+		grown, err := growExtOffline(h.fs.Exec, dev)
+		if err != nil {
+			return status.Errorf(codes.Internal, "growing the file system of volume %s to its device's size: %v", id, err)
+		}
+		if grown {
+			d.log.Info("file system grown at staging", "volume", id, "device", dev)
+		}
+	}
 	// FormatAndMount runs blkid, then mkfs only when it found nothing (fsck -a otherwise),
 	// then mount(8). nodev and nosuid: a volume's content is data, never a way into the node.
 	err = h.fs.FormatAndMount(dev, staging, fsType, append([]string{"nodev", "nosuid"}, flags...))

@@ -256,14 +256,15 @@ func (w *world) testNodeExpandAndStats(t *testing.T) {
 		t.Errorf("NodeGetVolumeHealth of a healthy staged volume: %+v, %v; want no adverse entry", h, err)
 	}
 
-	t.Run("Grow", func(t *testing.T) { w.testNodeGrow(t, id, target, staging, data) })
+	t.Run("Grow", func(t *testing.T) { w.testNodeGrow(t, node1, id, target, staging, data, unmount) })
 	unmount()
 	w.sameReplicas(t, id)
 }
 
 // testNodeGrow is the growth part of testNodeExpandAndStats, on volume id (32Mi) published
-// at target, which holds the file "before" with data.
-func (w *world) testNodeGrow(t *testing.T, id, target, staging string, data []byte) {
+// at target by node1, which holds the file "before" with data; unmount unpublishes and
+// unstages it.
+func (w *world) testNodeGrow(t *testing.T, node1 *nodePlugin, id, target, staging string, data []byte, unmount func()) {
 	ctx := context.Background()
 	conn := w.dial(t)
 	cc, nc := csi.NewControllerClient(conn), csi.NewNodeClient(conn)
@@ -310,6 +311,22 @@ func (w *world) testNodeGrow(t *testing.T, id, target, staging string, data []by
 		if got, err := os.ReadFile(filepath.Join(target, "before")); err != nil || !bytes.Equal(got, data) {
 			t.Errorf("the file written before: %v (equal: %v)", err, bytes.Equal(got, data))
 		}
+		// As the CSI spec has it for FAILED_PRECONDITION, and a kubelet does: staged again,
+		// the file system is grown while unmounted, and NodeExpandVolume then finds it done.
+		unmount()
+		target, _ = node1.mount(t, id)
+		if grown := statfs(target); int64(grown.Blocks)*int64(grown.Bsize) < int64(before.Blocks)*int64(before.Bsize)+24*mib {
+			t.Errorf("staged again after growing from 32Mi to 64Mi: %d bytes, was %d", int64(grown.Blocks)*int64(grown.Bsize), int64(before.Blocks)*int64(before.Bsize))
+		}
+		if resp, err := nodeExpand(64 * mib); err != nil || resp.CapacityBytes != 64*mib {
+			t.Errorf("NodeExpandVolume to 64Mi once staged again: %+v, %v; want 64Mi", resp, err)
+		}
+		if got, err := os.ReadFile(filepath.Join(target, "before")); err != nil || !bytes.Equal(got, data) {
+			t.Errorf("the file written before, staged again: %v (equal: %v)", err, bytes.Equal(got, data))
+		}
+		if err := writeFileSync(filepath.Join(target, "after"), make([]byte, 40*mib)); err != nil {
+			t.Errorf("writing 40Mi into the grown file system: %v", err)
+		}
 		return
 	}
 	before := statfs(target)
@@ -352,17 +369,7 @@ func (w *world) testPodExpansion(t *testing.T) {
 	testenv.RequireMounts(t)
 	fs := growableFS(t)
 	ctx := context.Background()
-	sc := &storagev1.StorageClass{
-		ObjectMeta:           metav1.ObjectMeta{Name: class + "-" + fs.fsType},
-		Provisioner:          driver.Name,
-		Parameters:           map[string]string{driver.ParamReplicaCount: "3", "csi.storage.k8s.io/fstype": fs.fsType},
-		ReclaimPolicy:        ptr.To(corev1.PersistentVolumeReclaimDelete),
-		AllowVolumeExpansion: ptr.To(true),
-	}
-	if err := w.c.Create(ctx, sc); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.c.Delete(context.Background(), sc) })
+	sc := w.growableClass(t, fs.fsType)
 	podRoot := t.TempDir()                      // inside the drivers' kubelet root, os.TempDir()
 	csiDir, err := os.MkdirTemp("", "csi-pods") // socket paths are short
 	if err != nil {
@@ -387,72 +394,11 @@ func (w *world) testPodExpansion(t *testing.T) {
 		return err == nil, err
 	})
 
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "grows"},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			StorageClassName: ptr.To(sc.Name),
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(fs.small)}},
-		},
-	}
-	if err := w.c.Create(ctx, pvc); err != nil {
-		t.Fatal(err)
-	}
-	w.waitBound(t, pvc, 60*time.Second)
-	script := `set -e
-head -c 8388608 /dev/urandom > /data/before
-sha256sum /data/before > /data/before.sha256
-sync
-echo started
-while :; do
-  echo "size $(df -kP /data | awk 'NR==2 {print $2}') $(sha256sum -c /data/before.sha256 >/dev/null 2>&1 && echo intact || echo BROKEN)"
-  sleep 0.5
-done`
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "df"},
-		Spec: corev1.PodSpec{
-			RestartPolicy:                 corev1.RestartPolicyNever,
-			TerminationGracePeriodSeconds: ptr.To[int64](1),
-			NodeSelector:                  map[string]string{corev1.LabelHostname: "node-2"},
-			Containers: []corev1.Container{{
-				Name: "main", Image: "busybox:1.36", Command: []string{"sh", "-c", script},
-				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
-			}},
-			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
-				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: pvc.Name},
-			}}},
-		},
-	}
-	if err := w.c.Create(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// Gone, and its volume unstaged, before the kubelet stops.
-		_ = w.c.Delete(context.Background(), pod)
-		testenv.Eventually(t, 60*time.Second, "the pod gone", func(ctx context.Context) (bool, error) {
-			if err := w.c.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{}); !apierrors.IsNotFound(err) {
-				return false, fmt.Errorf("get: %v", err)
-			}
-			return true, nil
-		})
-		_ = w.c.Delete(context.Background(), pvc)
-	})
-	var logFile string
-	sizeLine := regexp.MustCompile(`size (\d+) (intact|BROKEN)\n`)
-	lastSize := func() (int64, string, error) {
-		var p corev1.Pod
-		if err := w.c.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
-			return 0, "", err
-		}
-		logFile = filepath.Join(podRoot, string(p.UID), "main.log")
-		out, _ := os.ReadFile(logFile)
-		m := sizeLine.FindAllStringSubmatch(string(out), -1)
-		if len(m) == 0 {
-			return 0, "", fmt.Errorf("pod %s, no df line yet in %q", p.Status.Phase, out)
-		}
-		n, _ := strconv.ParseInt(m[len(m)-1][1], 10, 64)
-		return n << 10, m[len(m)-1][2], nil
-	}
+	k := &dfKubelet{w: w, root: podRoot}
+	pvc := k.claim(t, "grows", sc.Name, fs.small)
+	pod := k.pod(t, "df", pvc.Name)
+	logFile := k.logFile(t, pod)
+	lastSize := func() (int64, string, error) { return k.lastSize(ctx, pod) }
 	var small int64
 	testenv.Eventually(t, 90*time.Second, "the pod printing its df", func(context.Context) (bool, error) {
 		n, state, err := lastSize()
@@ -488,24 +434,7 @@ done`
 		strings.Count(string(out), "started\n") != 1 || strings.Contains(string(out), "BROKEN") {
 		t.Errorf("pod %s, containers %+v, log:\n%s\nwant the same process running throughout, the data intact", p.Status.Phase, p.Status.ContainerStatuses, out)
 	}
-	testenv.Eventually(t, 30*time.Second, "the claim at "+fs.big+", its resize done", func(ctx context.Context) (bool, error) {
-		if err := w.c.Get(ctx, client.ObjectKeyFromObject(pvc), pvc); err != nil {
-			return false, err
-		}
-		c := pvc.Status.Capacity[corev1.ResourceStorage]
-		var resizing []corev1.PersistentVolumeClaimCondition
-		for _, cond := range pvc.Status.Conditions {
-			switch cond.Type {
-			case corev1.PersistentVolumeClaimResizing, corev1.PersistentVolumeClaimFileSystemResizePending,
-				corev1.PersistentVolumeClaimControllerResizeError, corev1.PersistentVolumeClaimNodeResizeError:
-				resizing = append(resizing, cond)
-			}
-		}
-		if c.Cmp(resource.MustParse(fs.big)) != 0 || len(resizing) != 0 || len(pvc.Status.AllocatedResourceStatuses) != 0 {
-			return false, fmt.Errorf("capacity %s, conditions %+v, allocatedResourceStatuses %v", c.String(), pvc.Status.Conditions, pvc.Status.AllocatedResourceStatuses)
-		}
-		return true, nil
-	})
+	w.waitResized(t, pvc, fs.big)
 	testenv.Eventually(t, 10*time.Second, "the Event FileSystemResizeSuccessful on the pod", func(ctx context.Context) (bool, error) {
 		evs, err := w.events(ctx, &p)
 		if err != nil {
@@ -523,6 +452,206 @@ done`
 	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "can not be less than status.capacity") {
 		t.Errorf("shrinking the claim to %s: %v, want it refused: can not be less than status.capacity", fs.small, err)
 	}
+
+	if ext4Online(t) == nil {
+		return // the claim above was ext4, grown online
+	}
+	t.Run("Ext4AtNextStage", func(t *testing.T) { w.testExt4AtNextStage(t, k) })
+}
+
+// testExt4AtNextStage is issue 12's acceptance where ext4 cannot grow online (no
+// CAP_SYS_RESOURCE): a busybox pod on a 64Mi ext4 claim; the claim is patched to 128Mi;
+// NodeExpandVolume answers FailedPrecondition, "not while in use", and the claim says so and
+// stays pending, the pod's file system as it was; the pod is replaced, the volume staged
+// again grows unmounted, and the new pod sees 128Mi with the data intact; the claim's
+// resize is done.
+func (w *world) testExt4AtNextStage(t *testing.T, k *dfKubelet) {
+	ctx := context.Background()
+	sc := w.growableClass(t, "ext4")
+	pvc := k.claim(t, "grows-ext4", sc.Name, "64Mi")
+	first := k.pod(t, "df-ext4", pvc.Name)
+	waitSize := func(pod *corev1.Pod, what string, ok func(int64) bool) {
+		t.Helper()
+		testenv.Eventually(t, 90*time.Second, what, func(ctx context.Context) (bool, error) {
+			n, state, err := k.lastSize(ctx, pod)
+			if err != nil {
+				return false, err
+			}
+			if state != "intact" || !ok(n) {
+				return false, fmt.Errorf("size %d, %s", n, state)
+			}
+			return true, nil
+		})
+	}
+	small := func(n int64) bool { return n > 48*mib && n <= 64*mib }
+	waitSize(first, "the pod printing its df", small)
+	if err := w.c.Patch(ctx, pvc, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 90*time.Second, "the claim pending, saying it grows at the next stage", func(ctx context.Context) (bool, error) {
+		if err := w.c.Get(ctx, client.ObjectKeyFromObject(pvc), pvc); err != nil {
+			return false, err
+		}
+		for _, c := range pvc.Status.Conditions {
+			if c.Type == corev1.PersistentVolumeClaimNodeResizeError && strings.Contains(c.Message, "CAP_SYS_RESOURCE") && strings.Contains(c.Message, "next staged") &&
+				pvc.Status.AllocatedResourceStatuses[corev1.ResourceStorage] == corev1.PersistentVolumeClaimNodeResizePending {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("conditions %+v, allocatedResourceStatuses %v", pvc.Status.Conditions, pvc.Status.AllocatedResourceStatuses)
+	})
+	waitSize(first, "the pod's file system as it was", small)
+	k.deletePod(t, first)
+	second := k.pod(t, "df-ext4-again", pvc.Name)
+	waitSize(second, "the new pod's df showing the larger file system", func(n int64) bool { return n > 112*mib && n <= 128*mib })
+	w.waitResized(t, pvc, "128Mi")
+}
+
+// waitResized waits until claim's capacity is size and no resize condition or status is
+// left.
+func (w *world) waitResized(t *testing.T, pvc *corev1.PersistentVolumeClaim, size string) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, "the claim at "+size+", its resize done", func(ctx context.Context) (bool, error) {
+		if err := w.c.Get(ctx, client.ObjectKeyFromObject(pvc), pvc); err != nil {
+			return false, err
+		}
+		c := pvc.Status.Capacity[corev1.ResourceStorage]
+		var resizing []corev1.PersistentVolumeClaimCondition
+		for _, cond := range pvc.Status.Conditions {
+			switch cond.Type {
+			case corev1.PersistentVolumeClaimResizing, corev1.PersistentVolumeClaimFileSystemResizePending,
+				corev1.PersistentVolumeClaimControllerResizeError, corev1.PersistentVolumeClaimNodeResizeError:
+				resizing = append(resizing, cond)
+			}
+		}
+		if c.Cmp(resource.MustParse(size)) != 0 || len(resizing) != 0 || len(pvc.Status.AllocatedResourceStatuses) != 0 {
+			return false, fmt.Errorf("capacity %s, conditions %+v, allocatedResourceStatuses %v", c.String(), pvc.Status.Conditions, pvc.Status.AllocatedResourceStatuses)
+		}
+		return true, nil
+	})
+}
+
+// growableClass creates a StorageClass of the driver whose claims grow, with file system
+// fsType, deleted with the test.
+func (w *world) growableClass(t *testing.T, fsType string) *storagev1.StorageClass {
+	t.Helper()
+	sc := &storagev1.StorageClass{
+		ObjectMeta:           metav1.ObjectMeta{Name: class + "-" + fsType},
+		Provisioner:          driver.Name,
+		Parameters:           map[string]string{driver.ParamReplicaCount: "3", "csi.storage.k8s.io/fstype": fsType},
+		ReclaimPolicy:        ptr.To(corev1.PersistentVolumeReclaimDelete),
+		AllowVolumeExpansion: ptr.To(true),
+	}
+	if err := w.c.Create(context.Background(), sc); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.c.Delete(context.Background(), sc) })
+	return sc
+}
+
+// dfKubelet makes the claims and busybox pods of the expansion tests on a simulated
+// kubelet whose pods live under root.
+type dfKubelet struct {
+	w    *world
+	root string
+}
+
+// claim creates a claim of class and size, deleted with the test, and waits until it is Bound.
+func (k *dfKubelet) claim(t *testing.T, name, class, size string) *corev1.PersistentVolumeClaim {
+	t.Helper()
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: k.w.ns, Name: name},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			StorageClassName: ptr.To(class),
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
+		},
+	}
+	if err := k.w.c.Create(context.Background(), pvc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k.w.c.Delete(context.Background(), pvc) })
+	k.w.waitBound(t, pvc, 60*time.Second)
+	return pvc
+}
+
+// dfScript writes 8Mi to /data/before once (a pod that finds it there checks it instead),
+// then prints the file system's size and whether the file is intact, twice a second.
+const dfScript = `set -e
+if [ ! -f /data/before ]; then
+  head -c 8388608 /dev/urandom > /data/before
+  sha256sum /data/before > /data/before.sha256
+  sync
+fi
+echo started
+while :; do
+  echo "size $(df -kP /data | awk 'NR==2 {print $2}') $(sha256sum -c /data/before.sha256 >/dev/null 2>&1 && echo intact || echo BROKEN)"
+  sleep 0.5
+done`
+
+// pod starts a busybox pod on node-2 running dfScript on claim; it is deleted with the test
+// (its volume unstaged before the kubelet stops) or by deletePod.
+func (k *dfKubelet) pod(t *testing.T, name, claim string) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: k.w.ns, Name: name},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			NodeSelector:                  map[string]string{corev1.LabelHostname: "node-2"},
+			Containers: []corev1.Container{{
+				Name: "main", Image: "busybox:1.36", Command: []string{"sh", "-c", dfScript},
+				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
+			}},
+			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim},
+			}}},
+		},
+	}
+	if err := k.w.c.Create(context.Background(), pod); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.deletePod(t, pod) })
+	return pod
+}
+
+// deletePod deletes pod and waits until it is gone, its volumes unmounted.
+func (k *dfKubelet) deletePod(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	_ = k.w.c.Delete(context.Background(), pod)
+	testenv.Eventually(t, 60*time.Second, "the pod "+pod.Name+" gone", func(ctx context.Context) (bool, error) {
+		if err := k.w.c.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{}); !apierrors.IsNotFound(err) {
+			return false, fmt.Errorf("get: %v", err)
+		}
+		return true, nil
+	})
+}
+
+// logFile is where the kubelet keeps pod's output, once the pod has its UID.
+func (k *dfKubelet) logFile(t *testing.T, pod *corev1.Pod) string {
+	t.Helper()
+	var p corev1.Pod
+	if err := k.w.c.Get(context.Background(), client.ObjectKeyFromObject(pod), &p); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(k.root, string(p.UID), "main.log")
+}
+
+var sizeLine = regexp.MustCompile(`size (\d+) (intact|BROKEN)\n`)
+
+// lastSize is the file system size in bytes and the file's state that pod printed last.
+func (k *dfKubelet) lastSize(ctx context.Context, pod *corev1.Pod) (int64, string, error) {
+	var p corev1.Pod
+	if err := k.w.c.Get(ctx, client.ObjectKeyFromObject(pod), &p); err != nil {
+		return 0, "", err
+	}
+	out, _ := os.ReadFile(filepath.Join(k.root, string(p.UID), "main.log"))
+	m := sizeLine.FindAllStringSubmatch(string(out), -1)
+	if len(m) == 0 {
+		return 0, "", fmt.Errorf("pod %s, no df line yet in %q", p.Status.Phase, out)
+	}
+	n, _ := strconv.ParseInt(m[len(m)-1][1], 10, 64)
+	return n << 10, m[len(m)-1][2], nil
 }
 
 // testBlockExpand: a block volume published on node-1 grows without a file system step:
