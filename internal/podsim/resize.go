@@ -17,6 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/crdipc/crdipc/internal/csi/claimresize"
 )
 
 // Volume expansion, the node half, as kubelet's volume manager does it for a mounted
@@ -151,7 +153,7 @@ func (r *runtime) expandVolume(ctx context.Context, pvc *corev1.PersistentVolume
 	size := pv.Spec.Capacity[corev1.ResourceStorage]
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: m.pod.Namespace, Name: m.pod.Name, UID: m.podUID}}
 	if err := r.patchClaimStatus(ctx, pvc, func(s *corev1.PersistentVolumeClaimStatus) {
-		setClaimResizeStatus(s, corev1.PersistentVolumeClaimNodeResizeInProgress)
+		claimresize.SetStatus(s, corev1.PersistentVolumeClaimNodeResizeInProgress)
 	}); err != nil {
 		return err
 	}
@@ -184,13 +186,13 @@ func (r *runtime) expandVolume(ctx context.Context, pvc *corev1.PersistentVolume
 			r.mu.Unlock()
 		}
 		if perr := r.patchClaimStatus(ctx, pvc, func(s *corev1.PersistentVolumeClaimStatus) {
-			s.Conditions = setClaimResizeCondition(s.Conditions, corev1.PersistentVolumeClaimCondition{
+			s.Conditions = claimresize.MergeConditions(s.Conditions, corev1.PersistentVolumeClaimCondition{
 				Type: corev1.PersistentVolumeClaimNodeResizeError, Status: corev1.ConditionTrue, Message: msg,
 			})
 			if final {
-				setClaimResizeStatus(s, corev1.PersistentVolumeClaimNodeResizeInfeasible)
+				claimresize.SetStatus(s, corev1.PersistentVolumeClaimNodeResizeInfeasible)
 			} else {
-				setClaimResizeStatus(s, corev1.PersistentVolumeClaimNodeResizePending)
+				claimresize.SetStatus(s, corev1.PersistentVolumeClaimNodeResizePending)
 			}
 		}); perr != nil {
 			return perr
@@ -205,8 +207,8 @@ func (r *runtime) expandVolume(ctx context.Context, pvc *corev1.PersistentVolume
 			s.Capacity = corev1.ResourceList{}
 		}
 		s.Capacity[corev1.ResourceStorage] = size
-		s.Conditions = setClaimResizeCondition(s.Conditions)
-		setClaimResizeStatus(s, "")
+		s.Conditions = claimresize.MergeConditions(s.Conditions)
+		claimresize.SetStatus(s, "")
 	}); err != nil {
 		return err
 	}
@@ -224,38 +226,4 @@ func (r *runtime) patchClaimStatus(ctx context.Context, pvc *corev1.PersistentVo
 		return fmt.Errorf("updating the status of PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, err)
 	}
 	return nil
-}
-
-// setClaimResizeCondition drops the resize conditions of old and adds set, as kubelet's
-// MergeResizeConditionsOfPVC does when the node's part ends.
-func setClaimResizeCondition(old []corev1.PersistentVolumeClaimCondition, set ...corev1.PersistentVolumeClaimCondition) []corev1.PersistentVolumeClaimCondition {
-	var out []corev1.PersistentVolumeClaimCondition
-	for _, c := range old {
-		switch c.Type {
-		case corev1.PersistentVolumeClaimResizing, corev1.PersistentVolumeClaimFileSystemResizePending,
-			corev1.PersistentVolumeClaimControllerResizeError, corev1.PersistentVolumeClaimNodeResizeError:
-			continue
-		}
-		out = append(out, c)
-	}
-	for _, c := range set {
-		c.LastTransitionTime = metav1.Now()
-		out = append(out, c)
-	}
-	return out
-}
-
-// setClaimResizeStatus sets allocatedResourceStatuses["storage"], or removes it for "".
-func setClaimResizeStatus(s *corev1.PersistentVolumeClaimStatus, v corev1.ClaimResourceStatus) {
-	if v == "" {
-		delete(s.AllocatedResourceStatuses, corev1.ResourceStorage)
-		if len(s.AllocatedResourceStatuses) == 0 {
-			s.AllocatedResourceStatuses = nil
-		}
-		return
-	}
-	if s.AllocatedResourceStatuses == nil {
-		s.AllocatedResourceStatuses = map[corev1.ResourceName]corev1.ClaimResourceStatus{}
-	}
-	s.AllocatedResourceStatuses[corev1.ResourceStorage] = v
 }

@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/lru"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -22,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/csi/claimresize"
 )
 
 // Event reasons and the PVC condition message of the resizer, as upstream's external-resizer
@@ -128,10 +128,10 @@ func (z *resizer) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 	}
 	if resp.GetNodeExpansionRequired() {
 		if err := z.patchStatus(ctx, &pvc, func(s *corev1.PersistentVolumeClaimStatus) {
-			s.Conditions = mergeResizeConditions(s.Conditions, corev1.PersistentVolumeClaimCondition{
+			s.Conditions = claimresize.MergeConditions(s.Conditions, corev1.PersistentVolumeClaimCondition{
 				Type: corev1.PersistentVolumeClaimFileSystemResizePending, Status: corev1.ConditionTrue, Message: fsResizePendingMessage,
 			})
-			setResizeStatus(s, corev1.PersistentVolumeClaimNodeResizePending)
+			claimresize.SetStatus(s, corev1.PersistentVolumeClaimNodeResizePending)
 		}); err != nil {
 			return reconcile.Result{}, fmt.Errorf("marking PVC %s as node expansion required: %w", req.NamespacedName, err)
 		}
@@ -143,8 +143,8 @@ func (z *resizer) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 			s.Capacity = corev1.ResourceList{}
 		}
 		s.Capacity[corev1.ResourceStorage] = newSize
-		s.Conditions = mergeResizeConditions(s.Conditions)
-		setResizeStatus(s, "")
+		s.Conditions = claimresize.MergeConditions(s.Conditions)
+		claimresize.SetStatus(s, "")
 	}); err != nil {
 		return reconcile.Result{}, fmt.Errorf("marking PVC %s as resized: %w", req.NamespacedName, err)
 	}
@@ -193,8 +193,8 @@ func (z *resizer) markInProgress(ctx context.Context, pvc *corev1.PersistentVolu
 		return nil
 	}
 	err := z.patchStatus(ctx, pvc, func(s *corev1.PersistentVolumeClaimStatus) {
-		s.Conditions = mergeResizeConditions(s.Conditions, corev1.PersistentVolumeClaimCondition{Type: corev1.PersistentVolumeClaimResizing, Status: corev1.ConditionTrue})
-		setResizeStatus(s, corev1.PersistentVolumeClaimControllerResizeInProgress)
+		s.Conditions = claimresize.MergeConditions(s.Conditions, corev1.PersistentVolumeClaimCondition{Type: corev1.PersistentVolumeClaimResizing, Status: corev1.ConditionTrue})
+		claimresize.SetStatus(s, corev1.PersistentVolumeClaimControllerResizeInProgress)
 		if s.AllocatedResources == nil {
 			s.AllocatedResources = corev1.ResourceList{}
 		}
@@ -211,13 +211,13 @@ func (z *resizer) markInProgress(ctx context.Context, pvc *corev1.PersistentVolu
 // claim is not tried again until it changes.
 func (z *resizer) markFailed(ctx context.Context, pvc *corev1.PersistentVolumeClaim, cause error) error {
 	err := z.patchStatus(ctx, pvc, func(s *corev1.PersistentVolumeClaimStatus) {
-		s.Conditions = mergeResizeConditions(s.Conditions, corev1.PersistentVolumeClaimCondition{
+		s.Conditions = claimresize.MergeConditions(s.Conditions, corev1.PersistentVolumeClaimCondition{
 			Type: corev1.PersistentVolumeClaimControllerResizeError, Status: corev1.ConditionTrue,
 			Message: fmt.Sprintf("CSI resizer failed to expand the volume: %s", status.Convert(cause).Message()),
 		})
 		switch status.Code(cause) {
 		case codes.InvalidArgument, codes.OutOfRange, codes.NotFound:
-			setResizeStatus(s, corev1.PersistentVolumeClaimControllerResizeInfeasible)
+			claimresize.SetStatus(s, corev1.PersistentVolumeClaimControllerResizeInfeasible)
 		}
 	})
 	if err != nil {
@@ -254,52 +254,6 @@ func (z *resizer) patchStatus(ctx context.Context, pvc *corev1.PersistentVolumeC
 		return err
 	}
 	return nil
-}
-
-// resizeConditionTypes are the claim conditions the resizers (this one and the kubelet's)
-// own; the others are left as they are.
-var resizeConditionTypes = map[corev1.PersistentVolumeClaimConditionType]bool{
-	corev1.PersistentVolumeClaimResizing:                true,
-	corev1.PersistentVolumeClaimFileSystemResizePending: true,
-	corev1.PersistentVolumeClaimControllerResizeError:   true,
-	corev1.PersistentVolumeClaimNodeResizeError:         true,
-}
-
-// mergeResizeConditions replaces the resize conditions of old with set (none: they are
-// removed), keeping the transition time of one whose status did not change.
-func mergeResizeConditions(old []corev1.PersistentVolumeClaimCondition, set ...corev1.PersistentVolumeClaimCondition) []corev1.PersistentVolumeClaimCondition {
-	var out []corev1.PersistentVolumeClaimCondition
-	for _, c := range old {
-		if !resizeConditionTypes[c.Type] {
-			out = append(out, c)
-		}
-	}
-	now := metav1.Now()
-	for _, c := range set {
-		c.LastTransitionTime = now
-		for _, o := range old {
-			if o.Type == c.Type && o.Status == c.Status && !o.LastTransitionTime.IsZero() {
-				c.LastTransitionTime = o.LastTransitionTime
-			}
-		}
-		out = append(out, c)
-	}
-	return out
-}
-
-// setResizeStatus sets allocatedResourceStatuses["storage"], or removes it for "".
-func setResizeStatus(s *corev1.PersistentVolumeClaimStatus, v corev1.ClaimResourceStatus) {
-	if v == "" {
-		delete(s.AllocatedResourceStatuses, corev1.ResourceStorage)
-		if len(s.AllocatedResourceStatuses) == 0 {
-			s.AllocatedResourceStatuses = nil
-		}
-		return
-	}
-	if s.AllocatedResourceStatuses == nil {
-		s.AllocatedResourceStatuses = map[corev1.ResourceName]corev1.ClaimResourceStatus{}
-	}
-	s.AllocatedResourceStatuses[corev1.ResourceStorage] = v
 }
 
 func hasCondition(pvc *corev1.PersistentVolumeClaim, t corev1.PersistentVolumeClaimConditionType) bool {
