@@ -36,7 +36,9 @@ import (
 // finalizers and status — never create or delete them — Events, and its node Lease.
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools;cstorvolumereplicas,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools/status;cstorvolumereplicas/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumesnapshots,verbs=get
+// It reads snapshots to fill restored replicas, and lists them to find the copies of
+// snapshots that are gone (reconcile_snapshots.go).
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumesnapshots,verbs=get;list
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;create;update,namespace=crdipc-system

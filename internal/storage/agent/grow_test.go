@@ -30,84 +30,15 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // growth the pool has no room for is refused with a message saying so, and nothing shrinks.
 func TestReplicaGrowsWithItsSpec(t *testing.T) {
 	const mi = 1 << 20
-	env := testenv.Get(t)
-	ns := env.Namespace(t)
 	ctx := t.Context()
-	c := env.Client
-	node := "grow-" + ns
-	ca, err := dataca.Ensure(ctx, c, c, install.SystemNamespace)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	pool := &storagev1alpha1.CStorPool{
-		ObjectMeta: metav1.ObjectMeta{Name: "claim-" + node},
-		Spec:       storagev1alpha1.CStorPoolSpec{NodeName: node, Claim: "claim", Capacity: resource.MustParse("1Gi"), Backend: storagev1alpha1.BackendFile},
-	}
-	r := &storagev1alpha1.CStorVolumeReplica{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vol-" + pool.Name},
-		Spec:       storagev1alpha1.CStorVolumeReplicaSpec{Volume: "vol", Pool: pool.Name, NodeName: node, Capacity: resource.MustParse("4Mi")},
-	}
-	for _, o := range []client.Object{pool, r} {
-		if err := c.Create(ctx, o); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		// The agent is stopped by then: release its finalizers so the objects go.
-		bg := context.Background()
-		for _, o := range []client.Object{r, pool} {
-			_ = c.Patch(bg, o, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`)))
-			_ = c.Delete(bg, o)
-		}
-	})
-
-	a, err := New(env.Config, Options{
-		Node: node, Root: t.TempDir(), Resync: 300 * time.Millisecond, DataAddr: "127.0.0.1:0",
-		LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 100 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(actx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	})
-
-	// ready waits until the agent reports r at its current generation with capacity total.
-	ready := func(total string) {
-		t.Helper()
-		wait.Eventually(t, 60*time.Second, "replica Ready with capacity "+total, func(ctx context.Context) (bool, error) {
-			if err := c.Get(ctx, client.ObjectKeyFromObject(r), r); err != nil {
-				return false, err
-			}
-			cond := meta.FindStatusCondition(r.Status.Conditions, conditions.TypeReady)
-			if cond == nil || cond.Status != metav1.ConditionTrue || r.Status.ObservedGeneration != r.Generation ||
-				r.Status.Capacity == nil || r.Status.Capacity.Total.String() != total {
-				return false, fmt.Errorf("generation %d, status %+v", r.Generation, r.Status)
-			}
-			return true, nil
-		})
-	}
+	a := startAgent(t, "grow", "1Gi", "4Mi")
+	c, r, pool := a.c, a.r, a.pool
+	ready := a.ready
 	ready("4Mi")
 	path := r.Status.Location
 
 	// A target's writer session, open across the growth.
-	_, clientTLS, err := dataca.Identity(ca, "test-target")
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := replica.Dial(ctx, r.Status.Endpoint, clientTLS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	session := conn.Replica(storagev1alpha1.ReplicaDataID(r.Namespace, r.Name))
+	session := a.dial(t)
 	if in, err := session.Open(ctx); err != nil || in.Size != 4*mi {
 		t.Fatalf("open: %+v, %v", in, err)
 	}
@@ -170,4 +101,96 @@ func TestReplicaGrowsWithItsSpec(t *testing.T) {
 	if err := session.CloseSession(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// agentAndReplica is a pool agent running on a node of its own with one pool and one
+// replica on it, for the tests of this package that need a real data service.
+type agentAndReplica struct {
+	c    client.Client
+	ca   replica.CA
+	pool *storagev1alpha1.CStorPool
+	r    *storagev1alpha1.CStorVolumeReplica
+	// ready waits until the agent reports r at its current generation with capacity total.
+	ready func(total string)
+}
+
+// startAgent creates a pool of poolSize and a replica of size on node <prefix>-<namespace>
+// and runs an agent for that node, stopped and the objects deleted with the test.
+func startAgent(t *testing.T, prefix, poolSize, size string) *agentAndReplica {
+	t.Helper()
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := t.Context()
+	c := env.Client
+	node := prefix + "-" + ns
+	ca, err := dataca.Ensure(ctx, c, c, install.SystemNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := &storagev1alpha1.CStorPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "claim-" + node},
+		Spec:       storagev1alpha1.CStorPoolSpec{NodeName: node, Claim: "claim", Capacity: resource.MustParse(poolSize), Backend: storagev1alpha1.BackendFile},
+	}
+	r := &storagev1alpha1.CStorVolumeReplica{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vol-" + pool.Name},
+		Spec:       storagev1alpha1.CStorVolumeReplicaSpec{Volume: "vol", Pool: pool.Name, NodeName: node, Capacity: resource.MustParse(size)},
+	}
+	for _, o := range []client.Object{pool, r} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		// The agent is stopped by then: release its finalizers so the objects go.
+		bg := context.Background()
+		for _, o := range []client.Object{r, pool} {
+			_ = c.Patch(bg, o, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`)))
+			_ = c.Delete(bg, o)
+		}
+	})
+	ag, err := New(env.Config, Options{
+		Node: node, Root: t.TempDir(), Resync: 300 * time.Millisecond, DataAddr: "127.0.0.1:0",
+		LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ag.Run(actx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+	return &agentAndReplica{c: c, ca: ca, pool: pool, r: r, ready: func(total string) {
+		t.Helper()
+		wait.Eventually(t, 60*time.Second, "replica Ready with capacity "+total, func(ctx context.Context) (bool, error) {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(r), r); err != nil {
+				return false, err
+			}
+			cond := meta.FindStatusCondition(r.Status.Conditions, conditions.TypeReady)
+			if cond == nil || cond.Status != metav1.ConditionTrue || r.Status.ObservedGeneration != r.Generation ||
+				r.Status.Capacity == nil || r.Status.Capacity.Total.String() != total {
+				return false, fmt.Errorf("generation %d, status %+v", r.Generation, r.Status)
+			}
+			return true, nil
+		})
+	}}
+}
+
+// dial connects to the replica's data service as a target would (closed with the test).
+func (a *agentAndReplica) dial(t *testing.T) *replica.Client {
+	t.Helper()
+	_, clientTLS, err := dataca.Identity(a.ca, "test-target")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := replica.Dial(t.Context(), a.r.Status.Endpoint, clientTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn.Replica(storagev1alpha1.ReplicaDataID(a.r.Namespace, a.r.Name))
 }

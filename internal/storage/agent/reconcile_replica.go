@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/crdipc/crdipc/api/conditions"
@@ -152,6 +153,14 @@ func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVol
 			}
 			// The file is there; whether its data is current is not known yet.
 			return ipc.Result{Reason: conditions.ReasonReconciling, Message: err.Error(), RequeueAfter: rebuildPoll}, nil
+		}
+		// Housekeeping, not the replica's state: a failure is logged and tried at the next
+		// resync.
+		id := storagev1alpha1.ReplicaDataID(r.Namespace, r.Name)
+		if self, err := h.data.client(ctx, h.data.endpoint, id); err == nil {
+			if err := h.dropOrphanSnapshots(ctx, self, r); err != nil && ctx.Err() == nil {
+				log.FromContext(ctx).Error(err, "snapshot copies", "replica", r.Name)
+			}
 		}
 		if ds.noSpace != "" {
 			r.Status.Phase = storagev1alpha1.ReplicaPhaseError

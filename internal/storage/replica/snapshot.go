@@ -78,6 +78,27 @@ func SnapshotFiles(data, name string) (dataFile, metaFile string) {
 	return base + ".data", base + ".snapmeta"
 }
 
+// SnapshotNames lists the snapshots kept beside the replica data file data: the names
+// whose metadata file is there (a snapshot exists iff it is), in no particular order.
+func SnapshotNames(data string) ([]string, error) {
+	dir, base := filepath.Split(data)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("listing the snapshots of %s: %w", data, err)
+	}
+	var names []string
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), base+".snap.")
+		if !ok {
+			continue
+		}
+		if name, ok := strings.CutSuffix(rest, ".snapmeta"); ok && ValidateSnapshotName(name) == nil {
+			names = append(names, name)
+		}
+	}
+	return names, nil
+}
+
 func readSnapMeta(path string) (snapMeta, error) {
 	var m snapMeta
 	data, err := safefile.ReadFile(path)

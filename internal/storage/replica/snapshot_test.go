@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -598,5 +599,34 @@ func TestSnapshotOnAFullFileSystem(t *testing.T) {
 	im.write(ctx, 4<<20, 4096, 2)
 	if err := r.CloseSession(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// SnapshotNames finds the snapshots beside a data file by their metadata file, and nothing
+// else: not the replica's own files, not another replica's snapshots, not a snapshot whose
+// metadata was never written.
+func TestSnapshotNames(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "r1.img")
+	var files []string
+	for _, name := range []string{"a", "b-2"} {
+		d, m := SnapshotFiles(data, name)
+		files = append(files, d, m)
+	}
+	partial, _ := SnapshotFiles(data, "partial")
+	other, otherMeta := SnapshotFiles(filepath.Join(dir, "r10.img"), "c")
+	files = append(files, data, data+".meta", partial, other, otherMeta)
+	for _, f := range files {
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := SnapshotNames(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(got)
+	if !reflect.DeepEqual(got, []string{"a", "b-2"}) {
+		t.Errorf("SnapshotNames = %v, want [a b-2]", got)
 	}
 }
