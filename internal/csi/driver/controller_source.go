@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -83,16 +84,17 @@ func (d *Driver) fillSource(ctx context.Context, name string, src *csi.VolumeCon
 	return snap.Name, nil
 }
 
-// dropCloneSnapshot deletes the snapshot a clone was filled from, once the clone is Ready:
-// its replicas hold the data now. A failure leaves the snapshot (listed, and in the way of
-// deleting the source volume), which a retried CreateVolume deletes again.
-func (d *Driver) dropCloneSnapshot(ctx context.Context, vol *storagev1alpha1.CStorVolume) {
+// dropCloneSnapshot deletes the snapshot a clone was filled from: once the clone is Ready,
+// and when the clone is deleted before it ever was (nothing else would delete it, and it
+// would keep its source volume from being deleted). Other volumes have none.
+func (d *Driver) dropCloneSnapshot(ctx context.Context, vol *storagev1alpha1.CStorVolume) error {
 	if !strings.HasPrefix(vol.Annotations[AnnotationContentSource], "volume:") || vol.Spec.Source == nil {
-		return
+		return nil
 	}
 	if _, err := d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: vol.Spec.Source.Snapshot}); err != nil {
-		d.log.Error(err, "deleting the snapshot a clone was filled from", "volume", vol.Name, "snapshot", vol.Spec.Source.Snapshot)
+		return fmt.Errorf("deleting snapshot %s, which clone %s was filled from: %w", vol.Spec.Source.Snapshot, vol.Name, err)
 	}
+	return nil
 }
 
 // snapshotsOf lists the snapshots of volume vol that are not being deleted.

@@ -4,13 +4,16 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
@@ -84,5 +87,54 @@ func TestCreateVolumeRefusesAnotherRequestsVolume(t *testing.T) {
 				t.Fatalf("CreateVolume: %v, want AlreadyExists with %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// A unit test with the fake client: deleting a clone that never became Ready deletes the
+// snapshot of its source it was being filled from (nothing else would, and it would keep
+// the source from being deleted); a volume restored from a user's snapshot leaves that
+// snapshot alone.
+func TestDeleteVolumeDropsTheCloneSnapshot(t *testing.T) {
+	ns := install.SystemNamespace
+	vol := func(name, source, snap string) *storagev1alpha1.CStorVolume {
+		return &storagev1alpha1.CStorVolume{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: map[string]string{AnnotationName: name, AnnotationContentSource: source}},
+			Spec:       storagev1alpha1.CStorVolumeSpec{Capacity: resource.MustParse("1Gi"), Source: &storagev1alpha1.VolumeSource{Snapshot: snap}},
+		}
+	}
+	snapshot := func(name, of string) *storagev1alpha1.CStorVolumeSnapshot {
+		return &storagev1alpha1.CStorVolumeSnapshot{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec:       storagev1alpha1.CStorVolumeSnapshotSpec{Volume: of},
+		}
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).
+		WithIndex(&storagev1alpha1.CStorVolumeSnapshot{}, storagev1alpha1.FieldVolume, func(o client.Object) []string {
+			return []string{o.(*storagev1alpha1.CStorVolumeSnapshot).Spec.Volume}
+		}).
+		WithObjects(
+			vol("clone", "volume:src", "clone-snap"), snapshot("clone-snap", "src"),
+			vol("restored", "snapshot:users-snap", "users-snap"), snapshot("users-snap", "src"),
+		).Build()
+	d, err := New(Options{Client: c, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, id := range []string{"clone", "restored"} {
+		// The fake client's watch does not report the deletion the call then awaits: it
+		// says Aborted at its deadline, as for a volume whose replicas are still going.
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := d.DeleteVolume(dctx, &csi.DeleteVolumeRequest{VolumeId: id})
+		cancel()
+		if err != nil && status.Code(err) != codes.Aborted {
+			t.Fatalf("DeleteVolume %s: %v", id, err)
+		}
+	}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "clone-snap"}, &storagev1alpha1.CStorVolumeSnapshot{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the clone's snapshot after deleting the clone: %v, want it gone", err)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "users-snap"}, &storagev1alpha1.CStorVolumeSnapshot{}); err != nil {
+		t.Errorf("the user's snapshot after deleting a volume restored from it: %v, want it kept", err)
 	}
 }

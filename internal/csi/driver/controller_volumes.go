@@ -115,7 +115,10 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err := d.awaitReady(ctx, vol); err != nil {
 		return nil, err
 	}
-	d.dropCloneSnapshot(ctx, vol)
+	if err := d.dropCloneSnapshot(ctx, vol); err != nil {
+		// The clone is Ready; a DeleteVolume of it, or its next CreateVolume, tries again.
+		d.log.Error(err, "clone ready")
+	}
 	v, err := csiVolume(vol)
 	if err != nil {
 		return nil, err
@@ -269,6 +272,9 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 		return nil, err
 	} else if len(snaps) > 0 {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s has snapshots (%s): delete them first", vol.Name, strings.Join(snaps, ", "))
+	}
+	if err := d.dropCloneSnapshot(ctx, vol); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "volume %s: %v", vol.Name, err)
 	}
 	if vol.DeletionTimestamp.IsZero() {
 		// The precondition makes the delete fail if a ControllerPublish recorded a node in
