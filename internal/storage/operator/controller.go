@@ -107,6 +107,8 @@ func Register(mgr manager.Manager, o Options) error {
 		{Object: &storagev1alpha1.CStorPool{}, Map: volumes.poolToVolumes, Predicates: []predicate.Predicate{poolChanged}},
 		// A node going NotReady, coming back or being deleted changes its replicas' state.
 		{Object: &corev1.Node{}, Map: volumes.nodeToVolumes, Predicates: []predicate.Predicate{nodeChanged}},
+		// A restored volume is placed once its source snapshot exists and is ready to use.
+		{Object: &storagev1alpha1.CStorVolumeSnapshot{}, Map: volumes.snapshotToVolumes, Predicates: []predicate.Predicate{snapshotChanged}},
 	}
 	return ipc.Register(mgr, &storagev1alpha1.CStorVolume{}, ipc.Handler[*storagev1alpha1.CStorVolume](volumes), vo)
 }
