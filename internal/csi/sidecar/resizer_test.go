@@ -43,15 +43,13 @@ import (
 func TestExpansion(t *testing.T) {
 	env := testenv.Get(t)
 	ctx := context.Background()
-	storagecluster.Start(t, storagecluster.Options{Nodes: 1})
+	cluster := storagecluster.Start(t, storagecluster.Options{Nodes: 1})
 	claim := &storagev1alpha1.StoragePoolClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "resizer"},
 		Spec: storagev1alpha1.StoragePoolClaimSpec{MinPools: 1, Capacity: resource.MustParse("256Mi"), Backend: storagev1alpha1.BackendFile,
 			NodeSelector: map[string]string{simnode.Label: "true"}},
 	}
-	if err := env.Client.Create(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
+	cluster.PoolClaim(t, claim)
 
 	dir, err := os.MkdirTemp("", "csi")
 	if err != nil {
@@ -102,26 +100,20 @@ func TestExpansion(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Registered last, so it runs first, while the sidecar and the storage still run: the
-	// volume, then the pool go, and the next test of the package finds neither.
+	// volume goes, then (PoolClaim's cleanup) the pool, and the next test of the package
+	// finds neither.
 	t.Cleanup(func() {
 		ctx := context.Background()
 		if err := env.Client.Delete(ctx, pvc); client.IgnoreNotFound(err) != nil {
 			t.Errorf("deleting the claim: %v", err)
 		}
-		if err := env.Client.Delete(ctx, claim); client.IgnoreNotFound(err) != nil {
-			t.Errorf("deleting the pool claim: %v", err)
-		}
-		testenv.Eventually(t, 60*time.Second, "the volume and the pool gone", func(ctx context.Context) (bool, error) {
+		testenv.Eventually(t, 60*time.Second, "the volume gone", func(ctx context.Context) (bool, error) {
 			var vols storagev1alpha1.CStorVolumeList
-			var pools storagev1alpha1.CStorPoolList
 			if err := env.Client.List(ctx, &vols, client.InNamespace(install.SystemNamespace)); err != nil {
 				return false, err
 			}
-			if err := env.Client.List(ctx, &pools, client.MatchingFields{storagev1alpha1.FieldClaim: claim.Name}); err != nil {
-				return false, err
-			}
-			if len(vols.Items) != 0 || len(pools.Items) != 0 {
-				return false, fmt.Errorf("%d volumes, %d pools left", len(vols.Items), len(pools.Items))
+			if len(vols.Items) != 0 {
+				return false, fmt.Errorf("%d volumes left", len(vols.Items))
 			}
 			return true, nil
 		})

@@ -76,15 +76,13 @@ next:
 func TestOutOfRangeIsNotRetried(t *testing.T) {
 	env := testenv.Get(t)
 	ctx := context.Background()
-	storagecluster.Start(t, storagecluster.Options{Nodes: 1})
+	cluster := storagecluster.Start(t, storagecluster.Options{Nodes: 1})
 	claim := &storagev1alpha1.StoragePoolClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "sidecar"},
 		Spec: storagev1alpha1.StoragePoolClaimSpec{MinPools: 1, Capacity: resource.MustParse("1Gi"), Backend: storagev1alpha1.BackendFile,
 			NodeSelector: map[string]string{simnode.Label: "true"}},
 	}
-	if err := env.Client.Create(ctx, claim); err != nil {
-		t.Fatal(err)
-	}
+	cluster.PoolClaim(t, claim)
 	testenv.Eventually(t, 30*time.Second, "a healthy pool", func(ctx context.Context) (bool, error) {
 		var pools storagev1alpha1.CStorPoolList
 		if err := env.Client.List(ctx, &pools); err != nil {

@@ -44,15 +44,13 @@ import (
 func TestSnapshotRestoreClone(t *testing.T) {
 	env := testenv.Get(t)
 	ctx := context.Background()
-	storagecluster.Start(t, storagecluster.Options{Nodes: 1})
+	cluster := storagecluster.Start(t, storagecluster.Options{Nodes: 1})
 	pools := &storagev1alpha1.StoragePoolClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "snapshots"},
 		Spec: storagev1alpha1.StoragePoolClaimSpec{MinPools: 1, Capacity: resource.MustParse("256Mi"), Backend: storagev1alpha1.BackendFile,
 			NodeSelector: map[string]string{simnode.Label: "true"}},
 	}
-	if err := env.Client.Create(ctx, pools); err != nil {
-		t.Fatal(err)
-	}
+	cluster.PoolClaim(t, pools)
 
 	dir, err := os.MkdirTemp("", "csi")
 	if err != nil {
@@ -107,8 +105,9 @@ func TestSnapshotRestoreClone(t *testing.T) {
 	t.Cleanup(func() {
 		_ = snaps.SnapshotV1().VolumeSnapshotClasses().Delete(context.Background(), vsc.Name, metav1.DeleteOptions{})
 	})
-	// Registered last, so it runs first, while everything still runs: snapshots, claims,
-	// their volumes and then the pools go, and the next test of the package finds none.
+	// Registered last, so it runs first, while everything still runs: snapshots, claims and
+	// their volumes go, then (PoolClaim's cleanup) the pools, and the next test of the
+	// package finds none.
 	t.Cleanup(func() {
 		ctx := context.Background()
 		if err := snaps.SnapshotV1().VolumeSnapshots(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
@@ -128,19 +127,6 @@ func TestSnapshotRestoreClone(t *testing.T) {
 			}
 			if len(vols.Items) != 0 || len(ss.Items) != 0 {
 				return false, fmt.Errorf("%d volumes, %d snapshots left", len(vols.Items), len(ss.Items))
-			}
-			return true, nil
-		})
-		if err := env.Client.Delete(ctx, pools); client.IgnoreNotFound(err) != nil {
-			t.Errorf("deleting the pool claim: %v", err)
-		}
-		testenv.Eventually(t, 60*time.Second, "the pools gone", func(ctx context.Context) (bool, error) {
-			var l storagev1alpha1.CStorPoolList
-			if err := env.Client.List(ctx, &l, client.MatchingFields{storagev1alpha1.FieldClaim: pools.Name}); err != nil {
-				return false, err
-			}
-			if len(l.Items) != 0 {
-				return false, fmt.Errorf("%d pools left", len(l.Items))
 			}
 			return true, nil
 		})

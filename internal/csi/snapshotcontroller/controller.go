@@ -11,6 +11,7 @@ import (
 	snapinformers "github.com/kubernetes-csi/external-snapshotter/client/v8/informers/externalversions"
 	common "github.com/kubernetes-csi/external-snapshotter/v8/pkg/common-controller"
 	"github.com/kubernetes-csi/external-snapshotter/v8/pkg/metrics"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/informers"
@@ -78,9 +79,17 @@ func Add(mgr manager.Manager, o Options) error {
 	if err != nil {
 		return fmt.Errorf("snapshot controller: %w", err)
 	}
+	// Upstream's operation metrics (snapshot_controller_*), served with the process's own.
+	if err := serve(); err != nil {
+		return fmt.Errorf("snapshot controller: registering its metrics: %w", err)
+	}
 	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		// Made here, not in Add: upstream starts its Event broadcaster in the constructor,
 		// and a controller that never runs (not the leader) must not hold one.
+		mm := metrics.NewMetricsManager()
+		var g prometheus.Gatherer = mm.GetRegistry()
+		running.Store(&g)
+		defer running.CompareAndSwap(&g, nil)
 		sf := snapinformers.NewSharedInformerFactory(snaps, o.Resync)
 		kf := informers.NewSharedInformerFactory(kube, o.Resync)
 		backoff := func() workqueue.TypedRateLimiter[string] {
@@ -95,7 +104,7 @@ func Add(mgr manager.Manager, o Options) error {
 			kf.Core().V1().PersistentVolumeClaims(),
 			kf.Core().V1().PersistentVolumes(),
 			nil, // nodes: distributed snapshotting is off
-			metrics.NewMetricsManager(),
+			mm,
 			o.Resync,
 			backoff(), backoff(), backoff(), backoff(),
 			false, // distributed snapshotting

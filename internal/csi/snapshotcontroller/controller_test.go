@@ -15,10 +15,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/csi/snapshotcontroller"
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/metrics"
 )
 
 func TestMain(m *testing.M) {
@@ -104,6 +106,21 @@ func TestSnapshotBindsToContent(t *testing.T) {
 		}
 		if s.Status == nil || s.Status.ReadyToUse == nil || !*s.Status.ReadyToUse || s.Status.RestoreSize == nil || s.Status.RestoreSize.Cmp(resource.MustParse("64Mi")) != 0 {
 			return false, fmt.Errorf("snapshot status: %+v", s.Status)
+		}
+		return true, nil
+	})
+	// Upstream's operation metrics are served with the process's own: the snapshot's
+	// creation up to ready to use was timed, and nothing of upstream's registry but its
+	// snapshot_controller_ families came along.
+	testenv.Eventually(t, 10*time.Second, "the snapshot's creation timed", func(ctx context.Context) (bool, error) {
+		fams := metrics.Gather(t, ctrlmetrics.Registry)
+		n := fams.Sum("snapshot_controller_operation_total_seconds_count",
+			map[string]string{"driver_name": driver.Name, "operation_name": "CreateSnapshotAndReady", "operation_status": "success"})
+		if n < 1 {
+			return false, fmt.Errorf("snapshot_controller_ families: %s", fams.Format("snapshot_controller_operation_total_seconds"))
+		}
+		if _, ok := fams.Sample("snapshot_controller_operations_in_flight", nil); !ok {
+			return false, errors.New("no snapshot_controller_operations_in_flight")
 		}
 		return true, nil
 	})

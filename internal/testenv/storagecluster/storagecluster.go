@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/simnode"
 	"github.com/crdipc/crdipc/internal/storage/agent"
 	"github.com/crdipc/crdipc/internal/storage/operator"
@@ -94,5 +95,34 @@ func (c *Cluster) WaitLeading(t testing.TB, nodes ...string) {
 			return false, fmt.Errorf("not yet leading: %v", waiting)
 		}
 		return true, nil
+	})
+}
+
+// PoolClaim creates claim and, at the end of the test, deletes it and waits until its pools
+// are gone, while the cluster still runs. Left behind, a pool keeps the status its stopped
+// agent last wrote (Healthy), and the next test's operator may place replicas on it before
+// the new agent finds its data gone and reports it Offline: volumes that never become ready.
+// Cleanups run last first, so a test deletes its volumes in a cleanup registered after this
+// call (a pool is destroyed only once it holds no replicas).
+func (c *Cluster) PoolClaim(t testing.TB, claim *storagev1alpha1.StoragePoolClaim) {
+	t.Helper()
+	env := testenv.Get(t)
+	if err := env.Client.Create(context.Background(), claim); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := env.Client.Delete(context.Background(), claim); client.IgnoreNotFound(err) != nil {
+			t.Errorf("deleting pool claim %s: %v", claim.Name, err)
+		}
+		testenv.Eventually(t, time.Minute, fmt.Sprintf("the pools of claim %s gone", claim.Name), func(ctx context.Context) (bool, error) {
+			var l storagev1alpha1.CStorPoolList
+			if err := env.Client.List(ctx, &l, client.MatchingFields{storagev1alpha1.FieldClaim: claim.Name}); err != nil {
+				return false, err
+			}
+			if len(l.Items) != 0 {
+				return false, fmt.Errorf("%d pools left", len(l.Items))
+			}
+			return true, nil
+		})
 	})
 }
