@@ -22,7 +22,7 @@ const DefaultReplaceAfter = 5 * time.Minute
 // Offline for longer than h.replaceAfter — so that placement puts new ones on other pools,
 // which their agents (or the volume's target) rebuild from a healthy replica. It acts only
 // while another replica is Healthy: replacing the last copies would trade data for empty
-// files. Replicas already being deleted are released if their node is gone and left out of
+// files. Stillborn replicas, which hold no data, are replaced whatever the others' state. Replicas already being deleted are released if their node is gone and left out of
 // the count, so their replacements are placed meanwhile. It returns the replicas that
 // remain and, when a replica is Offline but not lost yet, when to look again.
 func (h *volumeHandler) replaceLost(ctx context.Context, vol *storagev1alpha1.CStorVolume, replicas []storagev1alpha1.CStorVolumeReplica, v placement) ([]storagev1alpha1.CStorVolumeReplica, time.Duration, error) {
@@ -42,6 +42,16 @@ func (h *volumeHandler) replaceLost(ctx context.Context, vol *storagev1alpha1.CS
 			if _, err := releaseAbandoned(ctx, h.c, h.live, r, r.Spec.NodeName); err != nil {
 				return nil, 0, err
 			}
+			continue
+		}
+		if why := stillborn(r, v); why != "" {
+			// Never created, and never will be where it is: it holds no data, so it is
+			// replaced whatever the state of the others.
+			uid := r.UID
+			if err := h.c.Delete(ctx, r, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
+				return nil, 0, fmt.Errorf("replacing replica %s: %w", r.Name, err)
+			}
+			h.log.Info("replacing a replica that was never created", "volume", client.ObjectKeyFromObject(vol), "replica", r.Name, "node", r.Spec.NodeName, "reason", why)
 			continue
 		}
 		if healthy == 0 || replicaPhase(r, v) != storagev1alpha1.ReplicaPhaseOffline {
@@ -69,6 +79,27 @@ func (h *volumeHandler) replaceLost(ctx context.Context, vol *storagev1alpha1.CS
 		}
 	}
 	return kept, again, nil
+}
+
+// stillborn says why replica r, not yet created on its pool (no agent has reported data
+// for it), never will be: its pool is gone, being deleted, Offline or in Error. That
+// happens when a pool's agent finds the pool's data gone only after the operator placed a
+// replica on it, going by the status the pool's previous agent left. "" if it may still be
+// created.
+func stillborn(r *storagev1alpha1.CStorVolumeReplica, v placement) string {
+	if r.Status.Location != "" || (r.Status.Phase != "" && r.Status.Phase != storagev1alpha1.ReplicaPhaseInit) {
+		return ""
+	}
+	p, ok := v.pools[r.Spec.Pool]
+	switch {
+	case !ok:
+		return fmt.Sprintf("pool %s is gone", r.Spec.Pool)
+	case !p.DeletionTimestamp.IsZero():
+		return fmt.Sprintf("pool %s is being deleted", p.Name)
+	case p.Status.Phase == storagev1alpha1.PoolPhaseOffline || p.Status.Phase == storagev1alpha1.PoolPhaseError:
+		return fmt.Sprintf("pool %s is %s", p.Name, p.Status.Phase)
+	}
+	return ""
 }
 
 // lost says whether replica r, Offline, is lost for good: its node was deleted (and no agent

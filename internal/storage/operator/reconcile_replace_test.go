@@ -3,6 +3,8 @@ package operator_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,4 +101,46 @@ func setNodeReady(t *testing.T, c *cluster, node string, s corev1.ConditionStatu
 	if err := c.c.Status().Update(context.Background(), &n); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A replica placed on a pool whose agent then finds the pool's data gone (the pool's status
+// was the one its previous agent left) is never created there; it holds no data, so it is
+// replaced on another pool at once, not left waiting for an agent that will never serve it.
+func TestStillbornReplicaIsReplaced(t *testing.T) {
+	c := newCluster(t)
+	for i := 1; i <= 2; i++ {
+		c.addNode(c.nodeName(i))
+	}
+	c.startAgent(c.nodeName(1))
+	lost := c.startAgent(c.nodeName(2))
+	// A grace no test waits out: only the stillborn rule may replace the replica.
+	c.startOperator(func(o *operator.Options) { o.ReplaceAfter = time.Hour })
+	claim := c.createClaim("stillborn", nil)
+	c.waitPools(claim.Name, 2)
+
+	// node-2's agent stops with its pool Healthy; a volume is placed on both pools.
+	lost.stop()
+	c.createVolume("vol", 2, 4*mib)
+	c.waitVolume("vol", 20*time.Second, "1 of 2 replicas healthy", func(v *storagev1alpha1.CStorVolume, _ *metav1.Condition) bool {
+		return v.Status.ReadyReplicas == 1 && len(v.Status.Replicas) == 2
+	})
+	// Its data gone, node-2's new agent reports the pool Offline; the replica never made
+	// there is deleted, and with no third pool the volume says so.
+	if err := os.RemoveAll(c.agentRoot(c.nodeName(2))); err != nil {
+		t.Fatal(err)
+	}
+	c.startAgent(c.nodeName(2))
+	c.waitVolume("vol", 20*time.Second, "waiting for a pool instead of node-2's agent", func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool {
+		return len(v.Status.Replicas) == 1 && ready != nil && strings.Contains(ready.Message, "1 of 2 replicas placed")
+	})
+	// A third node's pool takes the replacement.
+	c.addNode(c.nodeName(3))
+	c.startAgent(c.nodeName(3))
+	c.waitVolume("vol", 30*time.Second, "Healthy on node-1 and node-3", func(v *storagev1alpha1.CStorVolume, ready *metav1.Condition) bool {
+		nodes := map[string]bool{}
+		for _, r := range v.Status.Replicas {
+			nodes[r.Node] = true
+		}
+		return volumeReady(v, ready) && nodes[c.nodeName(1)] && nodes[c.nodeName(3)]
+	})
 }
