@@ -77,6 +77,31 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki)
 	completed.InformerName = name
 	return runComponent("kube-apiserver", func() error {
 		defer name.Release()
-		return app.Run(ctx, completed)
+		return runAPIServer(ctx, completed)
 	}), nil
+}
+
+// runAPIServer is app.Run, kube-apiserver's command, with crdipc's bootstrap hooks in place
+// of two of the API server's own (replaceBootstrapHooks).
+func runAPIServer(ctx context.Context, opts options.CompletedOptions) error {
+	config, err := app.NewConfig(opts)
+	if err != nil {
+		return err
+	}
+	if err := replaceBootstrapHooks(config.KubeAPIs.ControlPlane.Generic); err != nil {
+		return err
+	}
+	completed, err := config.Complete()
+	if err != nil {
+		return err
+	}
+	server, err := app.CreateServerChain(completed)
+	if err != nil {
+		return err
+	}
+	prepared, err := server.PrepareRun()
+	if err != nil {
+		return err
+	}
+	return prepared.Run(ctx)
 }

@@ -79,15 +79,18 @@ type ControlPlane struct {
 	// URL is the API server's https address.
 	URL string
 
-	dataDir    string
-	pki        pki
-	lock       *os.File
-	cancel     context.CancelFunc
-	listener   *trackingListener
-	components []*component
-	etcd       *etcdServer
-	stopped    chan struct{}
-	once       sync.Once
+	dataDir string
+	pki     pki
+	lock    *os.File
+	cancel  context.CancelFunc
+	// controllers is the controller manager, stopped before the API server (Stop).
+	controllers     *component
+	stopControllers context.CancelFunc
+	listener        *trackingListener
+	components      []*component
+	etcd            *etcdServer
+	stopped         chan struct{}
+	once            sync.Once
 }
 
 // ErrDataDirInUse is returned by Start when another process runs a control
@@ -223,11 +226,14 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 		controllers = DefaultControllers
 	}
 	if len(controllers) > 0 {
-		kcm, err := startControllerManager(runCtx, controllerKubeconfig, cp.pki, controllers)
+		kcmCtx, stopKCM := context.WithCancel(runCtx)
+		kcm, err := startControllerManager(kcmCtx, controllerKubeconfig, cp.pki, controllers)
 		if err != nil {
+			stopKCM()
 			return nil, err
 		}
 		cp.components = append(cp.components, kcm)
+		cp.controllers, cp.stopControllers = kcm, stopKCM
 		done("controllers")
 	}
 	return cp, nil
@@ -257,10 +263,25 @@ func (cp *ControlPlane) DataDir() string { return cp.dataDir }
 // EtcdURL is etcd's client address (https; it admits only a certificate of etcd's CA).
 func (cp *ControlPlane) EtcdURL() string { return cp.etcd.clientURL }
 
+// controllersStopTimeout bounds how long Stop waits for the controller manager before it
+// stops the API server anyway.
+const controllersStopTimeout = 15 * time.Second
+
 // Stop shuts every component down, waits for them and releases the data
 // directory. It is safe to call more than once.
 func (cp *ControlPlane) Stop() error {
 	cp.once.Do(func() {
+		if cp.controllers != nil {
+			// The controllers first, while the API server still answers: a controller that
+			// cannot reach it at a bad moment may end the process (the namespace controller
+			// calls klog.FlushAndExit when its first discovery fails). The controller
+			// manager waits for its controllers to return, up to its shutdown timeout.
+			cp.stopControllers()
+			select {
+			case <-cp.controllers.done:
+			case <-time.After(controllersStopTimeout):
+			}
+		}
 		cp.cancel()
 		// kube-apiserver drains requests before it returns, but waits up to
 		// a minute for open watches; clients of a stopping process would see
@@ -366,8 +387,8 @@ func writeKubeconfig(path, server, ca, cert, key, user string) error {
 // bootstrapHooks are the API server's post-start hooks that write its default objects:
 // the slow part of a first start, and nothing installing CRDs depends on.
 var bootstrapHooks = []string{
-	"poststarthook/rbac/bootstrap-roles",
-	"poststarthook/scheduling/bootstrap-system-priority-classes",
+	"poststarthook/" + hookBootstrapRoles,
+	"poststarthook/" + hookBootstrapPriorityClasses,
 	"poststarthook/priority-and-fairness-config-producer",
 }
 
