@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,13 +24,14 @@ import (
 
 const itSize = 4 << 20
 
-// node is a real replica.Server on 127.0.0.1 serving files under dir; it can be stopped and
-// started again on the same address.
+// node is a real replica.Server on a loopback address of its own serving files under dir;
+// it can be stopped and started again on the same address.
 type node struct {
 	t      *testing.T
 	name   string
 	dir    string
 	ca     replica.CA
+	ip     string // set by the first start
 	addr   string
 	cancel context.CancelFunc
 	done   chan error
@@ -56,9 +58,19 @@ func (n *node) create(id string, size int64) {
 	}
 }
 
+// nodeIPs numbers the nodes' loopback addresses (127.2.0.1, 127.2.0.2, …). A node restarts
+// on the port it had: on 127.0.0.1 an outgoing connection (every client's source address
+// there) may have taken that port as its ephemeral one meanwhile, and the restart failed
+// with "address already in use".
+var nodeIPs atomic.Int32
+
 func (n *node) start() {
 	n.t.Helper()
-	cert, err := n.ca.Issue(n.name, []net.IP{net.ParseIP("127.0.0.1")}, nil)
+	if n.ip == "" {
+		i := nodeIPs.Add(1) - 1
+		n.ip = fmt.Sprintf("127.2.%d.%d", i/254, i%254+1)
+	}
+	cert, err := n.ca.Issue(n.name, []net.IP{net.ParseIP(n.ip)}, nil)
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -76,7 +88,7 @@ func (n *node) start() {
 	n.srv = srv
 	addr := n.addr
 	if addr == "" {
-		addr = "127.0.0.1:0"
+		addr = net.JoinHostPort(n.ip, "0")
 	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
