@@ -27,6 +27,7 @@ import (
 // Names of the benches, as MeasureAll runs them and AllOptions.Skip and All.Skipped name
 // them.
 const (
+	NameUp        = "up"
 	NameFloor     = "floor"
 	NameRoundTrip = "roundtrip"
 	NameWebhook   = "webhook"
@@ -35,10 +36,11 @@ const (
 	NameScale     = "scale"
 )
 
-// Names are the benches in the order MeasureAll runs them: scale last, because it grows a
-// population of up to 100,000 Books and the API server is not the same while and after it
-// deletes them.
-var Names = []string{NameFloor, NameRoundTrip, NameWebhook, NameStorage, NameVolume, NameScale}
+// Names are the benches in the order MeasureAll runs them: up first, while nothing else
+// has run (its starts are CPU-bound and measure the machine with them); scale last,
+// because it grows a population of up to 100,000 Books and the API server is not the same
+// while and after it deletes them.
+var Names = []string{NameUp, NameFloor, NameRoundTrip, NameWebhook, NameStorage, NameVolume, NameScale}
 
 // All is every bench of one run, with when and where it ran. A bench that did not run is
 // nil and named in Skipped.
@@ -55,6 +57,7 @@ type All struct {
 	RoundTrip *RoundTrip `json:"roundTrip,omitempty"`
 	Webhook   *Webhook   `json:"webhook,omitempty"`
 	Storage   *Storage   `json:"storage,omitempty"`
+	Up        *Up        `json:"up,omitempty"`
 	Volume    *Volume    `json:"volume,omitempty"`
 	Scale     *Scale     `json:"scale,omitempty"`
 	// Skipped maps a bench that did not run to why.
@@ -101,6 +104,7 @@ func ThisMachine() Machine {
 
 // AllOptions size every bench of MeasureAll; options left zero are the package defaults.
 type AllOptions struct {
+	Up        UpOptions
 	Floor     FloorOptions
 	RoundTrip RoundTripOptions
 	Webhook   WebhookOptions
@@ -131,7 +135,7 @@ type AllOptions struct {
 // minutes on a 2-core machine, most of it scale growing 100,000 Books and deleting them.
 func DefaultAllOptions() AllOptions {
 	return AllOptions{
-		Floor: DefaultFloorOptions, RoundTrip: DefaultRoundTripOptions, Webhook: DefaultWebhookOptions,
+		Up: DefaultUpOptions, Floor: DefaultFloorOptions, RoundTrip: DefaultRoundTripOptions, Webhook: DefaultWebhookOptions,
 		Storage: DefaultStorageOptions, Volume: DefaultVolumeOptions, Scale: DefaultScaleOptions,
 	}
 }
@@ -141,6 +145,7 @@ func DefaultAllOptions() AllOptions {
 func QuickAllOptions() AllOptions {
 	floor := FloorOptions{Writers: []int{1, 4}, Creates: 100, Samples: 30}
 	o := DefaultAllOptions()
+	o.Up.Starts, o.Up.Warmup = 1, 0
 	o.Floor = floor
 	o.RoundTrip = RoundTripOptions{Floor: floor, Samples: 30, Senders: []int{1, 4}, Calls: 60}
 	o.Webhook = WebhookOptions{Clients: 4, Deliveries: 60, Rate: 100, Samples: 50}
@@ -247,6 +252,12 @@ func MeasureAll(ctx context.Context, cfg *rest.Config, o AllOptions) (*All, erro
 		return nil
 	}
 
+	if err := run(NameUp, func(ctx context.Context) (err error) {
+		a.Up, err = MeasureUp(ctx, o.Up)
+		return err
+	}); err != nil {
+		return nil, err
+	}
 	if err := run(NameFloor, func(ctx context.Context) (err error) {
 		a.Floor, err = MeasureFloor(ctx, cfg, o.Floor)
 		return err

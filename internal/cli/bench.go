@@ -60,7 +60,7 @@ temporary directory and removes it afterwards.`,
 			stopProfile()
 		}
 	}
-	cmd.AddCommand(newBenchFloorCommand(), newBenchRoundTripCommand(), newBenchWebhookCommand(), newBenchStorageCommand(), newBenchVolumeCommand(), newBenchScaleCommand(), newBenchAllCommand(), newBenchPlotCommand())
+	cmd.AddCommand(newBenchFloorCommand(), newBenchRoundTripCommand(), newBenchWebhookCommand(), newBenchStorageCommand(), newBenchVolumeCommand(), newBenchScaleCommand(), newBenchUpCommand(), newBenchAllCommand(), newBenchPlotCommand())
 	return cmd
 }
 

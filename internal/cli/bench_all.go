@@ -31,6 +31,7 @@ func newBenchAllCommand() *cobra.Command {
 table as it finishes, and writes the results of all of them, with the date and
 this machine (CPUs, memory, kernel, Go), as one JSON (--json) for "bench plot":
 
+  up          five starts of crdipc up from a fresh data dir    ~30 s
   floor       the API server alone                              ~10 s
   roundtrip   ipc.Call through the Book receiver                ~30 s
   webhook     the GitHub webhook listener                       ~25 s
@@ -119,6 +120,7 @@ func runBenchAll(cmd *cobra.Command, target *benchTarget, o bench.AllOptions, qu
 			return func() { stopQuietly(stop) }, nil
 		}
 	}
+	o.Up.Progress = func(format string, a ...any) { fmt.Fprintf(errOut, "up: "+format+"\n", a...) }
 	o.Scale.InProcess = embedded
 	o.Scale.Progress = func(format string, a ...any) { fmt.Fprintf(errOut, "scale: "+format+"\n", a...) }
 	o.Progress = func(format string, a ...any) { fmt.Fprintf(errOut, "bench all: "+format+"\n", a...) }
@@ -174,6 +176,8 @@ func startBenchStorage(ctx context.Context, cfg *rest.Config, nodes int, dir str
 
 func printAllSection(out io.Writer, name string, a *bench.All) {
 	switch name {
+	case bench.NameUp:
+		printUp(out, a.Up)
 	case bench.NameFloor:
 		printFloor(out, a.Floor)
 	case bench.NameRoundTrip:

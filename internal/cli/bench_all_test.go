@@ -14,8 +14,9 @@ import (
 	"github.com/crdipc/crdipc/internal/bench"
 )
 
-// TestBenchAll runs `crdipc bench all --quick` without scale and volume (they have tests of
-// their own, and volume needs root), so the whole path — one embedded control plane, each
+// TestBenchAll runs `crdipc bench all --quick` without scale, volume and up (they have tests
+// of their own; volume needs root, and up starts the crdipc binary, which a test binary is
+// not: test/e2e TestBenchUp), so the whole path — one embedded control plane, each
 // bench after the previous one's namespaces are gone, the storage services, one JSON — is
 // exercised; then `crdipc bench plot` draws that JSON. It checks that every figure was
 // measured and every plot drawn, never how fast: this machine may be busy.
@@ -26,7 +27,7 @@ func TestBenchAll(t *testing.T) {
 	var out, stderr bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&stderr)
-	cmd.SetArgs([]string{"all", "--quick", "--skip", "scale,volume", "--json", jsonPath})
+	cmd.SetArgs([]string{"all", "--quick", "--skip", "scale,volume,up", "--json", jsonPath})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	start := time.Now()
@@ -50,8 +51,8 @@ func TestBenchAll(t *testing.T) {
 	if !a.Quick || a.Target != "embedded control plane" {
 		t.Errorf("quick %v, target %q", a.Quick, a.Target)
 	}
-	if len(a.Skipped) != 2 || a.Skipped["scale"] == "" || a.Skipped["volume"] == "" || a.Scale != nil || a.Volume != nil {
-		t.Errorf("skipped %v (scale %v, volume %v): want scale and volume, and nothing of them", a.Skipped, a.Scale, a.Volume)
+	if len(a.Skipped) != 3 || a.Skipped["scale"] == "" || a.Skipped["volume"] == "" || a.Skipped["up"] == "" || a.Scale != nil || a.Volume != nil || a.Up != nil {
+		t.Errorf("skipped %v (scale %v, volume %v, up %v): want scale, volume and up, and nothing of them", a.Skipped, a.Scale, a.Volume, a.Up)
 	}
 	for _, name := range []string{"floor", "roundtrip", "webhook", "storage"} {
 		if a.Seconds[name] <= 0 {
@@ -105,7 +106,7 @@ func TestBenchAll(t *testing.T) {
 		}
 	}
 	for _, table := range []string{"create→status→watch p50 (ms)", "calls/s, 4 senders", "deliveries/s, 4 clients", "create→Ready p50 (ms)",
-		"skipped scale: skipped on request", "skipped volume: skipped on request", "wrote " + jsonPath} {
+		"skipped scale: skipped on request", "skipped volume: skipped on request", "skipped up: skipped on request", "wrote " + jsonPath} {
 		if !strings.Contains(out.String(), table) {
 			t.Errorf("output lacks %q", table)
 		}
