@@ -141,7 +141,7 @@ func TestBenchAll(t *testing.T) {
 			t.Errorf("%s is %d×%d px", path, b.Dx(), b.Dy())
 		}
 	}
-	for _, name := range []string{"scale-memory.png", "scale-latency.png", "volume.png"} {
+	for _, name := range []string{"up.png", "scale-memory.png", "scale-latency.png", "volume.png"} {
 		if !strings.Contains(out.String(), "skipped "+name+": no ") {
 			t.Errorf("bench plot output does not say %s is skipped:\n%s", name, out.String())
 		}

@@ -19,6 +19,8 @@ func newBenchPlotCommand() *cobra.Command {
 		Long: `plot reads the JSON that "bench all --json" wrote and draws into --out, for
 docs/performance.md:
 
+  up.png             crdipc up's starts, each stacked from its phases, against
+                     the goal
   latency.png        ipc.Call's latency distribution against the floor's
                      create→status→watch; the webhook's and storage's against
                      theirs

@@ -9,6 +9,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 
 	"github.com/crdipc/crdipc/internal/bench"
 )
@@ -549,4 +550,74 @@ func jobName(n string) string {
 		return "random 4 KiB write"
 	}
 	return n
+}
+
+// upStarts draws `crdipc up`'s starts (bench up): one bar per start, stacked from its
+// phases in the order up ran them, its total above it, against the goal.
+func upStarts(a *bench.All) (*figure, string, error) {
+	u := a.Up
+	if u == nil || len(u.Starts) == 0 {
+		return nil, "no up results", nil
+	}
+	var names, phases []string
+	var totals plotter.Values
+	for i, s := range u.Starts {
+		names = append(names, fmt.Sprintf("start %d", i+1))
+		totals = append(totals, s.Seconds)
+		for _, p := range s.Phases {
+			if !slices.Contains(phases, p.Name) {
+				phases = append(phases, p.Name)
+			}
+		}
+	}
+	p := newBarPanel(fmt.Sprintf("crdipc up from a fresh data dir: %d starts, median %.2f s", len(u.Starts), u.MedianSeconds), "seconds", names...)
+	// Phases stacked bottom up; the legend lists them top down, as they appear.
+	const barWidth = 34
+	var below *plotter.BarChart
+	var charts []*plotter.BarChart
+	for i, name := range phases {
+		vs := make(plotter.Values, len(u.Starts))
+		for j, s := range u.Starts {
+			for _, ph := range s.Phases {
+				if ph.Name == name {
+					vs[j] = ph.Ms / 1000
+				}
+			}
+		}
+		b, err := plotter.NewBarChart(vs, vg.Points(barWidth))
+		if err != nil {
+			return nil, "", fmt.Errorf("%s: %w", name, err)
+		}
+		b.Color, b.LineStyle.Width = plotutil.Color(i), 0
+		if below != nil {
+			b.StackOn(below)
+		}
+		below = b
+		charts = append(charts, b)
+		p.Add(b)
+	}
+	for i := len(charts) - 1; i >= 0; i-- {
+		p.Legend.Add(phases[i], charts[i])
+	}
+	xys := make(plotter.XYs, len(totals))
+	texts := make([]string, len(totals))
+	for i, v := range totals {
+		xys[i], texts[i] = plotter.XY{X: float64(i), Y: v}, fmt.Sprintf("%.2f s", v)
+	}
+	l, err := plotter.NewLabels(plotter.XYLabels{XYs: xys, Labels: texts})
+	if err != nil {
+		return nil, "", err
+	}
+	for i := range l.TextStyle {
+		l.TextStyle[i].Font.Size = vg.Points(8)
+		l.TextStyle[i].XAlign = draw.XCenter
+	}
+	l.Offset = vg.Point{Y: vg.Points(4)}
+	p.Add(l)
+	if err := goalLine(p, fmt.Sprintf("goal: ≤ %.1f s", u.GoalSeconds), u.GoalSeconds, -0.5, float64(len(names))-0.5, goalColor); err != nil {
+		return nil, "", err
+	}
+	p.Y.Max = 1.5 * max(u.GoalSeconds, slices.Max(totals))
+	p.Legend.Left = false
+	return &figure{panels: []*gplot.Plot{p}}, "", nil
 }

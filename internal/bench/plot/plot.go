@@ -19,7 +19,7 @@ import (
 )
 
 // Files are the figures Draw makes, in order.
-var Files = []string{"latency.png", "throughput.png", "scale-memory.png", "scale-latency.png", "volume.png"}
+var Files = []string{"up.png", "latency.png", "throughput.png", "scale-memory.png", "scale-latency.png", "volume.png"}
 
 // Result is what Draw did with one figure: wrote it to Path, or skipped it for Skipped.
 type Result struct {
@@ -46,6 +46,7 @@ const (
 // temporary file that is renamed over its name.
 func Draw(a *bench.All, dir string) ([]Result, error) {
 	draws := map[string]func(*bench.All) (*figure, string, error){
+		"up.png":            upStarts,
 		"latency.png":       latency,
 		"throughput.png":    throughput,
 		"scale-memory.png":  scaleMemory,

@@ -55,7 +55,7 @@ func TestDraw(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	panels := map[string]int{"latency.png": 3, "throughput.png": 2, "scale-memory.png": 2, "scale-latency.png": 2, "volume.png": 2}
+	panels := map[string]int{"up.png": 1, "latency.png": 3, "throughput.png": 2, "scale-memory.png": 2, "scale-latency.png": 2, "volume.png": 2}
 	if len(results) != len(Files) {
 		t.Fatalf("results %+v, want one per file of %v", results, Files)
 	}
@@ -86,7 +86,7 @@ func TestDraw(t *testing.T) {
 // TestDrawSkips: a figure whose data is absent is skipped with the reason, the others drawn.
 func TestDrawSkips(t *testing.T) {
 	a := readFixture(t)
-	a.RoundTrip, a.Webhook, a.Storage, a.Scale, a.Volume = nil, nil, nil, nil, nil
+	a.Up, a.RoundTrip, a.Webhook, a.Storage, a.Scale, a.Volume = nil, nil, nil, nil, nil, nil
 	dir := t.TempDir()
 	results, err := Draw(a, dir)
 	if err != nil {
