@@ -55,7 +55,8 @@ type cluster struct {
 	ns     string
 	mu     sync.Mutex
 	agents map[string]*proc
-	op     *proc
+	// ops are every operator started, each stopped at cleanup: a test may run two at once.
+	ops []*proc
 }
 
 // proc is a running agent or operator; stop cancels it (a kill) and waits until it is gone.
@@ -164,7 +165,7 @@ func (c *cluster) startOperator(opts ...func(*operator.Options)) *proc {
 		}
 	}()
 	c.mu.Lock()
-	c.op = p
+	c.ops = append(c.ops, p)
 	c.mu.Unlock()
 	return p
 }
@@ -177,10 +178,7 @@ func (c *cluster) newManager(cfg *rest.Config) manager.Manager {
 // cleanup stops every process and removes every storage object, finalizers and all.
 func (c *cluster) cleanup() {
 	c.mu.Lock()
-	procs := []*proc{}
-	if c.op != nil {
-		procs = append(procs, c.op)
-	}
+	procs := append([]*proc{}, c.ops...)
 	for _, p := range c.agents {
 		procs = append(procs, p)
 	}

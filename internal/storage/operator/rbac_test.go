@@ -39,7 +39,7 @@ func TestWithShippedRBAC(t *testing.T) {
 		}
 	}()
 	c.mu.Lock()
-	c.op = p
+	c.ops = append(c.ops, p)
 	c.mu.Unlock()
 
 	for i := 1; i <= 2; i++ {
