@@ -941,5 +941,49 @@ func (w *world) testSanity(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	w.waitDeletionsSettled(t)
 	sanity.Test(t, cfg)
+}
+
+// waitDeletionsSettled waits until no claim, PV or volume of the earlier subtests is still
+// on its way out. Sanity's ListVolumes specs count the driver's volumes before and after
+// creating one; a volume the sidecar deletes in between (a claim deleted at the end of an
+// earlier subtest, its volume waiting for its snapshots to go first) made the count come
+// out one short.
+func (w *world) waitDeletionsSettled(t *testing.T) {
+	t.Helper()
+	testenv.Eventually(t, 2*time.Minute, "earlier subtests' deletions done", func(ctx context.Context) (bool, error) {
+		var pending []string
+		var claims corev1.PersistentVolumeClaimList
+		if err := w.c.List(ctx, &claims); err != nil {
+			return false, err
+		}
+		for _, c := range claims.Items {
+			if !c.DeletionTimestamp.IsZero() {
+				pending = append(pending, "claim "+c.Namespace+"/"+c.Name)
+			}
+		}
+		var pvs corev1.PersistentVolumeList
+		if err := w.c.List(ctx, &pvs); err != nil {
+			return false, err
+		}
+		for _, pv := range pvs.Items {
+			if !pv.DeletionTimestamp.IsZero() || pv.Status.Phase == corev1.VolumeReleased && pv.Spec.PersistentVolumeReclaimPolicy == corev1.PersistentVolumeReclaimDelete {
+				pending = append(pending, "PV "+pv.Name)
+			}
+		}
+		var vols storagev1alpha1.CStorVolumeList
+		if err := w.c.List(ctx, &vols, client.InNamespace(install.SystemNamespace)); err != nil {
+			return false, err
+		}
+		for _, v := range vols.Items {
+			if !v.DeletionTimestamp.IsZero() {
+				pending = append(pending, "volume "+v.Name)
+			}
+		}
+		if len(pending) > 0 {
+			return false, fmt.Errorf("still being deleted: %s", strings.Join(pending, ", "))
+		}
+		return true, nil
+	})
 }
