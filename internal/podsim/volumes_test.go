@@ -72,7 +72,7 @@ func TestPodVolumes(t *testing.T) {
 	// unmounts through them.
 	t.Cleanup(nodes.Stop)
 
-	storagecluster.Start(t, storagecluster.Options{Nodes: 2})
+	cluster := storagecluster.Start(t, storagecluster.Options{Nodes: 2})
 	sidecarMgr := testenv.NewManager(t, env.Config)
 	if err := sidecar.Add(sidecarMgr, sidecar.Options{DriverEndpoint: endpoint, DriverName: driver.Name, CallTimeout: 10 * time.Second, BackoffBase: 200 * time.Millisecond, BackoffMax: 2 * time.Second}); err != nil {
 		t.Fatal(err)
@@ -93,17 +93,35 @@ func TestPodVolumes(t *testing.T) {
 	}
 	stopKubelet := testenv.Start(t, "kubelet", podMgr.Start)
 
-	if err := c.Create(ctx, &storagev1alpha1.StoragePoolClaim{
+	cluster.PoolClaim(t, &storagev1alpha1.StoragePoolClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "podsim-volumes"},
 		Spec: storagev1alpha1.StoragePoolClaimSpec{
 			MinPools: 1, Capacity: resource.MustParse("1Gi"), Backend: storagev1alpha1.BackendFile,
 			NodeSelector: map[string]string{simnode.Label: "true"},
 		},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
+	// Runs before PoolClaim's cleanup, while the sidecar and storage still run: the pods go
+	// (at once: the test stops the kubelet once their volumes are unstaged), then the
+	// claims, whose volumes the sidecar deletes, so the pools can go and the next run of the
+	// package finds none.
 	t.Cleanup(func() {
-		_ = c.Delete(context.Background(), &storagev1alpha1.StoragePoolClaim{ObjectMeta: metav1.ObjectMeta{Name: "podsim-volumes"}})
+		ctx := context.Background()
+		if err := c.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ns), client.GracePeriodSeconds(0)); err != nil {
+			t.Errorf("deleting the pods: %v", err)
+		}
+		if err := c.DeleteAllOf(ctx, &corev1.PersistentVolumeClaim{}, client.InNamespace(ns)); err != nil {
+			t.Errorf("deleting the claims: %v", err)
+		}
+		testenv.Eventually(t, 2*time.Minute, "the test's volumes gone", func(ctx context.Context) (bool, error) {
+			var vols storagev1alpha1.CStorVolumeList
+			if err := c.List(ctx, &vols, client.InNamespace(install.SystemNamespace)); err != nil {
+				return false, err
+			}
+			if len(vols.Items) != 0 {
+				return false, fmt.Errorf("%d volumes left", len(vols.Items))
+			}
+			return true, nil
+		})
 	})
 	if err := c.Create(ctx, &storagev1.StorageClass{
 		ObjectMeta:    metav1.ObjectMeta{Name: "podsim-volumes"},
