@@ -13,7 +13,7 @@ import (
 )
 
 func newBenchUpCommand() *cobra.Command {
-	var target benchTarget
+	var target benchTarget // its JSON output only: bench up measures no cluster
 	o := bench.DefaultUpOptions
 	cmd := &cobra.Command{
 		Use:   "up [-- up flags]",
@@ -28,11 +28,8 @@ It prints each start's phases as up reports them (certificates, etcd, the API
 server serving, the CRDs, readiness, the services) and the median of the
 starts (goal: 2.5 s). Flags after -- are passed to up (e.g. -- --nodes 1).
 Nothing else should run meanwhile: the start is CPU-bound, and other work on
-the machine is measured with it. --kubeconfig does not apply.`,
+the machine is measured with it.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if target.kubeconfig != "" {
-				return fmt.Errorf("bench up starts its own up processes; --kubeconfig does not apply")
-			}
 			o.Args = args
 			errOut := cmd.ErrOrStderr()
 			o.Progress = func(format string, a ...any) { fmt.Fprintf(errOut, "bench up: "+format+"\n", a...) }
@@ -44,7 +41,7 @@ the machine is measured with it. --kubeconfig does not apply.`,
 			return target.writeJSON(cmd.OutOrStdout(), u)
 		},
 	}
-	target.flags(cmd)
+	cmd.Flags().StringVar(&target.jsonPath, "json", "", "also write the results as JSON to this file ('-' for stdout)")
 	cmd.Flags().IntVar(&o.Starts, "starts", o.Starts, "measured starts, each from a fresh data dir")
 	cmd.Flags().IntVar(&o.Warmup, "warmup", o.Warmup, "starts run first and not counted")
 	cmd.Flags().StringVar(&o.Binary, "binary", "", "the crdipc binary to start (default: this one)")

@@ -74,11 +74,11 @@ func ensureRBACPolicy(ctx context.Context, client kubernetes.Interface) error {
 	var g errgroup.Group
 	g.SetLimit(bootstrapWriters)
 	rbac := client.RbacV1()
-	run := func(what string, f func() (any, error)) {
+	run := func(what string, f func() error) {
 		g.Go(func() error {
 			err := retry.OnError(retry.DefaultBackoff, func(err error) bool {
 				return apierrors.IsConflict(err) || apierrors.IsServiceUnavailable(err)
-			}, func() error { _, err := f(); return err })
+			}, f)
 			if err != nil {
 				return fmt.Errorf("reconciling %s: %w", what, err)
 			}
@@ -89,20 +89,20 @@ func ensureRBACPolicy(ctx context.Context, client kubernetes.Interface) error {
 		opts := reconciliation.ReconcileRoleOptions{
 			Role: reconciliation.ClusterRoleRuleOwner{ClusterRole: &r}, Client: reconciliation.ClusterRoleModifier{Client: rbac.ClusterRoles()}, Confirm: true,
 		}
-		run("clusterrole "+r.Name, func() (any, error) { return opts.Run() })
+		run("clusterrole "+r.Name, func() error { _, err := opts.Run(); return err })
 	}
 	for _, b := range append(bootstrappolicy.ClusterRoleBindings(), bootstrappolicy.ControllerRoleBindings()...) {
 		opts := reconciliation.ReconcileRoleBindingOptions{
 			RoleBinding: reconciliation.ClusterRoleBindingAdapter{ClusterRoleBinding: &b}, Client: reconciliation.ClusterRoleBindingClientAdapter{Client: rbac.ClusterRoleBindings()}, Confirm: true,
 		}
-		run("clusterrolebinding "+b.Name, func() (any, error) { return opts.Run() })
+		run("clusterrolebinding "+b.Name, func() error { _, err := opts.Run(); return err })
 	}
 	for ns, roles := range bootstrappolicy.NamespaceRoles() {
 		for _, r := range roles {
 			opts := reconciliation.ReconcileRoleOptions{
 				Role: reconciliation.RoleRuleOwner{Role: &r}, Client: reconciliation.RoleModifier{Client: rbac, NamespaceClient: client.CoreV1().Namespaces()}, Confirm: true,
 			}
-			run("role "+ns+"/"+r.Name, func() (any, error) { return opts.Run() })
+			run("role "+ns+"/"+r.Name, func() error { _, err := opts.Run(); return err })
 		}
 	}
 	for ns, bindings := range bootstrappolicy.NamespaceRoleBindings() {
@@ -110,7 +110,7 @@ func ensureRBACPolicy(ctx context.Context, client kubernetes.Interface) error {
 			opts := reconciliation.ReconcileRoleBindingOptions{
 				RoleBinding: reconciliation.RoleBindingAdapter{RoleBinding: &b}, Client: reconciliation.RoleBindingClientAdapter{Client: rbac, NamespaceClient: client.CoreV1().Namespaces()}, Confirm: true,
 			}
-			run("rolebinding "+ns+"/"+b.Name, func() (any, error) { return opts.Run() })
+			run("rolebinding "+ns+"/"+b.Name, func() error { _, err := opts.Run(); return err })
 		}
 	}
 	if err := g.Wait(); err != nil {

@@ -44,36 +44,28 @@ func (h *volumeHandler) replaceLost(ctx context.Context, vol *storagev1alpha1.CS
 			}
 			continue
 		}
-		if why := stillborn(r, v); why != "" {
-			// Never created, and never will be where it is: it holds no data, so it is
-			// replaced whatever the state of the others.
-			uid := r.UID
-			if err := h.c.Delete(ctx, r, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
-				return nil, 0, fmt.Errorf("replacing replica %s: %w", r.Name, err)
+		// A stillborn replica holds no data: it is replaced whatever the others' state.
+		why := stillborn(r, v)
+		if why == "" && healthy > 0 && replicaPhase(r, v) == storagev1alpha1.ReplicaPhaseOffline {
+			lost, wait, reason, err := h.lost(ctx, r, v)
+			if err != nil {
+				return nil, 0, err
 			}
-			h.log.Info("replacing a replica that was never created", "volume", client.ObjectKeyFromObject(vol), "replica", r.Name, "node", r.Spec.NodeName, "reason", why)
-			continue
-		}
-		if healthy == 0 || replicaPhase(r, v) != storagev1alpha1.ReplicaPhaseOffline {
-			kept = append(kept, *r)
-			continue
-		}
-		lost, wait, why, err := h.lost(ctx, r, v)
-		if err != nil {
-			return nil, 0, err
-		}
-		if !lost {
-			kept = append(kept, *r)
-			if wait > 0 && (again == 0 || wait < again) {
+			if lost {
+				why = reason
+			} else if wait > 0 && (again == 0 || wait < again) {
 				again = wait
 			}
+		}
+		if why == "" {
+			kept = append(kept, *r)
 			continue
 		}
 		uid := r.UID
 		if err := h.c.Delete(ctx, r, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
-			return nil, 0, fmt.Errorf("replacing lost replica %s: %w", r.Name, err)
+			return nil, 0, fmt.Errorf("replacing replica %s: %w", r.Name, err)
 		}
-		h.log.Info("replacing a lost replica", "volume", client.ObjectKeyFromObject(vol), "replica", r.Name, "node", r.Spec.NodeName, "reason", why)
+		h.log.Info("replacing a replica", "volume", client.ObjectKeyFromObject(vol), "replica", r.Name, "node", r.Spec.NodeName, "reason", why)
 		if _, err := releaseAbandoned(ctx, h.c, h.live, r, r.Spec.NodeName); err != nil {
 			return nil, 0, err
 		}
