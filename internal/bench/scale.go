@@ -99,6 +99,8 @@ type ScaleMemory struct {
 	// RSSBytes is VmRSS, PeakRSSBytes VmHWM, from /proc/self/status.
 	RSSBytes     uint64 `json:"rssBytes"`
 	PeakRSSBytes uint64 `json:"peakRssBytes"`
+	// RSSFileBytes is the part of RSS that maps files (RssFile): etcd's database, the binary.
+	RSSFileBytes uint64 `json:"rssFileBytes"`
 	// HeapBytes is the live Go heap (HeapAlloc after a GC).
 	HeapBytes uint64 `json:"heapBytes"`
 	// HeapInuseBytes counts the heap's spans in use, fragmentation included; StackBytes
@@ -578,13 +580,13 @@ func readMemory() ScaleMemory {
 	runtime.GC()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	rss, peak := procStatus()
+	rss, peak, file := procStatus()
 	mem := ScaleMemory{
-		RSSBytes: rss, PeakRSSBytes: peak, HeapBytes: m.HeapAlloc, HeapInuseBytes: m.HeapInuse, StackBytes: m.StackInuse,
+		RSSBytes: rss, PeakRSSBytes: peak, RSSFileBytes: file, HeapBytes: m.HeapAlloc, HeapInuseBytes: m.HeapInuse, StackBytes: m.StackInuse,
 		Goroutines: runtime.NumGoroutine(),
 	}
 	debug.FreeOSMemory()
-	mem.ReleasedRSSBytes, _ = procStatus()
+	mem.ReleasedRSSBytes, _, _ = procStatus()
 	return mem
 }
 
@@ -596,11 +598,12 @@ func liveHeap() uint64 {
 	return m.HeapAlloc
 }
 
-// procStatus reads VmRSS and VmHWM (kB) from /proc/self/status; zeros where there is none.
-func procStatus() (rss, peak uint64) {
+// procStatus reads VmRSS, VmHWM and RssFile (kB) from /proc/self/status; zeros where there
+// is none.
+func procStatus() (rss, peak, file uint64) {
 	data, err := os.ReadFile("/proc/self/status")
 	if err != nil {
-		return 0, 0
+		return 0, 0, 0
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
@@ -616,9 +619,11 @@ func procStatus() (rss, peak uint64) {
 			rss = v << 10
 		case "VmHWM:":
 			peak = v << 10
+		case "RssFile:":
+			file = v << 10
 		}
 	}
-	return rss, peak
+	return rss, peak, file
 }
 
 func writeHeapProfile(path string) error {

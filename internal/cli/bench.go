@@ -68,6 +68,8 @@ type benchTarget struct {
 	kubeconfig string
 	jsonPath   string
 	logLevel   uberzap.AtomicLevel
+	// memory is the embedded control plane's process limit, as up's.
+	memory memoryLimit
 }
 
 // quiet silences the in-process services' logs: once the measurement is over, stopping
@@ -77,6 +79,7 @@ func (b *benchTarget) quiet() { b.logLevel.SetLevel(zapcore.FatalLevel) }
 func (b *benchTarget) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&b.kubeconfig, "kubeconfig", "", "measure this cluster instead of an embedded control plane")
 	cmd.Flags().StringVar(&b.jsonPath, "json", "", "also write the results as JSON to this file ('-' for stdout)")
+	b.memory.flag(cmd)
 }
 
 // cluster returns a client config for the cluster to measure and a func
@@ -88,6 +91,10 @@ func (b *benchTarget) cluster(ctx context.Context, out io.Writer) (*rest.Config,
 	if b.kubeconfig != "" {
 		cfg, err := (&services.ClusterFlags{Kubeconfig: b.kubeconfig}).Config()
 		return cfg, func() {}, err
+	}
+	limit, err := b.memory.apply()
+	if err != nil {
+		return nil, nil, err
 	}
 	dir, err := os.MkdirTemp("", "crdipc-bench-")
 	if err != nil {
@@ -103,7 +110,7 @@ func (b *benchTarget) cluster(ctx context.Context, out io.Writer) (*rest.Config,
 		_ = cp.Stop()
 		os.RemoveAll(dir)
 	}
-	fmt.Fprintf(out, "embedded control plane ready in %.2f s\n", time.Since(t).Seconds())
+	fmt.Fprintf(out, "embedded control plane ready in %.2f s (memory limit %s)\n", time.Since(t).Seconds(), limit)
 	return cp.RESTConfig, release, nil
 }
 

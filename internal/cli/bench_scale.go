@@ -102,6 +102,7 @@ func printScale(out io.Writer, s *bench.Scale) {
 	}
 	row(who+" RSS (MiB)", fmt.Sprintf("< %s at %d", mib(float64(s.RSSGoalBytes)), bench.ScaleRSSGoalSize), func(st bench.ScaleStep) string { return mib(float64(st.Memory.RSSBytes)) })
 	row(who+" peak RSS (MiB)", "", func(st bench.ScaleStep) string { return mib(float64(st.Memory.PeakRSSBytes)) })
+	row(who+" RSS of files mapped (MiB)", "", func(st bench.ScaleStep) string { return mib(float64(st.Memory.RSSFileBytes)) })
 	row(who+" RSS, free pages released (MiB)", "", func(st bench.ScaleStep) string { return mib(float64(st.Memory.ReleasedRSSBytes)) })
 	row(who+" heap (MiB)", "", func(st bench.ScaleStep) string { return mib(float64(st.Memory.HeapBytes)) })
 	row(who+" heap in use, stacks (MiB)", "", func(st bench.ScaleStep) string {

@@ -35,10 +35,13 @@ type upOptions struct {
 	consoleAddr string
 	// services and disable pick entries of the service table.
 	services, disable string
+	// memoryLimit is the process's soft memory limit, as applied (memlimit.go).
+	memoryLimit string
 }
 
 func newUpCommand() *cobra.Command {
 	o := upOptions{}
+	var mem memoryLimit
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Run a control plane and every crdipc service in this process",
@@ -98,6 +101,10 @@ Ctrl-C shuts everything down.`,
 			for _, f := range []string{"metrics-addr", "health-addr", "webhook-addr", "webhook-ops-addr", "scm-metrics-addr", "console-addr"} {
 				o.explicit[f] = cmd.Flags().Changed(f)
 			}
+			var err error
+			if o.memoryLimit, err = mem.apply(); err != nil {
+				return err
+			}
 			return runUp(ctx, cmd.OutOrStdout(), o)
 		},
 	}
@@ -113,6 +120,7 @@ Ctrl-C shuts everything down.`,
 	cmd.Flags().StringVar(&o.services, "services", "all", "services to run, comma-separated, from: "+strings.Join(services.Names(), ", ")+"; 'none' runs the control plane alone")
 	cmd.Flags().StringVar(&o.disable, "disable", "", "services not to run, comma-separated (e.g. --disable=nodes,bitcoin-operator)")
 	cmd.Flags().IntVar(&o.port, "port", 0, "API server port on 127.0.0.1 (0: the previous run's port if free, else any free port)")
+	mem.flag(cmd)
 	return cmd
 }
 
@@ -125,6 +133,9 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 		fmt.Fprintf(out, "  %-28s %6.0f ms\n", name, float64(took.Microseconds())/1000)
 	}
 	fmt.Fprintf(out, "crdipc up: data dir %s\n", o.dataDir)
+	if o.memoryLimit != "" && o.memoryLimit != "none" {
+		fmt.Fprintf(out, "  memory limit %s\n", o.memoryLimit)
+	}
 	var ids *upIdentities
 	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: o.dataDir, Port: o.port, Progress: step, CRDs: true,
 		Install: func(ctx context.Context, admin *rest.Config) (err error) {

@@ -82,7 +82,8 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki)
 }
 
 // runAPIServer is app.Run, kube-apiserver's command, with crdipc's bootstrap hooks in place
-// of two of the API server's own (replaceBootstrapHooks).
+// of two of the API server's own (replaceBootstrapHooks), and custom resources decoded with
+// their managedFields trees shared (shareFieldSets).
 func runAPIServer(ctx context.Context, opts options.CompletedOptions) error {
 	config, err := app.NewConfig(opts)
 	if err != nil {
@@ -91,6 +92,8 @@ func runAPIServer(ctx context.Context, opts options.CompletedOptions) error {
 	if err := replaceBootstrapHooks(config.KubeAPIs.ControlPlane.Generic); err != nil {
 		return err
 	}
+	extra := &config.ApiExtensions.ExtraConfig
+	extra.CRDRESTOptionsGetter = shareFieldSets(extra.CRDRESTOptionsGetter, newFieldSets(fieldSetsMaxBytes))
 	completed, err := config.Complete()
 	if err != nil {
 		return err

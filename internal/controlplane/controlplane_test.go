@@ -2,8 +2,11 @@ package controlplane_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crdipc/crdipc/api/conditions"
@@ -163,3 +167,77 @@ func TestRestartKeepsObjects(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// The API server decodes custom resources with their managedFields trees shared between
+// objects (fieldsets.go). Ownership must still be each object's own: taking a field of one
+// Book by force changes who owns it in that Book only, and the other, whose trees were the
+// same copy, still reports a conflict for the same change.
+func TestFieldOwnershipIsPerObject(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	apply := func(name, title string, owner string, opts ...client.ApplyOption) error {
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": libraryv1alpha1.GroupVersion.String(), "kind": "Book",
+			"metadata": map[string]any{"namespace": ns, "name": name},
+			"spec":     map[string]any{"title": title, "author": "Frank Herbert"},
+		}}
+		if owner == "bob" {
+			unstructured.RemoveNestedField(u.Object, "spec", "author")
+		}
+		return env.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), append(opts, client.FieldOwner(owner))...)
+	}
+	for _, name := range []string{"one", "two"} {
+		if err := apply(name, "Dune", "alice"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := apply("one", "Dune Messiah", "bob", client.ForceOwnership); err != nil {
+		t.Fatal(err)
+	}
+	if err := apply("two", "Dune Messiah", "bob"); !apierrors.IsConflict(err) {
+		t.Fatalf("bob's apply of a title alice owns in two: got %v, want a conflict", err)
+	}
+
+	// fields lists, per manager, the spec fields it owns.
+	fields := func(b *libraryv1alpha1.Book) map[string][]string {
+		owned := map[string][]string{}
+		for _, e := range b.ManagedFields {
+			var tree map[string]map[string]any
+			if err := json.Unmarshal(e.FieldsV1.Raw, &tree); err != nil {
+				t.Fatal(err)
+			}
+			for f := range tree["f:spec"] {
+				if f != "." {
+					owned[e.Manager] = append(owned[e.Manager], f)
+				}
+			}
+			sort.Strings(owned[e.Manager])
+		}
+		return owned
+	}
+	want := map[string]map[string][]string{
+		"one": {"alice": {"f:author"}, "bob": {"f:title"}},
+		"two": {"alice": {"f:author", "f:title"}},
+	}
+	// A Get, and a List served from the watch cache: both decode what etcd holds.
+	list := &libraryv1alpha1.BookList{}
+	if err := env.Client.List(ctx, list, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: "0"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range list.Items {
+		if got := fields(&b); !reflect.DeepEqual(got, want[b.Name]) {
+			t.Errorf("listed %s: owners of spec fields %v, want %v", b.Name, got, want[b.Name])
+		}
+		got := &libraryv1alpha1.Book{}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(&b), got); err != nil {
+			t.Fatal(err)
+		}
+		if got := fields(got); !reflect.DeepEqual(got, want[b.Name]) {
+			t.Errorf("got %s: owners of spec fields %v, want %v", b.Name, got, want[b.Name])
+		}
+	}
+	if len(list.Items) != 2 {
+		t.Errorf("listed %d Books, want 2", len(list.Items))
+	}
+}
