@@ -27,7 +27,8 @@ func (m *memoryLimit) flag(cmd *cobra.Command) {
 	m.cmd = cmd
 	cmd.Flags().StringVar(&m.value, "memory-limit", defaultMemoryLimit,
 		"soft limit on this process's Go memory (control plane and services), as a quantity (1536Mi, 4Gi): "+
-			"near it the runtime collects garbage more often, spending CPU to keep RSS down, and never fails for it; 0: none; "+
+			"near it the runtime collects garbage more often, spending CPU to keep RSS down; set below what the process needs, "+
+			"it slows everything down rather than failing; 0: none; "+
 			"GOMEMLIMIT, when set, wins over the default")
 }
 
