@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -67,6 +66,29 @@ type UpStart struct {
 type UpPhase struct {
 	Name string  `json:"name"`
 	Ms   float64 `json:"ms"`
+}
+
+// PhaseNames are the phases of all starts, in the order up ran them.
+func (u *Up) PhaseNames() []string {
+	var names []string
+	for _, s := range u.Starts {
+		for _, p := range s.Phases {
+			if !slices.Contains(names, p.Name) {
+				names = append(names, p.Name)
+			}
+		}
+	}
+	return names
+}
+
+// PhaseMs is how long this start's phase name took; ok is false if it had no such phase.
+func (s UpStart) PhaseMs(name string) (ms float64, ok bool) {
+	for _, p := range s.Phases {
+		if p.Name == name {
+			return p.Ms, true
+		}
+	}
+	return 0, false
 }
 
 // MeasureUp starts `crdipc up` o.Warmup + o.Starts times, each in a fresh temporary
@@ -129,12 +151,14 @@ func startUp(ctx context.Context, o UpOptions) (*UpStart, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 5 * time.Second
-	var out syncBuffer
-	cmd.Stderr = &out
+	// stdout and stderr share one pipe, read by one goroutine: out is read only once that
+	// goroutine is done.
+	var out bytes.Buffer
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
 	}
+	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -216,23 +240,4 @@ func ParseUpOutput(out string) (*UpStart, error) {
 		return nil, errors.New("up never said it was up")
 	}
 	return s, nil
-}
-
-// syncBuffer is a bytes.Buffer two goroutines write (the command's stderr and the reader
-// of its stdout).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

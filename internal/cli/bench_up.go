@@ -3,7 +3,6 @@ package cli
 import (
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -57,22 +56,12 @@ func printUp(out io.Writer, u *bench.Up) {
 		fmt.Fprintf(tw, "#%d\t", i+1)
 	}
 	fmt.Fprintln(tw)
-	var names []string
-	for _, s := range u.Starts {
-		for _, p := range s.Phases {
-			if !slices.Contains(names, p.Name) {
-				names = append(names, p.Name)
-			}
-		}
-	}
-	for _, n := range names {
+	for _, n := range u.PhaseNames() {
 		fmt.Fprintf(tw, "%s\t", n)
 		for _, s := range u.Starts {
 			v := ""
-			for _, p := range s.Phases {
-				if p.Name == n {
-					v = fmt.Sprintf("%.0f", p.Ms)
-				}
+			if ms, ok := s.PhaseMs(n); ok {
+				v = fmt.Sprintf("%.0f", ms)
 			}
 			fmt.Fprintf(tw, "%s\t", v)
 		}

@@ -133,7 +133,7 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 		fmt.Fprintf(out, "  %-28s %6.0f ms\n", name, float64(took.Microseconds())/1000)
 	}
 	fmt.Fprintf(out, "crdipc up: data dir %s\n", o.dataDir)
-	if o.memoryLimit != "" && o.memoryLimit != "none" {
+	if o.memoryLimit != "" {
 		fmt.Fprintf(out, "  memory limit %s\n", o.memoryLimit)
 	}
 	var ids *upIdentities

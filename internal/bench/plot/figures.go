@@ -559,17 +559,13 @@ func upStarts(a *bench.All) (*figure, string, error) {
 	if u == nil || len(u.Starts) == 0 {
 		return nil, "no up results", nil
 	}
-	var names, phases []string
+	var names []string
 	var totals plotter.Values
 	for i, s := range u.Starts {
 		names = append(names, fmt.Sprintf("start %d", i+1))
 		totals = append(totals, s.Seconds)
-		for _, p := range s.Phases {
-			if !slices.Contains(phases, p.Name) {
-				phases = append(phases, p.Name)
-			}
-		}
 	}
+	phases := u.PhaseNames()
 	p := newBarPanel(fmt.Sprintf("crdipc up from a fresh data dir: %d starts, median %.2f s", len(u.Starts), u.MedianSeconds), "seconds", names...)
 	// Phases stacked bottom up; the legend lists them top down, as they appear.
 	const barWidth = 34
@@ -578,11 +574,8 @@ func upStarts(a *bench.All) (*figure, string, error) {
 	for i, name := range phases {
 		vs := make(plotter.Values, len(u.Starts))
 		for j, s := range u.Starts {
-			for _, ph := range s.Phases {
-				if ph.Name == name {
-					vs[j] = ph.Ms / 1000
-				}
-			}
+			ms, _ := s.PhaseMs(name)
+			vs[j] = ms / 1000
 		}
 		b, err := plotter.NewBarChart(vs, vg.Points(barWidth))
 		if err != nil {
