@@ -334,10 +334,17 @@ func TestTTLDeletesOnlyFinishedRequests(t *testing.T) {
 	if err := ipc.Call(callCtx, env.Client, finished, ipc.Ready); err != nil {
 		t.Fatal(err)
 	}
-	observedReady := time.Now()
+	// It became Ready when its condition says, not when Call saw it (a write and a watch
+	// later): the stored time is truncated to the second, so the TTL runs from the end of
+	// that second and may end up to a second late, never early.
+	ready := meta.FindStatusCondition(finished.Status.Conditions, conditions.TypeReady)
+	if ready == nil {
+		t.Fatalf("Call returned without a Ready condition: %+v", finished.Status)
+	}
+	earliest := ready.LastTransitionTime.Add(time.Second + time.Second)
 	testenv.Eventually(t, 20*time.Second, "finished request with a 1 s TTL deleted", gone(t, finished))
-	if since := time.Since(observedReady); since < time.Second {
-		t.Fatalf("finished request deleted %v after it became Ready, before its 1 s TTL", since)
+	if seen := time.Now(); seen.Before(earliest) {
+		t.Fatalf("finished request deleted by %v, before its 1 s TTL ran out at %v (Ready at %v)", seen, earliest, ready.LastTransitionTime)
 	}
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(unfinished), unfinished); err != nil {
 		t.Fatalf("unfinished request with a TTL: %v (it must stay)", err)
