@@ -60,6 +60,14 @@ type Options struct {
 	// Finalizer added when the handler implements Finalizer.
 	// Default: "crdipc.io/<name>".
 	Finalizer string
+	// OwnedEffects says that whatever Handle creates is owned by the request
+	// (an owner reference to it), so that the garbage collector removes it
+	// if the request is deleted before its finalizer is stored. The receiver
+	// then stores a new request's finalizer while Handle runs instead of
+	// before: the first reply waits for one write less. The status is still
+	// written only once the finalizer is stored; if that fails, the
+	// reconcile fails and is retried as any failed write.
+	OwnedEffects bool
 	// TTLAfterFinished deletes finished requests (Ready=True or a terminal
 	// failure) this long after they finished. A request's own
 	// spec.ttlSecondsAfterFinished takes precedence. Zero: never.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -251,5 +252,101 @@ func TestHoldStatus(t *testing.T) {
 	}
 	if c := meta.FindStatusCondition(book.Status.Conditions, conditions.TypeReady); c == nil || c.Reason != conditions.ReasonWaiting {
 		t.Errorf("hold over a current verdict: Ready = %+v, want the Waiting report written", c)
+	}
+}
+
+// gatedPatch is a client whose patches wait until the handler has started (started is
+// closed), or fail with err without reaching the API server.
+type gatedPatch struct {
+	client.Client
+	started <-chan struct{}
+	err     error
+}
+
+func (c gatedPatch) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	select {
+	case <-c.started:
+	case <-time.After(5 * time.Second):
+		return errors.New("the handler did not start while the finalizer was being written")
+	}
+	if c.err != nil {
+		return c.err
+	}
+	return c.Client.Patch(ctx, obj, patch, opts...)
+}
+
+// finalizingHandler signals when Handle starts, and reports whether the request's
+// finalizer was stored by then.
+type finalizingHandler struct {
+	started     chan struct{}
+	finalizer   string
+	live        client.Reader
+	storedFirst []bool
+}
+
+func (h *finalizingHandler) Handle(ctx context.Context, b *libraryv1alpha1.Book) (Result, error) {
+	var stored libraryv1alpha1.Book
+	if err := h.live.Get(ctx, client.ObjectKeyFromObject(b), &stored); err != nil {
+		return Result{}, err
+	}
+	h.storedFirst = append(h.storedFirst, slices.Contains(stored.Finalizers, h.finalizer))
+	close(h.started)
+	return Done("filed"), nil
+}
+
+func (h *finalizingHandler) Finalize(context.Context, *libraryv1alpha1.Book) error { return nil }
+
+// With OwnedEffects the finalizer is written while the handler runs, and the status only
+// once the finalizer is stored: a failed finalizer write fails the reconcile and writes
+// no status.
+func TestOwnedEffectsAddFinalizerAlongside(t *testing.T) {
+	env := testenv.Get(t)
+	ns := env.Namespace(t)
+	ctx := context.Background()
+	const fin = "crdipc.io/owned-test"
+	for _, fail := range []bool{false, true} {
+		name := map[bool]string{false: "finalizer-stored", true: "finalizer-failed"}[fail]
+		book := &libraryv1alpha1.Book{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: libraryv1alpha1.BookSpec{Title: "T", Author: "A"}}
+		if err := env.Client.Create(ctx, book); err != nil {
+			t.Fatal(err)
+		}
+		rv := book.ResourceVersion
+		h := &finalizingHandler{started: make(chan struct{}), finalizer: fin, live: env.Client}
+		c := gatedPatch{Client: env.Client, started: h.started}
+		if fail {
+			c.err = errors.New("http2: client connection lost")
+		}
+		r := &receiver[*libraryv1alpha1.Book]{
+			kind: "Book", typ: reflect.TypeFor[libraryv1alpha1.Book](),
+			c: c, live: env.Client, handler: h, finalizer: h,
+			opts:   Options{Name: "owned-test", Finalizer: fin, OwnedEffects: true},
+			events: &eventWriter{c: env.Client, scheme: scheme.Scheme, controller: "crdipc.io/owned-test", instance: "test"},
+		}
+		req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(book)}
+		_, err := r.reconcile(ctx, req, env.Client)
+		if err := env.Client.Get(ctx, req.NamespacedName, book); err != nil {
+			t.Fatal(err)
+		}
+		if len(h.storedFirst) != 1 || h.storedFirst[0] {
+			t.Errorf("%s: handler calls saw the finalizer stored: %v; want one call, before it was", name, h.storedFirst)
+		}
+		if fail {
+			if err == nil {
+				t.Errorf("%s: reconcile succeeded although the finalizer write failed", name)
+			}
+			if book.ResourceVersion != rv {
+				t.Errorf("%s: written although the finalizer was not: resourceVersion %s → %s, status %+v", name, rv, book.ResourceVersion, book.Status)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: reconcile: %v", name, err)
+		}
+		if !slices.Contains(book.Finalizers, fin) {
+			t.Errorf("%s: finalizers %v, want %s", name, book.Finalizers, fin)
+		}
+		if c := meta.FindStatusCondition(book.Status.Conditions, conditions.TypeReady); c == nil || c.Status != metav1.ConditionTrue {
+			t.Errorf("%s: Ready = %+v, want True", name, c)
+		}
 	}
 }

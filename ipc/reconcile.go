@@ -96,19 +96,28 @@ func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, read
 		r.track(obj.GetUID(), false)
 		return r.finalize(ctx, obj)
 	}
+	// finalized waits for a finalizer write made alongside the handler (OwnedEffects)
+	// and brings its outcome into obj and before.
+	finalized := func(...T) error { return nil }
 	if r.finalizer != nil && !controllerutil.ContainsFinalizer(obj, r.opts.Finalizer) {
-		base := obj.DeepCopyObject().(T)
-		controllerutil.AddFinalizer(obj, r.opts.Finalizer)
-		if err := r.c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		if r.opts.OwnedEffects {
+			finalized = r.addFinalizerAlongside(ctx, obj)
+		} else if err := r.addFinalizer(ctx, obj); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
 	if res, done, err := r.expire(ctx, obj); done {
+		if ferr := finalized(obj); ferr != nil {
+			return reconcile.Result{}, ferr
+		}
 		return res, err
 	}
 
 	before := obj.DeepCopyObject().(T)
 	res, herr := r.handler.Handle(ctx, obj)
+	if err := finalized(obj, before); err != nil {
+		return reconcile.Result{}, err
+	}
 	if herr == nil && !res.Ready && res.HoldStatus > 0 && before.GetObservedGeneration() < before.GetGeneration() {
 		// The handler's progress report is about to be overtaken (see Result.HoldStatus).
 		// Only while the stored status has no verdict on this generation yet: a hold

@@ -10,6 +10,38 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
+// addFinalizer stores the receiver's finalizer on obj before the handler runs, so that
+// nothing the handler does can outlive the request unnoticed.
+func (r *receiver[T]) addFinalizer(ctx context.Context, obj T) error {
+	base := obj.DeepCopyObject().(T)
+	controllerutil.AddFinalizer(obj, r.opts.Finalizer)
+	return r.c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+}
+
+// addFinalizerAlongside starts storing the finalizer on a copy of obj while the handler
+// runs (Options.OwnedEffects). The function it returns waits for that write and, once it
+// succeeded, gives each object passed to it the stored finalizers and resourceVersion, so
+// that the status write that follows is checked against the object as stored.
+func (r *receiver[T]) addFinalizerAlongside(ctx context.Context, obj T) func(...T) error {
+	base := obj.DeepCopyObject().(T)
+	stored := obj.DeepCopyObject().(T)
+	controllerutil.AddFinalizer(stored, r.opts.Finalizer)
+	done := make(chan error, 1)
+	go func() {
+		done <- r.c.Patch(ctx, stored, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
+	}()
+	return func(objs ...T) error {
+		if err := <-done; err != nil {
+			return err
+		}
+		for _, o := range objs {
+			o.SetFinalizers(stored.GetFinalizers())
+			o.SetResourceVersion(stored.GetResourceVersion())
+		}
+		return nil
+	}
+}
+
 // finalize cleans up a request that is being deleted: it calls the handler's Finalize and
 // removes the finalizer once that succeeds. A Deleting(…) answer keeps the finalizer and
 // records why in the status; it is not counted as an error.

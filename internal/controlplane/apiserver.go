@@ -82,16 +82,19 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki)
 }
 
 // runAPIServer is app.Run, kube-apiserver's command, with crdipc's bootstrap hooks in place
-// of two of the API server's own (replaceBootstrapHooks), and custom resources decoded with
-// their managedFields trees shared (shareFieldSets).
+// of two of the API server's own (replaceBootstrapHooks), the built-in APIs' OpenAPI v2
+// document built on first use (deferOpenAPIV2), and custom resources decoded with their
+// managedFields trees shared (shareFieldSets).
 func runAPIServer(ctx context.Context, opts options.CompletedOptions) error {
 	config, err := app.NewConfig(opts)
 	if err != nil {
 		return err
 	}
-	if err := replaceBootstrapHooks(config.KubeAPIs.ControlPlane.Generic); err != nil {
+	kube := config.KubeAPIs.ControlPlane.Generic
+	if err := replaceBootstrapHooks(kube); err != nil {
 		return err
 	}
+	deferOpenAPIV2(kube)
 	extra := &config.ApiExtensions.ExtraConfig
 	extra.CRDRESTOptionsGetter = shareFieldSets(extra.CRDRESTOptionsGetter, newFieldSets(fieldSetsMaxBytes))
 	completed, err := config.Complete()
@@ -100,6 +103,9 @@ func runAPIServer(ctx context.Context, opts options.CompletedOptions) error {
 	}
 	server, err := app.CreateServerChain(completed)
 	if err != nil {
+		return err
+	}
+	if err := installOpenAPI(server.GenericAPIServer.NextDelegate(), kube.OpenAPIConfig, kube.OpenAPIV3Config); err != nil {
 		return err
 	}
 	prepared, err := server.PrepareRun()
