@@ -20,6 +20,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/crdipc/crdipc/config/crd"
 )
 
@@ -64,6 +66,8 @@ func CRDs(ctx context.Context, cfg *rest.Config) ([]string, error) {
 	}
 	api := client.ApiextensionsV1().CustomResourceDefinitions()
 	names := make([]string, 0, len(crds))
+	// One after the other: applied at once they took longer (the same CPU, shared
+	// differently, and the API server's controllers react to each new CRD).
 	for _, c := range crds {
 		c.TypeMeta = metav1.TypeMeta{APIVersion: "apiextensions.k8s.io/v1", Kind: "CustomResourceDefinition"}
 		body, err := json.Marshal(c)
@@ -97,31 +101,38 @@ func CRDs(ctx context.Context, cfg *rest.Config) ([]string, error) {
 //     whole second: every service of up, starting at once, would pay it. Asking here,
 //     without client-go's retry, every 20 ms, takes the moment the caches need instead.
 func waitServed(ctx context.Context, dc discovery.DiscoveryInterface, crds []*apiextensionsv1.CustomResourceDefinition) error {
+	g, ctx := errgroup.WithContext(ctx)
 	for _, c := range crds {
 		for _, v := range c.Spec.Versions {
 			if !v.Served {
 				continue
 			}
-			gv := c.Spec.Group + "/" + v.Name
-			path := "/apis/" + gv + "/" + c.Spec.Names.Plural
-			var last error
-			err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-				list, err := dc.ServerResourcesForGroupVersion(gv)
-				if err != nil {
-					last = err // the group itself is not listed yet
-					return false, nil
-				}
-				if !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == c.Spec.Names.Plural }) {
-					last = fmt.Errorf("discovery does not list %s yet", c.Spec.Names.Plural)
-					return false, nil
-				}
-				last = dc.RESTClient().Get().AbsPath(path).Param("limit", "1").MaxRetries(0).Do(ctx).Error()
-				return last == nil, nil
-			})
-			if err != nil {
-				return fmt.Errorf("waiting until %s is served: %w (last answer: %v)", path, err, last)
-			}
+			g.Go(func() error { return waitVersionServed(ctx, dc, c, v.Name) })
 		}
+	}
+	return g.Wait()
+}
+
+// waitVersionServed waits until discovery lists version of CRD c and it can be listed.
+func waitVersionServed(ctx context.Context, dc discovery.DiscoveryInterface, c *apiextensionsv1.CustomResourceDefinition, version string) error {
+	gv := c.Spec.Group + "/" + version
+	path := "/apis/" + gv + "/" + c.Spec.Names.Plural
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := dc.ServerResourcesForGroupVersion(gv)
+		if err != nil {
+			last = err // the group itself is not listed yet
+			return false, nil
+		}
+		if !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == c.Spec.Names.Plural }) {
+			last = fmt.Errorf("discovery does not list %s yet", c.Spec.Names.Plural)
+			return false, nil
+		}
+		last = dc.RESTClient().Get().AbsPath(path).Param("limit", "1").MaxRetries(0).Do(ctx).Error()
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting until %s is served: %w (last answer: %v)", path, err, last)
 	}
 	return nil
 }
