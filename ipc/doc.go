@@ -48,6 +48,13 @@
 // failures), deletion of finished requests after ttlSecondsAfterFinished, and
 // the Lease heartbeat behind ReceiverReady. Leader election is the manager's.
 //
+// The finalizer is stored before Handle first runs, so that nothing Handle
+// does can outlive a request deleted meanwhile. A handler whose effects are
+// all owned by the request (owner references, which the garbage collector
+// follows) sets Options.OwnedEffects: the finalizer is then stored while
+// Handle runs, and a new request's reply waits for one write less. Either
+// way the status is written only once the finalizer is stored.
+//
 // # Exactly once
 //
 // What happens once per request, and what may happen more than once, across

@@ -87,8 +87,10 @@ func MeasureWebhook(ctx context.Context, cfg *rest.Config, o WebhookOptions) (*W
 		return nil, err
 	}
 	l, err := webhook.New(webhook.Options{Config: cfg, Namespace: ns, Secret: secret,
-		// Every client's delivery is served, none refused as overload.
-		MaxConcurrentRequests: max(o.Clients, webhook.DefaultMaxConcurrentRequests),
+		// Every delivery is served, none refused as overload: the throughput run has Clients
+		// in flight, the paced latency run (open loop) Rate × its latency, so a stall of the
+		// shared machine of up to 10 s there is measured as latency, not failed as a 503.
+		MaxConcurrentRequests: max(o.Clients, int(o.Rate*10), webhook.DefaultMaxConcurrentRequests),
 		Logger:                slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		return nil, err
