@@ -96,14 +96,15 @@ func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, read
 		r.track(obj.GetUID(), false)
 		return r.finalize(ctx, obj)
 	}
-	// finalized waits for a finalizer write made alongside the handler (OwnedEffects)
-	// and brings its outcome into obj and before.
+	// finalized waits for the finalizer write, if one was needed, and brings its outcome
+	// into the objects it is given: before the handler runs, or with OwnedEffects after.
 	finalized := func(...T) error { return nil }
 	if r.finalizer != nil && !controllerutil.ContainsFinalizer(obj, r.opts.Finalizer) {
-		if r.opts.OwnedEffects {
-			finalized = r.addFinalizerAlongside(ctx, obj)
-		} else if err := r.addFinalizer(ctx, obj); err != nil {
-			return reconcile.Result{}, err
+		finalized = r.addFinalizer(ctx, obj)
+		if !r.opts.OwnedEffects {
+			if err := finalized(obj); err != nil {
+				return reconcile.Result{}, err
+			}
 		}
 	}
 	if res, done, err := r.expire(ctx, obj); done {

@@ -2,6 +2,7 @@ package ipc
 
 import (
 	"context"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -10,19 +11,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
-// addFinalizer stores the receiver's finalizer on obj before the handler runs, so that
-// nothing the handler does can outlive the request unnoticed.
-func (r *receiver[T]) addFinalizer(ctx context.Context, obj T) error {
-	base := obj.DeepCopyObject().(T)
-	controllerutil.AddFinalizer(obj, r.opts.Finalizer)
-	return r.c.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
-}
-
-// addFinalizerAlongside starts storing the finalizer on a copy of obj while the handler
-// runs (Options.OwnedEffects). The function it returns waits for that write and, once it
-// succeeded, gives each object passed to it the stored finalizers and resourceVersion, so
-// that the status write that follows is checked against the object as stored.
-func (r *receiver[T]) addFinalizerAlongside(ctx context.Context, obj T) func(...T) error {
+// addFinalizer starts storing the receiver's finalizer on a copy of obj and returns a
+// function that waits for that write. Once it has succeeded, the function gives each
+// object passed to it the stored finalizers and resourceVersion, so that the status write
+// that follows is checked against the object as stored. The write is waited for before
+// the handler runs, so that nothing the handler does can outlive the request unnoticed,
+// or after it (Options.OwnedEffects); the function may be called more than once.
+func (r *receiver[T]) addFinalizer(ctx context.Context, obj T) func(...T) error {
 	base := obj.DeepCopyObject().(T)
 	stored := obj.DeepCopyObject().(T)
 	controllerutil.AddFinalizer(stored, r.opts.Finalizer)
@@ -30,8 +25,9 @@ func (r *receiver[T]) addFinalizerAlongside(ctx context.Context, obj T) func(...
 	go func() {
 		done <- r.c.Patch(ctx, stored, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
 	}()
+	wait := sync.OnceValue(func() error { return <-done })
 	return func(objs ...T) error {
-		if err := <-done; err != nil {
+		if err := wait(); err != nil {
 			return err
 		}
 		for _, o := range objs {

@@ -15,10 +15,10 @@ import (
 
 // deferOpenAPIV2 keeps kube-apiserver (the server of the built-in APIs, in the middle of
 // the chain) from building its OpenAPI v2 document in PrepareRun, before it serves: that
-// walks every built-in route, about half a second of one core while nothing else can
-// run. installOpenAPI then serves the same document, built when first asked for; no
-// client of crdipc's start asks for v2 (kubectl and the admission plugins read v3, the
-// aggregator merges v2 lazily), so the cost leaves the start.
+// walks every built-in route on one core (about 0.1 s of up's start, measured).
+// installOpenAPI then serves the same document, built when first asked for; no client of
+// crdipc's start asks for v2 (kubectl and the admission plugins read v3, the aggregator
+// merges v2 lazily), so the cost leaves the start.
 func deferOpenAPIV2(c *genericapiserver.Config) {
 	c.SkipOpenAPIInstallation = true
 }
