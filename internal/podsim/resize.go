@@ -14,6 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -38,11 +39,15 @@ const (
 )
 
 // addExpander adds the controller that expands mounted claims; pods whose volumes become
-// ready enqueue their claims too (expandLater).
+// ready enqueue their claims too (expandLater). A PV's change enqueues its claim: the
+// resizer grows the PV and then marks the claim NodeResizePending, and the two arrive
+// through different informers, so the claim's event can be handled while the PV in the
+// cache is still the smaller one; the PV's event then looks at the claim again.
 func addExpander(mgr manager.Manager, r *runtime) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("podsim-volume-expander").
 		For(&corev1.PersistentVolumeClaim{}).
+		Watches(&corev1.PersistentVolume{}, handler.EnqueueRequestsFromMapFunc(claimOfVolume)).
 		WatchesRawSource(source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
 			r.mu.Lock()
 			r.claimQueue = q
@@ -53,6 +58,15 @@ func addExpander(mgr manager.Manager, r *runtime) error {
 			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](mountBackoff, maxMountBackoff),
 		}).
 		Complete(reconcile.Func(r.reconcileExpansion))
+}
+
+// claimOfVolume is the claim a PV is bound to.
+func claimOfVolume(_ context.Context, o client.Object) []reconcile.Request {
+	pv, ok := o.(*corev1.PersistentVolume)
+	if !ok || pv.Spec.ClaimRef == nil {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: pv.Spec.ClaimRef.Namespace, Name: pv.Spec.ClaimRef.Name}}}
 }
 
 // expandLater asks for the claims of a pod whose volumes were just set up to be looked at:
