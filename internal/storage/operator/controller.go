@@ -93,7 +93,16 @@ func Register(mgr manager.Manager, o Options) error {
 	if o.ReplaceAfter <= 0 {
 		o.ReplaceAfter = DefaultReplaceAfter
 	}
-	volumes := &volumeHandler{c: mgr.GetClient(), live: mgr.GetAPIReader(), log: mgr.GetLogger().WithName("cstorvolume"), replaceAfter: o.ReplaceAfter}
+	volumes := &volumeHandler{c: mgr.GetClient(), live: mgr.GetAPIReader(), log: mgr.GetLogger().WithName("cstorvolume"), replaceAfter: o.ReplaceAfter, usage: newUsageTracker()}
+	replicaInformer, err := mgr.GetCache().GetInformer(context.Background(), &storagev1alpha1.CStorVolumeReplica{})
+	if err != nil {
+		return fmt.Errorf("replica informer: %w", err)
+	}
+	reg, err := replicaInformer.AddEventHandler(volumes.usage.handler())
+	if err != nil {
+		return fmt.Errorf("replica usage handler: %w", err)
+	}
+	volumes.usage.synced = reg.HasSynced
 	if err := mgr.Add(volumes); err != nil {
 		return err
 	}

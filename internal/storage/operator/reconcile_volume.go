@@ -48,6 +48,8 @@ type volumeHandler struct {
 	// placedAt is when this operator completed a new volume's placement, until the volume
 	// is Ready or settleTime has passed: see holdFor.
 	placedAt map[types.UID]time.Time
+	// usage adds up the cached replicas' capacity per pool (poolUsage); nil: none.
+	usage *usageTracker
 }
 
 // settleTime is how long after placing a new volume's replicas the operator expects
@@ -344,8 +346,15 @@ func (h *volumeHandler) replicas(ctx context.Context, r client.Reader, vol *stor
 // poolUsage is the capacity that replicas take in each pool, from the operator's own
 // records rather than the agents' reports, which lag behind placements.
 func (h *volumeHandler) poolUsage(ctx context.Context) (map[string]int64, error) {
+	if h.usage != nil {
+		if used, ok := h.usage.usage(); ok {
+			return used, nil
+		}
+	}
+	// Until the tracker has the cache's first list: add them up here, reading the cached
+	// replicas in place (nothing here changes them).
 	var all storagev1alpha1.CStorVolumeReplicaList
-	if err := h.c.List(ctx, &all); err != nil {
+	if err := h.c.List(ctx, &all, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing replicas: %w", err)
 	}
 	used := map[string]int64{}
