@@ -46,17 +46,28 @@ type volumeHandler struct {
 	// (a timeout): their next placement reads from the API server.
 	uncertain map[types.UID]bool
 	// placedAt is when this operator completed a new volume's placement, until the volume
-	// is Ready or settleTime has passed: see holdFor.
+	// is Ready or its hold has passed: see holdFor.
 	placedAt map[types.UID]time.Time
+	// recentSettle averages how long recent new volumes took from placement to settled.
+	recentSettle time.Duration
 	// usage adds up the cached replicas' capacity per pool (poolUsage); nil: none.
 	usage *usageTracker
 }
 
 // settleTime is how long after placing a new volume's replicas the operator expects
-// their agents to have reported them, and holds back the volume's first status until
-// then: a volume whose agents answer in time goes from no status to Ready in one write.
-// One whose agents are slower shows "waiting for their node agents" after it.
-const settleTime = time.Second
+// their agents to have reported them at least, and holds back the volume's first status
+// until then: a volume whose agents answer in time goes from no status to Ready in one
+// write. One whose agents are slower shows "waiting for their node agents" after it.
+//
+// The hold follows the agents: it is twice what new volumes recently took to settle
+// (settleWindow), at most maxSettleTime. Under a burst of new volumes the agents work
+// through a backlog; a fixed second expired there and cost each volume a progress status
+// and an Event on its way to Ready. Agents that do not answer at all are shown after at
+// most maxSettleTime.
+const (
+	settleTime    = time.Second
+	maxSettleTime = 5 * time.Second
+)
 
 // placed records that this operator has just completed vol's first placement.
 func (h *volumeHandler) placed(uid types.UID) {
@@ -77,7 +88,7 @@ func (h *volumeHandler) holdFor(uid types.UID) time.Duration {
 	if !ok {
 		return 0
 	}
-	left := settleTime - time.Since(at)
+	left := h.settleWindowLocked() - time.Since(at)
 	if left <= 0 {
 		delete(h.placedAt, uid)
 		return 0
@@ -85,11 +96,21 @@ func (h *volumeHandler) holdFor(uid types.UID) time.Duration {
 	return left
 }
 
+// settleWindowLocked is how long a new volume's first status is held back.
+func (h *volumeHandler) settleWindowLocked() time.Duration {
+	return min(max(settleTime, 2*h.recentSettle), maxSettleTime)
+}
+
 // settled ends a volume's hold: it is Ready, or something is wrong and is reported at once.
 func (h *volumeHandler) settled(uid types.UID) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	delete(h.placedAt, uid)
+	if at, ok := h.placedAt[uid]; ok {
+		// A moving average over the last few volumes: it rises with a backlog and falls
+		// back within a few volumes once the agents keep up.
+		h.recentSettle += (time.Since(at) - h.recentSettle) / 4
+		delete(h.placedAt, uid)
+	}
 }
 
 type expectedReplica struct {
