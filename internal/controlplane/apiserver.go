@@ -12,6 +12,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/kubernetes/cmd/kube-apiserver/app"
 	"k8s.io/kubernetes/cmd/kube-apiserver/app/options"
+
+	"github.com/crdipc/crdipc/config/crd"
 )
 
 // startAPIServer configures kube-apiserver as its command would from flags,
@@ -83,8 +85,9 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki)
 
 // runAPIServer is app.Run, kube-apiserver's command, with crdipc's bootstrap hooks in place
 // of two of the API server's own (replaceBootstrapHooks), the built-in APIs' OpenAPI v2
-// document built on first use (deferOpenAPIV2), and custom resources decoded with their
-// managedFields trees shared (shareFieldSets).
+// document built on first use (deferOpenAPIV2), custom resources decoded with their
+// managedFields trees shared (shareFieldSets), and the selectable fields of crdipc's own
+// kinds indexed in the watch cache (indexSelectableFields).
 func runAPIServer(ctx context.Context, opts options.CompletedOptions) error {
 	config, err := app.NewConfig(opts)
 	if err != nil {
@@ -97,6 +100,11 @@ func runAPIServer(ctx context.Context, opts options.CompletedOptions) error {
 	deferOpenAPIV2(kube)
 	extra := &config.ApiExtensions.ExtraConfig
 	extra.CRDRESTOptionsGetter = shareFieldSets(extra.CRDRESTOptionsGetter, newFieldSets(fieldSetsMaxBytes))
+	crds, err := crd.CRDs()
+	if err != nil {
+		return err
+	}
+	extra.CRDRESTOptionsGetter = indexSelectableFields(extra.CRDRESTOptionsGetter, selectableFieldIndexes(crds))
 	completed, err := config.Complete()
 	if err != nil {
 		return err
