@@ -1,6 +1,7 @@
 package operator
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -18,6 +19,14 @@ func TestHoldFollowsAgents(t *testing.T) {
 		h.placedAt[uid] = time.Now().Add(-ago)
 		h.mu.Unlock()
 	}
+	// settleAll places n volumes that settle after took.
+	settleAll := func(name string, n int, took time.Duration) {
+		for i := range n {
+			uid := types.UID(fmt.Sprintf("%s-%d", name, i))
+			placedAgo(uid, took)
+			h.settled(uid)
+		}
+	}
 	// window is the whole hold a volume placed now gets: what holdFor leaves of it for
 	// one placed a moment ago.
 	window := func() time.Duration {
@@ -31,18 +40,14 @@ func TestHoldFollowsAgents(t *testing.T) {
 	if w := window(); w != settleTime {
 		t.Fatalf("hold with no volume settled yet: %v, want %v", w, settleTime)
 	}
-	for i := range 10 {
-		uid := types.UID(rune('a' + i))
-		placedAgo(uid, 20*time.Millisecond)
-		h.settled(uid)
-	}
+	settleAll("quick", 10, 20*time.Millisecond)
 	if w := window(); w != settleTime {
 		t.Fatalf("hold while agents answer in 20ms: %v, want %v", w, settleTime)
 	}
 
 	// A backlog: volumes settle 0.9 s after placement, within the hold.
 	for i := range 10 {
-		uid := types.UID(rune('k' + i))
+		uid := types.UID(fmt.Sprintf("backlog-%d", i))
 		placedAgo(uid, 900*time.Millisecond)
 		if h.holdFor(uid) <= 0 {
 			t.Fatalf("volume %d placed 0.9 s ago is no longer held", i)
@@ -58,11 +63,7 @@ func TestHoldFollowsAgents(t *testing.T) {
 	}
 
 	// Agents far behind: the hold stops at maxSettleTime.
-	for i := range 20 {
-		uid := types.UID(rune('A' + i))
-		placedAgo(uid, 4*time.Second)
-		h.settled(uid)
-	}
+	settleAll("behind", 20, 4*time.Second)
 	if w := window(); w != maxSettleTime {
 		t.Fatalf("hold after volumes took 4 s: %v, want the most, %v", w, maxSettleTime)
 	}
@@ -72,11 +73,7 @@ func TestHoldFollowsAgents(t *testing.T) {
 	}
 
 	// Caught up again.
-	for i := range 20 {
-		uid := types.UID(rune('a' + i))
-		placedAgo(uid, 20*time.Millisecond)
-		h.settled(uid)
-	}
+	settleAll("caught-up", 20, 20*time.Millisecond)
 	if w := window(); w != settleTime {
 		t.Fatalf("hold once agents answer in 20ms again: %v, want %v", w, settleTime)
 	}
