@@ -35,9 +35,10 @@
 // nodes restart), fewer than CF replicas are complete. A replica records durably which one
 // it rebuilds from (Info.RebuildSource), and each rebuild began from a replica holding every
 // acknowledged write; so when every member answers and all but one are rebuilding from
-// that one, it holds every acknowledged write (nothing could be acknowledged without a
-// second complete replica since the last of those rebuilds began) and is taken as the
-// source. Any other shortfall still fails with ErrNoQuorum.
+// that one, directly or through a chain of rebuilding replicas (r2 from r0, r0 from r1), it
+// holds every acknowledged write (nothing could be acknowledged without a second complete
+// replica since the last of those rebuilds began, and that one's source was the one) and
+// is taken as the source. Any other shortfall still fails with ErrNoQuorum.
 //
 // # Failures
 //

@@ -350,27 +350,34 @@ func (e *Engine) start(ctx context.Context) error {
 
 // soleSource reports whether replica src holds every acknowledged write although fewer than
 // ConsistencyFactor complete replicas are reachable: all, the Info of every member (nil if
-// one did not answer), shows every other member rebuilding from src. Each rebuild began
-// from a replica holding every acknowledged write, and from the start of the last one to
-// begin no other replica was complete, so none but src could count toward an ack since:
-// src held everything then, and nothing was acknowledged after (CF ≥ 2; CF 1 needs no
-// exception). Without this a crash while every other replica rebuilt, followed by restarts
-// that stop their copiers, would leave the volume without a source forever.
+// one did not answer), shows every other member rebuilding, from src or from a member that
+// is itself rebuilding, through a chain of rebuild sources that ends at src. Each rebuild
+// began from a replica that was healthy then (so not rebuilding) and held every
+// acknowledged write; when the last of these rebuilds began, every other member was already
+// rebuilding, so its source was src; from then on no other replica was complete, so none but
+// src could count toward an ack: src held everything then, and nothing was acknowledged after
+// (CF ≥ 2; CF 1 needs no exception). Without this a crash while every other replica rebuilt,
+// followed by restarts that stop their copiers, would leave the volume without a source
+// forever; so would a crash after a replica rejoined from src while another still rebuilt
+// from the first one (r2 from r0, then r0 from r1).
 func soleSource(all map[string]Info, src string) bool {
-	if len(all) == 0 {
+	if _, ok := all[src]; !ok {
 		return false
 	}
-	for id, in := range all {
-		if id == src {
-			continue
-		}
-		_, from, _ := strings.Cut(in.RebuildSource, "/")
-		if !in.Rebuilding || from != src {
-			return false
+	for id := range all {
+		for steps := 0; id != src; steps++ {
+			in := all[id]
+			if !in.Rebuilding || steps == len(all) {
+				return false // complete, or a cycle
+			}
+			_, from, _ := strings.Cut(in.RebuildSource, "/")
+			if _, ok := all[from]; !ok {
+				return false // not a member (a snapshot, say)
+			}
+			id = from
 		}
 	}
-	_, ok := all[src]
-	return ok
+	return true
 }
 
 func (e *Engine) dial(ctx context.Context, m *member) (Replica, error) {
