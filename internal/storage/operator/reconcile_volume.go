@@ -54,16 +54,15 @@ type volumeHandler struct {
 	usage *usageTracker
 }
 
-// settleTime is how long after placing a new volume's replicas the operator expects
-// their agents to have reported them at least, and holds back the volume's first status
-// until then: a volume whose agents answer in time goes from no status to Ready in one
-// write. One whose agents are slower shows "waiting for their node agents" after it.
+// settleTime is the shortest hold of a new volume's first status once its replicas are
+// placed, maxSettleTime the longest: a volume whose agents report in time goes from no
+// status to Ready in one write; one whose agents are slower shows "waiting for their node
+// agents" once the hold is over.
 //
-// The hold follows the agents: it is twice what new volumes recently took to settle
-// (settleWindow), at most maxSettleTime. Under a burst of new volumes the agents work
-// through a backlog; a fixed second expired there and cost each volume a progress status
-// and an Event on its way to Ready. Agents that do not answer at all are shown after at
-// most maxSettleTime.
+// The hold follows the agents: twice what new volumes recently took to settle
+// (settleWindowLocked). Under a burst of new volumes the agents work through a backlog; a
+// fixed second expired there and cost each volume a progress status and an Event on its
+// way to Ready. Agents that do not answer at all show after at most maxSettleTime.
 const (
 	settleTime    = time.Second
 	maxSettleTime = 5 * time.Second
