@@ -85,9 +85,9 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki)
 
 // runAPIServer is app.Run, kube-apiserver's command, with crdipc's bootstrap hooks in place
 // of two of the API server's own (replaceBootstrapHooks), the built-in APIs' OpenAPI v2
-// document built on first use (deferOpenAPIV2), custom resources decoded with their
-// managedFields trees shared (shareFieldSets), and the selectable fields of crdipc's own
-// kinds indexed in the watch cache (indexSelectableFields).
+// document built on first use (deferOpenAPIV2), and custom resources decoded with their
+// managedFields trees shared and the selectable fields of crdipc's own kinds indexed in
+// the watch cache (customResourceStorage).
 func runAPIServer(ctx context.Context, opts options.CompletedOptions) error {
 	config, err := app.NewConfig(opts)
 	if err != nil {
@@ -99,12 +99,11 @@ func runAPIServer(ctx context.Context, opts options.CompletedOptions) error {
 	}
 	deferOpenAPIV2(kube)
 	extra := &config.ApiExtensions.ExtraConfig
-	extra.CRDRESTOptionsGetter = shareFieldSets(extra.CRDRESTOptionsGetter, newFieldSets(fieldSetsMaxBytes))
 	crds, err := crd.CRDs()
 	if err != nil {
 		return err
 	}
-	extra.CRDRESTOptionsGetter = indexSelectableFields(extra.CRDRESTOptionsGetter, selectableFieldIndexes(crds))
+	extra.CRDRESTOptionsGetter = customResourceStorage(extra.CRDRESTOptionsGetter, newFieldSets(fieldSetsMaxBytes), selectableFieldIndexes(crds))
 	completed, err := config.Complete()
 	if err != nil {
 		return err

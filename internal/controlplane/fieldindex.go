@@ -11,25 +11,19 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apiserver/pkg/registry/generic"
 	"k8s.io/apiserver/pkg/storage"
-	"k8s.io/apiserver/pkg/storage/storagebackend"
-	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
 	"k8s.io/client-go/tools/cache"
 )
 
-// indexSelectableFields wraps the RESTOptionsGetter of custom resources so that the API
-// server's watch cache of each kind in fields keeps an index of those fields' values, and a
-// list that selects one value exactly (a field selector spec.volume=v) starts from the
-// objects in that index instead of every object of the kind. Upstream indexes only fields
-// of built-in kinds (a pod's spec.nodeName); for a custom resource the cache evaluates
-// every object's selectable fields (JSONPath) against the selector: the node agent's list
-// of a new replica's peers scanned every replica in the namespace, a cost that grew with
-// the volumes of the cluster. The index only narrows what the cache then filters as
-// before, so what a list returns is unchanged.
-func indexSelectableFields(getter generic.RESTOptionsGetter, fields map[schema.GroupResource][]string) generic.RESTOptionsGetter {
-	return fieldIndexGetter{RESTOptionsGetter: getter, fields: fields}
-}
+// The API server's watch cache keeps an index of each selectable field of crdipc's own
+// kinds (customResourceStorage installs it), so that a list that selects one value exactly
+// (a field selector spec.volume=v) starts from the objects in that index instead of every
+// object of the kind. Upstream indexes only fields of built-in kinds (a pod's
+// spec.nodeName); for a custom resource the cache evaluates every object's selectable
+// fields (JSONPath) against the selector: the node agent's list of a new replica's peers
+// scanned every replica in the namespace, a cost that grew with the volumes of the
+// cluster. The index only narrows what the cache then filters as before, so what a list
+// returns is unchanged.
 
 // selectableFieldIndexes are the selectable fields of the given CRDs by resource: those of
 // CRDs with a single version, whose stored objects are the version the fields' paths
@@ -52,36 +46,16 @@ func selectableFieldIndexes(crds []*apiextensionsv1.CustomResourceDefinition) ma
 	return out
 }
 
-type fieldIndexGetter struct {
-	generic.RESTOptionsGetter
-	fields map[schema.GroupResource][]string
-}
-
-func (g fieldIndexGetter) GetRESTOptions(resource schema.GroupResource, example runtime.Object) (generic.RESTOptions, error) {
-	opts, err := g.RESTOptionsGetter.GetRESTOptions(resource, example)
-	paths := g.fields[resource]
-	if err != nil || len(paths) == 0 || opts.Decorator == nil {
-		return opts, err
+// withFieldIndexes is indexers plus an index of each of paths.
+func withFieldIndexes(indexers *cache.Indexers, paths []string) *cache.Indexers {
+	all := cache.Indexers{}
+	if indexers != nil {
+		maps.Copy(all, *indexers)
 	}
-	decorate := opts.Decorator
-	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string,
-		keyFunc func(runtime.Object) (string, error), newFunc, newListFunc func() runtime.Object,
-		getAttrs storage.AttrFunc, triggers storage.IndexerFuncs, indexers *cache.Indexers,
-	) (storage.Interface, factory.DestroyFunc, error) {
-		all := cache.Indexers{}
-		if indexers != nil {
-			maps.Copy(all, *indexers)
-		}
-		for _, p := range paths {
-			all[storage.FieldIndex(p)] = fieldValueIndex(p)
-		}
-		s, destroy, err := decorate(config, resourcePrefix, keyFunc, newFunc, newListFunc, getAttrs, triggers, &all)
-		if err != nil {
-			return s, destroy, err
-		}
-		return indexedLists{Interface: s, fields: paths}, destroy, nil
+	for _, p := range paths {
+		all[storage.FieldIndex(p)] = fieldValueIndex(p)
 	}
-	return opts, nil
+	return &all
 }
 
 // fieldValueIndex indexes an object by the value at path as the API server's field

@@ -17,7 +17,7 @@ import (
 )
 
 // A list of replicas selected by spec.volume is served from the watch cache's index of that
-// field (indexSelectableFields): it fetches only the replicas of that volume, in any
+// field (customResourceStorage): it fetches only the replicas of that volume, in any
 // namespace, where it used to fetch every replica, and returns exactly what a scan would:
 // that volume's replicas in the namespace asked, following creates and deletes.
 func TestSelectableFieldsAreIndexed(t *testing.T) {

@@ -9,11 +9,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apiserver/pkg/registry/generic"
-	"k8s.io/apiserver/pkg/storage"
-	"k8s.io/apiserver/pkg/storage/storagebackend"
-	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
-	"k8s.io/client-go/tools/cache"
 )
 
 // The API server holds every custom resource in its watch cache as unstructured maps, and
@@ -22,9 +17,9 @@ import (
 // nearly all of it the same tree in every object of a kind (same manager, same fields).
 // Typed objects keep fieldsV1 as raw bytes and are not affected.
 //
-// sharedFieldSets decodes custom resources from etcd as the API server does and then
-// replaces each fieldsV1 tree by an identical one already held, so that one copy serves
-// every object with those fields. The trees are read-only once decoded: whatever changes
+// sharingCodec (installed by customResourceStorage) decodes custom resources from etcd as
+// the API server does and then replaces each fieldsV1 tree by an identical one already
+// held, so that one copy serves every object with those fields. The trees are read-only once decoded: whatever changes
 // an object (an update, a conversion, the field manager) works on a deep copy or builds
 // new maps, as it must anyway, because the watch cache hands the same object to every
 // watcher.
@@ -32,36 +27,6 @@ import (
 // fieldSetsMaxBytes bounds the keys fieldSets holds; the trees under them take about as
 // much again. A kind's few distinct trees take a few KB.
 const fieldSetsMaxBytes = 4 << 20
-
-// shareFieldSets wraps the RESTOptionsGetter of custom resources so that their storage
-// decodes through fieldSets.
-func shareFieldSets(getter generic.RESTOptionsGetter, sets *fieldSets) generic.RESTOptionsGetter {
-	return sharedFieldSetsGetter{RESTOptionsGetter: getter, sets: sets}
-}
-
-type sharedFieldSetsGetter struct {
-	generic.RESTOptionsGetter
-	sets *fieldSets
-}
-
-func (g sharedFieldSetsGetter) GetRESTOptions(resource schema.GroupResource, example runtime.Object) (generic.RESTOptions, error) {
-	opts, err := g.RESTOptionsGetter.GetRESTOptions(resource, example)
-	if err != nil {
-		return opts, err
-	}
-	// The codec is final only when the decorator is called: apiextensions replaces it
-	// (schema coercion, versioning) after this getter returns.
-	decorate := opts.Decorator
-	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string,
-		keyFunc func(runtime.Object) (string, error), newFunc, newListFunc func() runtime.Object,
-		getAttrs storage.AttrFunc, triggers storage.IndexerFuncs, indexers *cache.Indexers,
-	) (storage.Interface, factory.DestroyFunc, error) {
-		c := *config
-		c.Codec = sharingCodec{Codec: config.Codec, sets: g.sets}
-		return decorate(&c, resourcePrefix, keyFunc, newFunc, newListFunc, getAttrs, triggers, indexers)
-	}
-	return opts, nil
-}
 
 // sharingCodec shares the fieldsV1 trees of the unstructured objects it decodes.
 type sharingCodec struct {
