@@ -145,7 +145,7 @@ func startBooks(cfg *rest.Config, ns string) (func(), error) {
 	if err := books.Register(mgr, ipc.Options{Name: "bench-book", MaxConcurrentReconciles: 32, LeaseDuration: -1}); err != nil {
 		return nil, err
 	}
-	stop, err := services.Start(context.Background(), mgr)
+	stop, err := services.Start(context.Background(), "books", mgr)
 	if err != nil {
 		return nil, fmt.Errorf("receiver: %w", err)
 	}

@@ -31,6 +31,7 @@ import (
 
 	"github.com/crdipc/crdipc/api/conditions"
 	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
+	"github.com/crdipc/crdipc/internal/cpushare"
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/services"
 )
@@ -78,9 +79,12 @@ const (
 type Scale struct {
 	InProcess bool `json:"inProcess"`
 	// Baseline is the process before any Book, services idle.
-	Baseline          ScaleMemory `json:"baseline"`
-	BaselineIdleCores float64     `json:"baselineIdleCores"`
-	Steps             []ScaleStep `json:"steps"`
+	Baseline            ScaleMemory        `json:"baseline"`
+	BaselineIdleCores   float64            `json:"baselineIdleCores"`
+	BaselineIdleCoresBy map[string]float64 `json:"baselineIdleCoresByComponent,omitempty"`
+	// IdleByComponentError says why idle CPU could not be divided by component.
+	IdleByComponentError string      `json:"idleByComponentError,omitempty"`
+	Steps                []ScaleStep `json:"steps"`
 	// Goals at the largest size.
 	CacheBytesGoal float64 `json:"cacheBytesGoal"`
 	CacheBytesMet  bool    `json:"cacheBytesMet"`
@@ -126,12 +130,16 @@ type ScaleStep struct {
 	ReadyPerSec     float64 `json:"readyPerSec"`
 	// Memory is the process after the population is Ready; per Book figures are over the
 	// baseline.
-	Memory        ScaleMemory `json:"memory"`
-	RSSPerBook    float64     `json:"rssPerBook"`
-	HeapPerBook   float64     `json:"heapPerBook"`
-	IdleCores     float64     `json:"idleCores"`
-	CacheCopies   int         `json:"cacheCopies"`
-	CacheBytesPer float64     `json:"cacheBytesPerObject"`
+	Memory      ScaleMemory `json:"memory"`
+	RSSPerBook  float64     `json:"rssPerBook"`
+	HeapPerBook float64     `json:"heapPerBook"`
+	IdleCores   float64     `json:"idleCores"`
+	// IdleCoresBy divides IdleCores between the process's components, as the CPU profiler
+	// sampled them (cpushare): etcd, kube-apiserver, kube-controller-manager, the services,
+	// and what carries no component (the Go runtime's garbage collector, bench itself).
+	IdleCoresBy   map[string]float64 `json:"idleCoresByComponent,omitempty"`
+	CacheCopies   int                `json:"cacheCopies"`
+	CacheBytesPer float64            `json:"cacheBytesPerObject"`
 	// CacheFixedBytes is what one cache costs with no object in it.
 	CacheFixedBytes float64 `json:"cacheFixedBytes"`
 	CacheSyncMs     float64 `json:"cacheSyncMs"`
@@ -163,7 +171,7 @@ func StartBooksService(ctx context.Context, cfg *rest.Config) (stop func(), err 
 	if err != nil {
 		return nil, err
 	}
-	stop, err = services.Start(ctx, mgr)
+	stop, err = services.Start(ctx, e.Name, mgr)
 	if err != nil {
 		return nil, fmt.Errorf("books service: %w", err)
 	}
@@ -218,7 +226,7 @@ func MeasureScale(ctx context.Context, cfg *rest.Config, o ScaleOptions) (_ *Sca
 	defer tracker.stop()
 	// The services and the control plane settle before the baseline: what they allocate
 	// while starting is not what they hold.
-	if s.BaselineIdleCores, err = idleCores(ctx, o.IdleWindow); err != nil {
+	if s.BaselineIdleCores, s.BaselineIdleCoresBy, s.IdleByComponentError, err = idleCPU(ctx, o.IdleWindow); err != nil {
 		return nil, err
 	}
 	s.Baseline = readMemory()
@@ -260,7 +268,7 @@ func MeasureScale(ctx context.Context, cfg *rest.Config, o ScaleOptions) (_ *Sca
 			}
 		}
 		say("%d Books Ready; sampling idle CPU for %s", n, o.IdleWindow)
-		if step.IdleCores, err = idleCores(ctx, o.IdleWindow); err != nil {
+		if step.IdleCores, step.IdleCoresBy, s.IdleByComponentError, err = idleCPU(ctx, o.IdleWindow); err != nil {
 			return nil, err
 		}
 		say("building fresh caches of %d Books", n)
@@ -638,8 +646,10 @@ func writeHeapProfile(path string) error {
 	return f.Close()
 }
 
-// idleCores is the CPU time this process used during d, in cores.
-func idleCores(ctx context.Context, d time.Duration) (float64, error) {
+// idleCPU is the CPU time this process used during d, in cores, and how it divides between
+// the components running in it (cpushare). The division needs the CPU profiler: while
+// another profile runs (bench --cpu-profile) it is nil and byErr says why.
+func idleCPU(ctx context.Context, d time.Duration) (total float64, by map[string]float64, byErr string, err error) {
 	cpu := func() (time.Duration, error) {
 		var ru syscall.Rusage
 		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
@@ -649,19 +659,26 @@ func idleCores(ctx context.Context, d time.Duration) (float64, error) {
 	}
 	c0, err := cpu()
 	if err != nil {
-		return 0, err
+		return 0, nil, "", err
 	}
 	t0 := time.Now()
-	select {
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	case <-time.After(d):
+	shares, serr := cpushare.Measure(ctx, d)
+	if serr != nil {
+		if ctx.Err() != nil {
+			return 0, nil, "", ctx.Err()
+		}
+		byErr = serr.Error()
+		select {
+		case <-ctx.Done():
+			return 0, nil, "", ctx.Err()
+		case <-time.After(d - time.Since(t0)):
+		}
 	}
 	c1, err := cpu()
 	if err != nil {
-		return 0, err
+		return 0, nil, "", err
 	}
-	return (c1 - c0).Seconds() / time.Since(t0).Seconds(), nil
+	return (c1 - c0).Seconds() / time.Since(t0).Seconds(), shares.Cores, byErr, nil
 }
 
 // measureCache builds caches of Books as the services build theirs (managedFields

@@ -20,6 +20,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/bench"
 	"github.com/crdipc/crdipc/internal/controlplane"
+	"github.com/crdipc/crdipc/internal/cpushare"
 	"github.com/crdipc/crdipc/internal/services"
 )
 
@@ -39,7 +40,7 @@ temporary directory and removes it afterwards.`,
 	}
 	var cpuProfile string
 	var stopProfile func()
-	cmd.PersistentFlags().StringVar(&cpuProfile, "cpu-profile", "", "write a pprof CPU profile of the whole run (control plane included) to this file")
+	cmd.PersistentFlags().StringVar(&cpuProfile, "cpu-profile", "", "write a pprof CPU profile of the whole run (control plane included) to this file; each sample carries the label crdipc.component (etcd, kube-apiserver, kube-controller-manager, a service, bench), to cut it with go tool pprof -tagfocus")
 	cmd.PersistentPreRunE = func(*cobra.Command, []string) error {
 		if cpuProfile == "" {
 			return nil
@@ -238,7 +239,10 @@ func runBench[T any](cmd *cobra.Command, target *benchTarget, measure func(conte
 		return err
 	}
 	defer release()
-	r, err := measure(cmd.Context(), cfg)
+	// The bench's own goroutines (writers, watches, Calls) count as "bench", apart from the
+	// components they measure, which carry labels of their own.
+	var r T
+	cpushare.Do("bench", func() { r, err = measure(cmd.Context(), cfg) })
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/crdipc/crdipc/internal/bench"
+	"github.com/crdipc/crdipc/internal/cpushare"
 )
 
 func newBenchAllCommand() *cobra.Command {
@@ -128,7 +129,8 @@ func runBenchAll(cmd *cobra.Command, target *benchTarget, o bench.AllOptions, qu
 		fmt.Fprintf(out, "\n%s (%.0f s)\n", name, a.Seconds[name])
 		printAllSection(out, name, a)
 	}
-	a, err := bench.MeasureAll(ctx, cfg, o)
+	var a *bench.All
+	cpushare.Do("bench", func() { a, err = bench.MeasureAll(ctx, cfg, o) })
 	if err != nil {
 		return err
 	}

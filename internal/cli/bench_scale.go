@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
 
 	"github.com/crdipc/crdipc/internal/bench"
+	"github.com/crdipc/crdipc/internal/cpushare"
 )
 
 func newBenchScaleCommand() *cobra.Command {
@@ -28,7 +31,12 @@ measures at each size:
                     (goal at the largest size: ≤ 2048 bytes)
   cache sync        how long that cache takes to list and sync
   list              a full List of the Books (median of 3), and one in pages
-  idle CPU          this process's CPU while nothing is asked of it, in cores
+  idle CPU          this process's CPU while nothing is asked of it, in cores,
+                    and its division between the components in the process (etcd,
+                    kube-apiserver, kube-controller-manager, the books service,
+                    bench, and the unlabelled: the Go runtime) from a CPU profile;
+                    "not sampled" is what the profiler missed (each thread is
+                    sampled per 10 ms of its own CPU, so short bursts go unseen)
   ipc.Call          p50/p99 of --calls sequential Calls of a new Book; p50 as a
                     ratio to the first size's (goal: ≤ 1.2)
   RSS, heap         this process (the control plane and the Book receiver, as
@@ -92,6 +100,20 @@ func printScale(out io.Writer, s *bench.Scale) {
 	row("full list (ms)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.0f", st.ListMs) })
 	row(fmt.Sprintf("list in pages of %d (ms)", s.Steps[0].PagedListLimit), "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.0f", st.PagedListMs) })
 	row("idle CPU (cores)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.3f", st.IdleCores) })
+	if comps := idleComponents(s); len(comps) > 0 {
+		for _, name := range comps {
+			row("… "+name, "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.3f", st.IdleCoresBy[name]) })
+		}
+		// The profiler samples each thread every 10 ms of its own CPU: bursts shorter
+		// than that, spread over many threads, leave no sample.
+		row("… not sampled", "", func(st bench.ScaleStep) string {
+			var sampled float64
+			for _, c := range st.IdleCoresBy {
+				sampled += c
+			}
+			return fmt.Sprintf("%.3f", max(st.IdleCores-sampled, 0))
+		})
+	}
 	row("ipc.Call p50 (ms)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.1f", st.Call.P50) })
 	row("ipc.Call p99 (ms)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.1f", st.Call.P99) })
 	row("ipc.Call failures", "", func(st bench.ScaleStep) string { return fmt.Sprint(st.CallErrors) })
@@ -112,8 +134,20 @@ func printScale(out io.Writer, s *bench.Scale) {
 	row("heap/Book over baseline (bytes)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.0f", st.HeapPerBook) })
 	row("goroutines", "", func(st bench.ScaleStep) string { return fmt.Sprint(st.Memory.Goroutines) })
 	tw.Flush()
-	fmt.Fprintf(out, "baseline before any Book: RSS %s MiB (%s released), heap %s MiB, %d goroutines, idle CPU %.3f cores\n",
+	fmt.Fprintf(out, "baseline before any Book: RSS %s MiB (%s released), heap %s MiB, %d goroutines, idle CPU %.3f cores",
 		mib(float64(s.Baseline.RSSBytes)), mib(float64(s.Baseline.ReleasedRSSBytes)), mib(float64(s.Baseline.HeapBytes)), s.Baseline.Goroutines, s.BaselineIdleCores)
+	if comps := idleComponents(s); len(comps) > 0 {
+		sep := " ("
+		for _, name := range comps {
+			fmt.Fprintf(out, "%s%s %.3f", sep, name, s.BaselineIdleCoresBy[name])
+			sep = ", "
+		}
+		fmt.Fprint(out, ")")
+	}
+	fmt.Fprintln(out)
+	if s.IdleByComponentError != "" {
+		fmt.Fprintf(out, "idle CPU by component: not measured: %s\n", s.IdleByComponentError)
+	}
 	last := s.Steps[len(s.Steps)-1]
 	fmt.Fprintf(out, "goals at %d Books: heap/cached Book %s, Call p50 ratio %s", last.Books, metOrMissed(s.CacheBytesMet), metOrMissed(s.CallRatioMet))
 	if s.RSSMet != nil {
@@ -133,4 +167,23 @@ func printScale(out io.Writer, s *bench.Scale) {
 	} else {
 		fmt.Fprintf(out, "cleanup: namespace deleted in %.1f s\n", s.CleanupSeconds)
 	}
+}
+
+// idleComponents names the components idle CPU was divided between, in any step or the
+// baseline: by name, with what carries no component last.
+func idleComponents(s *bench.Scale) []string {
+	seen := map[string]bool{}
+	for name := range s.BaselineIdleCoresBy {
+		seen[name] = true
+	}
+	for _, st := range s.Steps {
+		for name := range st.IdleCoresBy {
+			seen[name] = true
+		}
+	}
+	names := slices.Sorted(maps.Keys(seen))
+	if i := slices.Index(names, cpushare.Unattributed); i >= 0 {
+		names = append(slices.Delete(names, i, i+1), cpushare.Unattributed)
+	}
+	return names
 }

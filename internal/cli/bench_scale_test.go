@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/crdipc/crdipc/internal/bench"
+	"github.com/crdipc/crdipc/internal/cpushare"
 )
 
 // TestBenchScale runs `crdipc bench scale` at tiny sizes, so the whole path — embedded
@@ -62,6 +63,19 @@ func TestBenchScale(t *testing.T) {
 		}
 		if st.PopulateSeconds <= 0 || st.CreatesPerSec <= 0 || st.ReadyPerSec <= 0 {
 			t.Errorf("%d Books: populate %.1f s, %.0f creates/s, %.0f Ready/s", st.Books, st.PopulateSeconds, st.CreatesPerSec, st.ReadyPerSec)
+		}
+	}
+	// Idle CPU is divided between the process's components; only they, the bench and the
+	// unlabelled (the Go runtime) may appear.
+	if s.IdleByComponentError != "" {
+		t.Errorf("idle CPU not divided by component: %s", s.IdleByComponentError)
+	}
+	known := map[string]bool{"etcd": true, "kube-apiserver": true, "kube-controller-manager": true, "books": true, "bench": true, cpushare.Unattributed: true}
+	for i, by := range append([]map[string]float64{s.BaselineIdleCoresBy}, s.Steps[0].IdleCoresBy, s.Steps[1].IdleCoresBy) {
+		for name, cores := range by {
+			if !known[name] || cores < 0 {
+				t.Errorf("idle CPU %d: %s %.3f cores: want a known component and no negative share", i, name, cores)
+			}
 		}
 	}
 	if s.Steps[0].CallP50Ratio != 1 {

@@ -94,7 +94,7 @@ func startStorage(ctx context.Context, cfg *rest.Config, nodes int, root string)
 			return nil, err
 		}
 	}
-	stopMgr, err := services.Start(ctx, mgr)
+	stopMgr, err := services.Start(ctx, "storage", mgr)
 	if err != nil {
 		cleanup()
 		return nil, fmt.Errorf("storage services: %w", err)

@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/crdipc/crdipc/internal/cpushare"
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/identity"
 	"github.com/crdipc/crdipc/internal/install"
@@ -190,7 +191,9 @@ func startServices(ctx context.Context, admin *rest.Config, o upOptions, ids *up
 		}
 		mctx, cancel := context.WithCancel(context.Background())
 		r := &upService{name: e.Name, mgr: mgr, svc: s, cancel: cancel, done: make(chan error, 1)}
-		go func() { r.done <- mgr.Start(mctx) }()
+		cpushare.Do(e.Name, func() {
+			go func() { r.done <- mgr.Start(mctx) }()
+		})
 		svc.running = append(svc.running, r)
 		svc.names = append(svc.names, e.Name)
 		checks[e.Name] = func(req *http.Request) error {

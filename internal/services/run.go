@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/crdipc/crdipc/internal/cpushare"
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/scheme"
 )
@@ -221,10 +222,13 @@ func (env Env) say(format string, a ...any) {
 
 // Start runs mgr in the background and returns once its caches have synced, with the func
 // that stops it and waits until it has: how bench and its tests run services in-process.
-func Start(ctx context.Context, mgr manager.Manager) (stop func(), err error) {
+// The manager's goroutines count as component name (cpushare).
+func Start(ctx context.Context, name string, mgr manager.Manager) (stop func(), err error) {
 	mctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
+	cpushare.Do(name, func() {
+		go func() { done <- mgr.Start(mctx) }()
+	})
 	if !mgr.GetCache().WaitForCacheSync(ctx) {
 		cancel()
 		return nil, fmt.Errorf("caches did not sync: %w", <-done)
