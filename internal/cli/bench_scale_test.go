@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -54,6 +55,9 @@ func TestBenchScale(t *testing.T) {
 		if st.CacheBytesPer <= 0 || st.CacheCopies <= 0 || st.CacheSyncMs <= 0 || st.ListMs <= 0 || st.PagedListMs <= 0 {
 			t.Errorf("%d Books: cache %.0f bytes/Book over %d copies, sync %.1f ms, lists %.1f and %.1f ms: want all positive",
 				st.Books, st.CacheBytesPer, st.CacheCopies, st.CacheSyncMs, st.ListMs, st.PagedListMs)
+		}
+		if r := st.CacheBytesRounds; len(r) != 3 || st.CacheBytesPer < slices.Min(r) || st.CacheBytesPer > slices.Max(r) {
+			t.Errorf("%d Books: cache bytes/Book %.0f from rounds %v: want the median of three", st.Books, st.CacheBytesPer, r)
 		}
 		if st.Call.N != 20 || st.Call.P50 <= 0 || st.Call.P99 < st.Call.P50 || st.CallP50Ratio <= 0 {
 			t.Errorf("%d Books: Calls %+v, p50 ratio %v", st.Books, st.Call, st.CallP50Ratio)
