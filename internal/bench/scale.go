@@ -136,7 +136,8 @@ type ScaleStep struct {
 	IdleCores   float64     `json:"idleCores"`
 	// IdleCoresBy divides IdleCores between the process's components, as the CPU profiler
 	// sampled them (cpushare): etcd, kube-apiserver, kube-controller-manager, the services,
-	// and what carries no component (the Go runtime's garbage collector, bench itself).
+	// bench's own clients, and what carries no component (the Go runtime's garbage
+	// collector).
 	IdleCoresBy   map[string]float64 `json:"idleCoresByComponent,omitempty"`
 	CacheCopies   int                `json:"cacheCopies"`
 	CacheBytesPer float64            `json:"cacheBytesPerObject"`
