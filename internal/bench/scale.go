@@ -79,9 +79,9 @@ const (
 type Scale struct {
 	InProcess bool `json:"inProcess"`
 	// Baseline is the process before any Book, services idle.
-	Baseline            ScaleMemory        `json:"baseline"`
-	BaselineIdleCores   float64            `json:"baselineIdleCores"`
-	BaselineIdleCoresBy map[string]float64 `json:"baselineIdleCoresByComponent,omitempty"`
+	Baseline            ScaleMemory    `json:"baseline"`
+	BaselineIdleCores   float64        `json:"baselineIdleCores"`
+	BaselineIdleCoresBy cpushare.Cores `json:"baselineIdleCoresByComponent,omitempty"`
 	// IdleByComponentError says why idle CPU could not be divided by component.
 	IdleByComponentError string      `json:"idleByComponentError,omitempty"`
 	Steps                []ScaleStep `json:"steps"`
@@ -138,9 +138,9 @@ type ScaleStep struct {
 	// sampled them (cpushare): etcd, kube-apiserver, kube-controller-manager, the services,
 	// bench's own clients, and what carries no component (the Go runtime's garbage
 	// collector).
-	IdleCoresBy   map[string]float64 `json:"idleCoresByComponent,omitempty"`
-	CacheCopies   int                `json:"cacheCopies"`
-	CacheBytesPer float64            `json:"cacheBytesPerObject"`
+	IdleCoresBy   cpushare.Cores `json:"idleCoresByComponent,omitempty"`
+	CacheCopies   int            `json:"cacheCopies"`
+	CacheBytesPer float64        `json:"cacheBytesPerObject"`
 	// CacheBytesRounds are the rounds' figures; CacheBytesPer is their median.
 	CacheBytesRounds []float64 `json:"cacheBytesRounds"`
 	// CacheFixedBytes is what one cache costs with no object in it.
@@ -652,7 +652,7 @@ func writeHeapProfile(path string) error {
 // idleCPU is the CPU time this process used during d, in cores, and how it divides between
 // the components running in it (cpushare). The division needs the CPU profiler: while
 // another profile runs (bench --cpu-profile) it is nil and byErr says why.
-func idleCPU(ctx context.Context, d time.Duration) (total float64, by map[string]float64, byErr string, err error) {
+func idleCPU(ctx context.Context, d time.Duration) (total float64, by cpushare.Cores, byErr string, err error) {
 	cpu := func() (time.Duration, error) {
 		var ru syscall.Rusage
 		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {

@@ -115,11 +115,7 @@ func printScale(out io.Writer, s *bench.Scale) {
 		// The profiler samples each thread every 10 ms of its own CPU: bursts shorter
 		// than that, spread over many threads, leave no sample.
 		row("… not sampled", "", func(st bench.ScaleStep) string {
-			var sampled float64
-			for _, c := range st.IdleCoresBy {
-				sampled += c
-			}
-			return fmt.Sprintf("%.3f", max(st.IdleCores-sampled, 0))
+			return fmt.Sprintf("%.3f", max(st.IdleCores-st.IdleCoresBy.Total(), 0))
 		})
 	}
 	row("ipc.Call p50 (ms)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.1f", st.Call.P50) })

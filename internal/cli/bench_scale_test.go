@@ -75,7 +75,7 @@ func TestBenchScale(t *testing.T) {
 		t.Errorf("idle CPU not divided by component: %s", s.IdleByComponentError)
 	}
 	known := map[string]bool{"etcd": true, "kube-apiserver": true, "kube-controller-manager": true, "books": true, "bench": true, cpushare.Unattributed: true}
-	for i, by := range append([]map[string]float64{s.BaselineIdleCoresBy}, s.Steps[0].IdleCoresBy, s.Steps[1].IdleCoresBy) {
+	for i, by := range append([]cpushare.Cores{s.BaselineIdleCoresBy}, s.Steps[0].IdleCoresBy, s.Steps[1].IdleCoresBy) {
 		for name, cores := range by {
 			if !known[name] || cores < 0 {
 				t.Errorf("idle CPU %d: %s %.3f cores: want a known component and no negative share", i, name, cores)

@@ -27,16 +27,18 @@ func Do(name string, f func()) {
 // Shares is the CPU the process used during a window, by component.
 type Shares struct {
 	Window time.Duration
-	// Cores is each component's CPU time over the window, in cores; goroutines without a
-	// component are under Unattributed. Components that were not sampled are absent.
-	Cores map[string]float64
+	Cores  Cores
 }
 
+// Cores is each component's CPU time over a window, in cores; goroutines without a
+// component are under Unattributed. Components that were not sampled are absent.
+type Cores map[string]float64
+
 // Total is the process's CPU over the window, in cores, as the profiler sampled it.
-func (s Shares) Total() float64 {
+func (c Cores) Total() float64 {
 	var t float64
-	for _, c := range s.Cores {
-		t += c
+	for _, v := range c {
+		t += v
 	}
 	return t
 }
@@ -80,7 +82,7 @@ func sharesOf(p *profile.Profile, window time.Duration) (Shares, error) {
 	if cpu < 0 {
 		return Shares{}, fmt.Errorf("the CPU profile has no cpu/nanoseconds samples (types %v)", p.SampleType)
 	}
-	s := Shares{Window: window, Cores: map[string]float64{}}
+	s := Shares{Window: window, Cores: Cores{}}
 	for _, sample := range p.Sample {
 		name := Unattributed
 		if v := sample.Label[Label]; len(v) > 0 {

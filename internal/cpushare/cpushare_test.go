@@ -59,7 +59,7 @@ func TestMeasureByComponent(t *testing.T) {
 	if c := s.Cores["sleeper"]; c > 0.05 {
 		t.Errorf("sleeper: %.3f cores, want ~0: it only waits (did Do leave its label on the caller?)", c)
 	}
-	if tot := s.Total(); tot < s.Cores["parent"]+s.Cores[Unattributed] {
+	if tot := s.Cores.Total(); tot < s.Cores["parent"]+s.Cores[Unattributed] {
 		t.Errorf("total %.3f below its parts %v", tot, s.Cores)
 	}
 }
