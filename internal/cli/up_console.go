@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/crdipc/crdipc/internal/console"
+	"github.com/crdipc/crdipc/internal/cpushare"
 )
 
 // defaultConsoleAddr is where up serves its console unless --console-addr says otherwise.
@@ -34,7 +35,8 @@ func startConsole(ctx context.Context, cfg *rest.Config, o upOptions, svc *upSer
 		// Event streams end with ctx; Close below then has nothing to wait for.
 		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
-	svc.background(ctx, con.Start)
+	// Under its own label, as the services are: its snapshots' CPU shows as the console's.
+	cpushare.Do("console", func() { svc.background(ctx, con.Start) })
 	svc.background(ctx, func(ctx context.Context) error {
 		errc := make(chan error, 1)
 		go func() { errc <- srv.Serve(ln) }()

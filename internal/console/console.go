@@ -13,6 +13,8 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -20,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crdipc/crdipc/api/conditions"
+	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
 )
@@ -71,6 +74,8 @@ func New(o Options) (*Console, error) {
 			// Only the Events the webhook listener writes, one per delivery: the others
 			// (every controller's) would be most of the cache and are not shown.
 			&corev1.Event{}: {Field: fields.OneTermEqualSelector("source", webhook.ReportingController)},
+			// Books are the kind that grows to 100,000s; the console only times them.
+			&libraryv1alpha1.Book{}: {Transform: slimBook},
 		},
 	})
 	if err != nil {
@@ -144,6 +149,27 @@ func (c *Console) watch(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// slimBook keeps of a Book what the tracker reads (its identity, generation, creation time
+// and Ready condition), about half of what the cache held of each.
+func slimBook(obj any) (any, error) {
+	b, ok := obj.(*libraryv1alpha1.Book)
+	if !ok {
+		return obj, nil // a tombstone: its object was slimmed when it was cached
+	}
+	slim := &libraryv1alpha1.Book{
+		TypeMeta: b.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: b.Namespace, Name: b.Name, UID: b.UID, ResourceVersion: b.ResourceVersion,
+			Generation: b.Generation, CreationTimestamp: b.CreationTimestamp, DeletionTimestamp: b.DeletionTimestamp,
+		},
+		Status: libraryv1alpha1.BookStatus{ObservedGeneration: b.Status.ObservedGeneration},
+	}
+	if c := meta.FindStatusCondition(b.Status.Conditions, conditions.TypeReady); c != nil {
+		slim.Status.Conditions = []metav1.Condition{*c}
+	}
+	return slim, nil
 }
 
 // poke marks the state changed; the publisher coalesces pokes.

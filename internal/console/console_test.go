@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/crdipc/crdipc/api/conditions"
@@ -105,6 +108,89 @@ func TestTrackerIsBounded(t *testing.T) {
 	}
 }
 
+// The requests in flight are kept from the events, oldest first, without listing them:
+// a completion, a terminal failure and a delete take a request out; a regression puts it
+// back, timed from when it was seen.
+func TestTrackerKeepsRequestsInFlight(t *testing.T) {
+	tr := newTracker()
+	tr.observe("Book", book("old", 1, 0, "", "", t0), true, t0.Add(time.Hour)) // pending since creation
+	tr.observe("Book", book("new", 1, 1, metav1.ConditionFalse, conditions.ReasonReconciling, t0), false, t0.Add(2*time.Hour))
+	tr.observe("Book", book("gone", 1, 0, "", "", t0), false, t0.Add(3*time.Hour))
+	tr.observe("Book", book("ok", 1, 1, metav1.ConditionTrue, conditions.ReasonSucceeded, t0), true, t0)
+	names := func() (out []string) {
+		got, _ := tr.oldestInFlight(maxInFlight)
+		for _, r := range got {
+			out = append(out, r.Name)
+		}
+		return out
+	}
+	if got, total := tr.oldestInFlight(2); total != 3 || len(got) != 2 || got[0].Name != "b-old" || !got[0].Since.Equal(t0) ||
+		got[0].Reason != conditions.ReasonPending || got[1].Name != "b-new" || !got[1].Since.Equal(t0.Add(2*time.Hour)) ||
+		got[1].Reason != conditions.ReasonReconciling {
+		t.Fatalf("two oldest of %d in flight = %+v, want b-old pending since its creation, then b-new reconciling since seen", total, got)
+	}
+	if got := names(); !slices.Equal(got, []string{"b-old", "b-new", "b-gone"}) {
+		t.Fatalf("in flight = %v, want b-old, b-new, b-gone", got)
+	}
+	tr.forget("gone")
+	tr.observe("Book", book("new", 1, 1, metav1.ConditionTrue, conditions.ReasonSucceeded, t0), false, t0.Add(2*time.Hour+time.Second))
+	tr.observe("Book", book("old", 1, 1, metav1.ConditionFalse, conditions.ReasonInvalidSpec, t0), false, t0.Add(2*time.Hour+time.Second))
+	if got := names(); len(got) != 0 {
+		t.Fatalf("in flight = %v, want none: done, failed for good, deleted", got)
+	}
+	tr.observe("Book", book("ok", 1, 1, metav1.ConditionFalse, conditions.ReasonDegraded, t0), false, t0.Add(4*time.Hour))
+	if got, _ := tr.oldestInFlight(maxInFlight); len(got) != 1 || got[0].Name != "b-ok" || !got[0].Since.Equal(t0.Add(4*time.Hour)) {
+		t.Fatalf("in flight = %+v, want b-ok again, since the regression was seen", got)
+	}
+}
+
+// What the console keeps of a Book says what the full one says to the tracker.
+// The oldest n of many, in any map order, are the first n of them all sorted.
+func TestOldestInFlightOfMany(t *testing.T) {
+	tr := newTracker()
+	var all []Request
+	for i := range 500 {
+		// Many share a Since: the names decide among them.
+		b := book(fmt.Sprint(i), 1, 0, "", "", t0)
+		b.CreationTimestamp = metav1.NewTime(t0.Add(time.Duration((i*7919)%97) * time.Second))
+		tr.observe("Book", b, true, t0)
+		all = append(all, Request{Kind: "Book", Namespace: b.Namespace, Name: b.Name, Reason: conditions.ReasonPending, Since: b.CreationTimestamp.Time})
+	}
+	slices.SortFunc(all, olderFirst)
+	for _, n := range []int{0, 1, 50, 500, 501} {
+		got, total := tr.oldestInFlight(n)
+		if want := all[:min(n, len(all))]; total != len(all) || !slices.Equal(got, want) {
+			t.Fatalf("oldest %d: %d of %d, first %v; want %v", n, len(got), total, got[:min(3, len(got))], want[:min(3, len(want))])
+		}
+	}
+}
+
+func TestSlimBook(t *testing.T) {
+	full := book("a", 2, 2, metav1.ConditionTrue, conditions.ReasonSucceeded, t0.Add(time.Second))
+	full.Annotations = map[string]string{"ipc.crdipc.io/call-id": "x"}
+	full.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "m"}}
+	full.Spec = libraryv1alpha1.BookSpec{Title: "Dune", Author: "Frank Herbert"}
+	full.Status.Conditions = append(full.Status.Conditions, metav1.Condition{Type: "Progressing", Status: metav1.ConditionFalse})
+	got, err := slimBook(full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slim := got.(*libraryv1alpha1.Book)
+	if slim.Annotations != nil || slim.ManagedFields != nil || slim.Spec.Title != "" || len(slim.Status.Conditions) != 1 {
+		t.Errorf("slim Book = %+v, want no annotations, managedFields, spec or other conditions", slim)
+	}
+	a, b := newTracker(), newTracker()
+	a.observe("Book", full, true, t0.Add(time.Hour))
+	b.observe("Book", slim, true, t0.Add(time.Hour))
+	if ra, rb := a.recent(), b.recent(); len(ra) != 1 || fmt.Sprint(ra) != fmt.Sprint(rb) {
+		t.Errorf("completions from the full Book %+v, from the slim one %+v", ra, rb)
+	}
+	tomb := toolscache.DeletedFinalStateUnknown{Key: "default/b-a", Obj: slim}
+	if got, err := slimBook(tomb); err != nil || got != any(tomb) {
+		t.Errorf("a tombstone came back as %v, %v; want it unchanged", got, err)
+	}
+}
+
 func TestBuild(t *testing.T) {
 	ready := []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	objs := []client.Object{
@@ -132,7 +218,17 @@ func TestBuild(t *testing.T) {
 			Reason: "PullRequestClosed", InvolvedObject: corev1.ObjectReference{Kind: "PullRequest", Name: "pr"}, EventTime: metav1.NewMicroTime(t0.Add(time.Second))},
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...).Build()
-	s, err := build(context.Background(), c, newTracker(), t0)
+	tr := newTracker()
+	for _, o := range objs { // as the request kinds' informers would, in their first list
+		gvk, err := apiutil.GVKForObject(o, scheme.Scheme)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, ok := o.(conditions.Object); ok && slices.ContainsFunc(requestKinds, func(k requestKind) bool { return k.kind == gvk.Kind }) {
+			tr.observe(gvk.Kind, r, true, t0)
+		}
+	}
+	s, err := build(context.Background(), c, tr, t0)
 	if err != nil {
 		t.Fatal(err)
 	}

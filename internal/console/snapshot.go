@@ -208,11 +208,7 @@ func build(ctx context.Context, r client.Reader, t *tracker, now time.Time) (*Sn
 	}
 	s.Nodes = buildNodes(s, nodes.Items, pools.Items, replicas.Items)
 	s.Volumes = buildVolumes(s, volumes.Items, pvcs.Items, pods.Items)
-	inFlight, err := buildInFlight(s, list, t)
-	if err != nil {
-		return nil, err
-	}
-	s.InFlight = inFlight
+	s.InFlight = buildInFlight(s, t)
 	s.Completed = t.recent()
 	s.Deliveries = buildDeliveries(s, events.Items)
 	s.PullRequests, s.Branches = buildSCM(s, prs.Items, branches.Items)
@@ -363,41 +359,14 @@ func buildVolumes(s *Snapshot, volumes []storagev1alpha1.CStorVolume, pvcs []cor
 	return capped(s, "volumes", out, maxVolumes)
 }
 
-func buildInFlight(s *Snapshot, list func(client.ObjectList) error, t *tracker) ([]Request, error) {
-	out := []Request{}
-	for _, k := range requestKinds {
-		l := k.newList()
-		if err := list(l); err != nil {
-			return nil, err
-		}
-		items, err := meta.ExtractList(l)
-		if err != nil {
-			return nil, fmt.Errorf("console: %s list: %w", k.kind, err)
-		}
-		for _, item := range items {
-			o, ok := item.(conditions.Object)
-			if !ok {
-				continue
-			}
-			done, _, ready := readyState(o)
-			if done {
-				continue
-			}
-			r := Request{Kind: k.kind, Namespace: o.GetNamespace(), Name: o.GetName(), Reason: conditions.ReasonPending, Since: o.GetCreationTimestamp().Time}
-			if ready != nil {
-				r.Reason, r.Message = ready.Reason, ready.Message
-			}
-			if at, ok := t.since(o.GetUID()); ok {
-				r.Since = at
-			}
-			out = append(out, r)
-		}
+// buildInFlight lists the requests in flight, as the tracker follows them from the
+// informers' events.
+func buildInFlight(s *Snapshot, t *tracker) []Request {
+	out, total := t.oldestInFlight(maxInFlight)
+	if total > len(out) {
+		s.Omitted["requests in flight"] += total - len(out)
 	}
-	// Oldest first: what has waited longest is what someone is looking for.
-	slices.SortFunc(out, func(a, b Request) int {
-		return cmp.Or(a.Since.Compare(b.Since), cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Name, b.Name))
-	})
-	return capped(s, "requests in flight", out, maxInFlight), nil
+	return out
 }
 
 func buildDeliveries(s *Snapshot, events []corev1.Event) []Delivery {
