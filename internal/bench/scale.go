@@ -54,6 +54,10 @@ type ScaleOptions struct {
 	// InProcess says the control plane and the Book receiver run in this process (bench
 	// without --kubeconfig, like up), so its RSS and heap are theirs.
 	InProcess bool
+	// TargetMetrics, with a cluster served by another process (--kubeconfig), is that
+	// process's Prometheus /metrics URL (crdipc up's --metrics-addr): its RSS, heap,
+	// goroutines and idle CPU are then the figures, instead of bench's own.
+	TargetMetrics string
 	// HeapProfile, when set, gets a pprof heap profile of this process at the largest size.
 	HeapProfile string
 	// Progress, when set, is told what the benchmark is doing.
@@ -78,6 +82,9 @@ const (
 // Scale is how costs grow with the number of Books in the cluster.
 type Scale struct {
 	InProcess bool `json:"inProcess"`
+	// TargetMetrics is the /metrics URL whose process's memory and CPU the figures are, when
+	// not this process's (ScaleOptions.TargetMetrics).
+	TargetMetrics string `json:"targetMetrics,omitempty"`
 	// Baseline is the process before any Book, services idle.
 	Baseline            ScaleMemory    `json:"baseline"`
 	BaselineIdleCores   float64        `json:"baselineIdleCores"`
@@ -208,7 +215,10 @@ func MeasureScale(ctx context.Context, cfg *rest.Config, o ScaleOptions) (_ *Sca
 	if err := c.Create(ctx, ns); err != nil {
 		return nil, fmt.Errorf("creating namespace: %w", err)
 	}
-	s := &Scale{InProcess: o.InProcess, CacheBytesGoal: ScaleCacheBytesGoal, CallRatioGoal: ScaleCallRatioGoal, RSSGoalBytes: ScaleRSSGoal}
+	if o.InProcess && o.TargetMetrics != "" {
+		return nil, errors.New("target metrics are for a cluster served by another process: this one serves it")
+	}
+	s := &Scale{InProcess: o.InProcess, TargetMetrics: o.TargetMetrics, CacheBytesGoal: ScaleCacheBytesGoal, CallRatioGoal: ScaleCallRatioGoal, RSSGoalBytes: ScaleRSSGoal}
 	defer func() {
 		// The largest size's namespace takes minutes to empty; wait for it (bounded), so
 		// that the cluster is as the benchmark found it.
@@ -229,10 +239,20 @@ func MeasureScale(ctx context.Context, cfg *rest.Config, o ScaleOptions) (_ *Sca
 	defer tracker.stop()
 	// The services and the control plane settle before the baseline: what they allocate
 	// while starting is not what they hold.
-	if s.BaselineIdleCores, s.BaselineIdleCoresBy, s.IdleByComponentError, err = idleCPU(ctx, o.IdleWindow); err != nil {
+	idle, memory := idleCPU, func(context.Context) (ScaleMemory, error) { return readMemory(), nil }
+	if o.TargetMetrics != "" {
+		idle = func(ctx context.Context, d time.Duration) (float64, cpushare.Cores, string, error) {
+			cores, err := scrapeIdleCPU(ctx, o.TargetMetrics, d)
+			return cores, nil, "the target is another process, which bench cannot profile", err
+		}
+		memory = func(ctx context.Context) (ScaleMemory, error) { return scrapeMemory(ctx, o.TargetMetrics) }
+	}
+	if s.BaselineIdleCores, s.BaselineIdleCoresBy, s.IdleByComponentError, err = idle(ctx, o.IdleWindow); err != nil {
 		return nil, err
 	}
-	s.Baseline = readMemory()
+	if s.Baseline, err = memory(ctx); err != nil {
+		return nil, err
+	}
 	for i, size := range o.Sizes {
 		// Counted, not computed: a Call that failed at the previous size may or may not
 		// have left its Book.
@@ -262,7 +282,9 @@ func MeasureScale(ctx context.Context, cfg *rest.Config, o ScaleOptions) (_ *Sca
 
 		// The receiver writes each Book's Event after its Ready status: wait for them too.
 		step.Events = waitEvents(ctx, c, ns.Name, n, 30*time.Second)
-		step.Memory = readMemory()
+		if step.Memory, err = memory(ctx); err != nil {
+			return nil, err
+		}
 		step.RSSPerBook = perObject(step.Memory.RSSBytes, s.Baseline.RSSBytes, n)
 		step.HeapPerBook = perObject(step.Memory.HeapBytes, s.Baseline.HeapBytes, n)
 		if o.HeapProfile != "" && i == len(o.Sizes)-1 {
@@ -271,7 +293,7 @@ func MeasureScale(ctx context.Context, cfg *rest.Config, o ScaleOptions) (_ *Sca
 			}
 		}
 		say("%d Books Ready; sampling idle CPU for %s", n, o.IdleWindow)
-		if step.IdleCores, step.IdleCoresBy, s.IdleByComponentError, err = idleCPU(ctx, o.IdleWindow); err != nil {
+		if step.IdleCores, step.IdleCoresBy, s.IdleByComponentError, err = idle(ctx, o.IdleWindow); err != nil {
 			return nil, err
 		}
 		say("building fresh caches of %d Books", n)
@@ -309,7 +331,7 @@ func MeasureScale(ctx context.Context, cfg *rest.Config, o ScaleOptions) (_ *Sca
 	last := s.Steps[len(s.Steps)-1]
 	s.CacheBytesMet = last.CacheBytesPer <= ScaleCacheBytesGoal
 	s.CallRatioMet = last.CallP50Ratio <= ScaleCallRatioGoal
-	if o.InProcess && last.Books >= ScaleRSSGoalSize {
+	if (o.InProcess || o.TargetMetrics != "") && last.Books >= ScaleRSSGoalSize {
 		met := last.Memory.RSSBytes < ScaleRSSGoal
 		s.RSSMet = &met
 	}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -50,13 +51,23 @@ until it is gone (bounded). Goals are reported, not enforced.
 
 Without --kubeconfig, bench starts an embedded control plane and the books
 service of the service table in this process, as up does; with --kubeconfig
-the books service must already run, and the memory figures are bench's own.`,
+the books service must already run, and the memory figures are bench's own,
+unless --target-metrics names the /metrics of the process that serves the
+cluster: then its RSS, heap and goroutines (at the baseline and each size) and
+its idle CPU are read from there, e.g. all of crdipc up, console included:
+
+  crdipc up &
+  crdipc bench scale --kubeconfig .crdipc/kubeconfig \
+      --target-metrics http://127.0.0.1:8080/metrics`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			progress := cmd.ErrOrStderr()
 			o.Progress = func(format string, a ...any) { fmt.Fprintf(progress, "scale: "+format+"\n", a...) }
 			return runBench(cmd, &target, func(ctx context.Context, cfg *rest.Config) (*bench.Scale, error) {
 				o.InProcess = target.kubeconfig == ""
+				if o.InProcess && o.TargetMetrics != "" {
+					return nil, errors.New("--target-metrics needs --kubeconfig: without it, the cluster is served by this process, whose figures bench reads itself")
+				}
 				if o.InProcess {
 					stop, err := bench.StartBooksService(ctx, cfg)
 					if err != nil {
@@ -74,6 +85,7 @@ the books service must already run, and the memory figures are bench's own.`,
 	f.IntVar(&o.Writers, "writers", o.Writers, "concurrent writers creating the Books")
 	f.IntVar(&o.CallSamples, "calls", o.CallSamples, "sequential ipc.Calls measured at each size")
 	f.DurationVar(&o.IdleWindow, "idle-window", o.IdleWindow, "how long idle CPU is sampled")
+	f.StringVar(&o.TargetMetrics, "target-metrics", "", "with --kubeconfig: the Prometheus /metrics URL of the process serving the cluster (crdipc up: http://127.0.0.1:8080/metrics), whose memory and idle CPU are then measured instead of bench's own")
 	f.StringVar(&o.HeapProfile, "heap-profile", "", "write a pprof heap profile of this process at the largest size to this file")
 	return cmd
 }
@@ -123,13 +135,23 @@ func printScale(out io.Writer, s *bench.Scale) {
 	row("ipc.Call failures", "", func(st bench.ScaleStep) string { return fmt.Sprint(st.CallErrors) })
 	row("ipc.Call p50 / first size", fmt.Sprintf("≤ %.1f", s.CallRatioGoal), func(st bench.ScaleStep) string { return fmt.Sprintf("%.2f", st.CallP50Ratio) })
 	who := "bench"
-	if s.InProcess {
+	switch {
+	case s.InProcess:
 		who = "process"
+	case s.TargetMetrics != "":
+		who = "target"
+	}
+	// What only a process's own runtime can read is not in its metrics.
+	own := func(v uint64) string {
+		if s.TargetMetrics != "" {
+			return "-"
+		}
+		return mib(float64(v))
 	}
 	row(who+" RSS (MiB)", fmt.Sprintf("< %s at %d", mib(float64(s.RSSGoalBytes)), bench.ScaleRSSGoalSize), func(st bench.ScaleStep) string { return mib(float64(st.Memory.RSSBytes)) })
-	row(who+" peak RSS (MiB)", "", func(st bench.ScaleStep) string { return mib(float64(st.Memory.PeakRSSBytes)) })
-	row(who+" RSS of files mapped (MiB)", "", func(st bench.ScaleStep) string { return mib(float64(st.Memory.RSSFileBytes)) })
-	row(who+" RSS, free pages released (MiB)", "", func(st bench.ScaleStep) string { return mib(float64(st.Memory.ReleasedRSSBytes)) })
+	row(who+" peak RSS (MiB)", "", func(st bench.ScaleStep) string { return own(st.Memory.PeakRSSBytes) })
+	row(who+" RSS of files mapped (MiB)", "", func(st bench.ScaleStep) string { return own(st.Memory.RSSFileBytes) })
+	row(who+" RSS, free pages released (MiB)", "", func(st bench.ScaleStep) string { return own(st.Memory.ReleasedRSSBytes) })
 	row(who+" heap (MiB)", "", func(st bench.ScaleStep) string { return mib(float64(st.Memory.HeapBytes)) })
 	row(who+" heap in use, stacks (MiB)", "", func(st bench.ScaleStep) string {
 		return mib(float64(st.Memory.HeapInuseBytes)) + ", " + mib(float64(st.Memory.StackBytes))
@@ -138,8 +160,11 @@ func printScale(out io.Writer, s *bench.Scale) {
 	row("heap/Book over baseline (bytes)", "", func(st bench.ScaleStep) string { return fmt.Sprintf("%.0f", st.HeapPerBook) })
 	row("goroutines", "", func(st bench.ScaleStep) string { return fmt.Sprint(st.Memory.Goroutines) })
 	tw.Flush()
+	if s.TargetMetrics != "" {
+		fmt.Fprintf(out, "target: the process serving %s, as its metrics say: its heap is what it has allocated, garbage not yet collected included\n", s.TargetMetrics)
+	}
 	fmt.Fprintf(out, "baseline before any Book: RSS %s MiB (%s released), heap %s MiB, %d goroutines, idle CPU %.3f cores",
-		mib(float64(s.Baseline.RSSBytes)), mib(float64(s.Baseline.ReleasedRSSBytes)), mib(float64(s.Baseline.HeapBytes)), s.Baseline.Goroutines, s.BaselineIdleCores)
+		mib(float64(s.Baseline.RSSBytes)), own(s.Baseline.ReleasedRSSBytes), mib(float64(s.Baseline.HeapBytes)), s.Baseline.Goroutines, s.BaselineIdleCores)
 	if comps := idleComponents(s); len(comps) > 0 {
 		sep := " ("
 		for _, name := range comps {

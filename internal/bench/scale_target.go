@@ -1,0 +1,107 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// A cluster measured through --kubeconfig is served by another process, crdipc up as a
+// rule: its memory and CPU are read from its Prometheus /metrics (the process and Go
+// collectors every controller-runtime manager registers), parsed by Prometheus' parser.
+
+// processSeries are the series read from the target, by what they fill.
+var processSeries = []string{
+	"process_resident_memory_bytes",
+	"go_memstats_heap_alloc_bytes",
+	"go_memstats_heap_inuse_bytes",
+	"go_memstats_stack_inuse_bytes",
+	"go_goroutines",
+	"process_cpu_seconds_total",
+}
+
+// scrapeProcess reads processSeries from url.
+func scrapeProcess(ctx context.Context, url string) (map[string]float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("target metrics: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("target metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("target metrics: GET %s: %s", url, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("target metrics: parsing %s: %w", url, err)
+	}
+	out := make(map[string]float64, len(processSeries))
+	for _, name := range processSeries {
+		mf := families[name]
+		if mf == nil || len(mf.GetMetric()) != 1 {
+			return nil, fmt.Errorf("target metrics: %s has no single series %s (is it a Go process with the process collector, such as crdipc up's --metrics-addr?)", url, name)
+		}
+		out[name] = value(mf.GetMetric()[0])
+	}
+	return out, nil
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.GetGauge() != nil:
+		return m.GetGauge().GetValue()
+	case m.GetCounter() != nil:
+		return m.GetCounter().GetValue()
+	default:
+		return m.GetUntyped().GetValue()
+	}
+}
+
+// scrapeMemory is readMemory for the target. It cannot collect the target's garbage first:
+// its heap is what is allocated, garbage not yet collected included, and what the
+// target's runtime alone can say (peak RSS, mapped files, RSS with free pages released) is
+// left zero.
+func scrapeMemory(ctx context.Context, url string) (ScaleMemory, error) {
+	v, err := scrapeProcess(ctx, url)
+	if err != nil {
+		return ScaleMemory{}, err
+	}
+	return ScaleMemory{
+		RSSBytes:       uint64(v["process_resident_memory_bytes"]),
+		HeapBytes:      uint64(v["go_memstats_heap_alloc_bytes"]),
+		HeapInuseBytes: uint64(v["go_memstats_heap_inuse_bytes"]),
+		StackBytes:     uint64(v["go_memstats_stack_inuse_bytes"]),
+		Goroutines:     int(v["go_goroutines"]),
+	}, nil
+}
+
+// scrapeIdleCPU is the target's CPU during d, in cores, from its process_cpu_seconds_total
+// (user and system time, to the 10 ms the kernel counts in).
+func scrapeIdleCPU(ctx context.Context, url string, d time.Duration) (float64, error) {
+	before, err := scrapeProcess(ctx, url)
+	if err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(d):
+	}
+	after, err := scrapeProcess(ctx, url)
+	if err != nil {
+		return 0, err
+	}
+	return (after["process_cpu_seconds_total"] - before["process_cpu_seconds_total"]) / time.Since(t0).Seconds(), nil
+}
