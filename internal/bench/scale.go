@@ -200,6 +200,9 @@ func MeasureScale(ctx context.Context, cfg *rest.Config, o ScaleOptions) (_ *Sca
 			return nil, fmt.Errorf("sizes %v: want positive sizes in ascending order", o.Sizes)
 		}
 	}
+	if o.InProcess && o.TargetMetrics != "" {
+		return nil, errors.New("target metrics are for a cluster served by another process: this one serves it")
+	}
 	if o.Writers <= 0 || o.CallSamples <= 0 || o.IdleWindow <= 0 {
 		return nil, fmt.Errorf("writers %d, call samples %d, idle window %s: want all positive", o.Writers, o.CallSamples, o.IdleWindow)
 	}
@@ -214,9 +217,6 @@ func MeasureScale(ctx context.Context, cfg *rest.Config, o ScaleOptions) (_ *Sca
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-scale-"}}
 	if err := c.Create(ctx, ns); err != nil {
 		return nil, fmt.Errorf("creating namespace: %w", err)
-	}
-	if o.InProcess && o.TargetMetrics != "" {
-		return nil, errors.New("target metrics are for a cluster served by another process: this one serves it")
 	}
 	s := &Scale{InProcess: o.InProcess, TargetMetrics: o.TargetMetrics, CacheBytesGoal: ScaleCacheBytesGoal, CallRatioGoal: ScaleCallRatioGoal, RSSGoalBytes: ScaleRSSGoal}
 	defer func() {

@@ -29,6 +29,11 @@ func TestScaleOptionsRejected(t *testing.T) {
 	if _, err := MeasureScale(context.Background(), nil, o); err == nil {
 		t.Error("no writers: no error")
 	}
+	o = DefaultScaleOptions
+	o.InProcess, o.TargetMetrics = true, "http://127.0.0.1:8080/metrics"
+	if _, err := MeasureScale(context.Background(), nil, o); err == nil || !strings.Contains(err.Error(), "another process") {
+		t.Errorf("target metrics of a cluster this process serves: %v, want an error", err)
+	}
 }
 
 // TestReadyTracker: only the population's Books count, a Book counts once however often it

@@ -151,8 +151,8 @@ func (c *Console) watch(ctx context.Context) error {
 	return nil
 }
 
-// slimBook keeps of a Book what the tracker reads (its identity, generation, creation time
-// and Ready condition), about half of what the cache held of each.
+// slimBook keeps of a Book what the tracker reads: its identity, generation, creation time
+// and Ready condition.
 func slimBook(obj any) (any, error) {
 	b, ok := obj.(*libraryv1alpha1.Book)
 	if !ok {

@@ -48,8 +48,8 @@ func book(uid string, gen, observed int64, status metav1.ConditionStatus, reason
 func TestTrackerTimesWhatItSawStart(t *testing.T) {
 	tr := newTracker()
 	tr.observe("Book", book("a", 1, 0, "", "", t0), false, t0.Add(10*time.Millisecond))
-	if at, ok := tr.since("a"); !ok || !at.Equal(t0.Add(10*time.Millisecond)) {
-		t.Fatalf("since = %v %v, want the time it was first seen", at, ok)
+	if r, _ := tr.oldestInFlight(1); len(r) != 1 || !r[0].Since.Equal(t0.Add(10*time.Millisecond)) {
+		t.Fatalf("in flight = %+v, want it since the time it was first seen", r)
 	}
 	tr.observe("Book", book("a", 1, 1, metav1.ConditionFalse, conditions.ReasonReconciling, t0), false, t0.Add(20*time.Millisecond))
 	done := book("a", 1, 1, metav1.ConditionTrue, conditions.ReasonSucceeded, t0.Add(time.Second))
@@ -92,7 +92,7 @@ func TestTrackerRegressionIsNewWork(t *testing.T) {
 		t.Fatalf("completions = %+v, want the rebuild timed at 3 s", got)
 	}
 	tr.forget("v")
-	if _, ok := tr.since("v"); ok || len(tr.done) != 0 {
+	if len(tr.started) != 0 || len(tr.done) != 0 || len(tr.inFlight) != 0 {
 		t.Fatal("forget kept state of a deleted request")
 	}
 }

@@ -61,9 +61,9 @@ type started struct {
 }
 
 // tracker times requests from the informers' events and keeps the requests in flight, so
-// that a snapshot costs what is in flight, not every request in the cluster (100,000 Books
-// listed five times a second took a core). Its maps hold one entry per request in the
-// cache (forget drops it on delete); its completions are capped.
+// that a snapshot costs what is in flight, not a list of every request in the cluster (at
+// 10,000 Books in up, such lists were 6.7 s of a run's 245 s of CPU). Its maps hold one
+// entry per request in the cache (forget drops it on delete); its completions are capped.
 type tracker struct {
 	mu          sync.Mutex
 	started     map[types.UID]started
@@ -178,14 +178,6 @@ func (t *tracker) oldestInFlight(n int) (_ []Request, total int) {
 // olderFirst orders requests by how long they have waited; the rest only makes it total.
 func olderFirst(a, b Request) int {
 	return cmp.Or(a.Since.Compare(b.Since), cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
-}
-
-// since is when the request's current in-flight period began, if the console saw it.
-func (t *tracker) since(uid types.UID) (time.Time, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s, ok := t.started[uid]
-	return s.at, ok && s.live
 }
 
 func (t *tracker) recent() []Completion {
