@@ -675,14 +675,7 @@ func writeHeapProfile(path string) error {
 // the components running in it (cpushare). The division needs the CPU profiler: while
 // another profile runs (bench --cpu-profile) it is nil and byErr says why.
 func idleCPU(ctx context.Context, d time.Duration) (total float64, by cpushare.Cores, byErr string, err error) {
-	cpu := func() (time.Duration, error) {
-		var ru syscall.Rusage
-		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-			return 0, fmt.Errorf("getrusage: %w", err)
-		}
-		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
-	}
-	c0, err := cpu()
+	c0, err := processCPU()
 	if err != nil {
 		return 0, nil, "", err
 	}
@@ -699,11 +692,20 @@ func idleCPU(ctx context.Context, d time.Duration) (total float64, by cpushare.C
 		case <-time.After(d - time.Since(t0)):
 		}
 	}
-	c1, err := cpu()
+	c1, err := processCPU()
 	if err != nil {
 		return 0, nil, "", err
 	}
 	return (c1 - c0).Seconds() / time.Since(t0).Seconds(), shares.Cores, byErr, nil
+}
+
+// processCPU is the user and system CPU time this process has used.
+func processCPU() (time.Duration, error) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, fmt.Errorf("getrusage: %w", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
 
 // measureCache builds caches of Books as the services build theirs (managedFields

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -15,46 +16,59 @@ import (
 // rule: its memory and CPU are read from its Prometheus /metrics (the process and Go
 // collectors every controller-runtime manager registers), parsed by Prometheus' parser.
 
-// processSeries are the series read from the target, by what they fill.
-var processSeries = []string{
-	"process_resident_memory_bytes",
-	"go_memstats_heap_alloc_bytes",
-	"go_memstats_heap_inuse_bytes",
-	"go_memstats_stack_inuse_bytes",
-	"go_goroutines",
-	"process_cpu_seconds_total",
+// targetSample is what one scrape of the target says.
+type targetSample struct {
+	// memory: what the target's runtime alone can say (peak RSS, mapped files, RSS with
+	// free pages released) is left zero, and its heap is what is allocated, garbage not
+	// yet collected included: bench cannot make another process collect first.
+	memory     ScaleMemory
+	cpuSeconds float64
 }
 
-// scrapeProcess reads processSeries from url.
-func scrapeProcess(ctx context.Context, url string) (map[string]float64, error) {
+// scrapeProcess reads one targetSample from url.
+func scrapeProcess(ctx context.Context, url string) (targetSample, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, fmt.Errorf("target metrics: %w", err)
+		return targetSample{}, fmt.Errorf("target metrics: %w", err)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("target metrics: %w", err)
+		return targetSample{}, fmt.Errorf("target metrics: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("target metrics: GET %s: %s", url, resp.Status)
+		return targetSample{}, fmt.Errorf("target metrics: GET %s: %s", url, resp.Status)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		return nil, fmt.Errorf("target metrics: parsing %s: %w", url, err)
+		return targetSample{}, fmt.Errorf("target metrics: parsing %s: %w", url, err)
 	}
-	out := make(map[string]float64, len(processSeries))
-	for _, name := range processSeries {
+	var missing []string
+	get := func(name string) float64 {
 		mf := families[name]
 		if mf == nil || len(mf.GetMetric()) != 1 {
-			return nil, fmt.Errorf("target metrics: %s has no single series %s (is it a Go process with the process collector, such as crdipc up's --metrics-addr?)", url, name)
+			missing = append(missing, name)
+			return 0
 		}
-		out[name] = value(mf.GetMetric()[0])
+		return value(mf.GetMetric()[0])
 	}
-	return out, nil
+	sample := targetSample{
+		memory: ScaleMemory{
+			RSSBytes:       uint64(get("process_resident_memory_bytes")),
+			HeapBytes:      uint64(get("go_memstats_heap_alloc_bytes")),
+			HeapInuseBytes: uint64(get("go_memstats_heap_inuse_bytes")),
+			StackBytes:     uint64(get("go_memstats_stack_inuse_bytes")),
+			Goroutines:     int(get("go_goroutines")),
+		},
+		cpuSeconds: get("process_cpu_seconds_total"),
+	}
+	if len(missing) > 0 {
+		return targetSample{}, fmt.Errorf("target metrics: %s has no single series %s (is it a Go process with the process collector, such as crdipc up's --metrics-addr?)", url, strings.Join(missing, ", "))
+	}
+	return sample, nil
 }
 
 func value(m *dto.Metric) float64 {
@@ -68,22 +82,10 @@ func value(m *dto.Metric) float64 {
 	}
 }
 
-// scrapeMemory is readMemory for the target. It cannot collect the target's garbage first:
-// its heap is what is allocated, garbage not yet collected included, and what the
-// target's runtime alone can say (peak RSS, mapped files, RSS with free pages released) is
-// left zero.
+// scrapeMemory is readMemory for the target (see targetSample.memory).
 func scrapeMemory(ctx context.Context, url string) (ScaleMemory, error) {
-	v, err := scrapeProcess(ctx, url)
-	if err != nil {
-		return ScaleMemory{}, err
-	}
-	return ScaleMemory{
-		RSSBytes:       uint64(v["process_resident_memory_bytes"]),
-		HeapBytes:      uint64(v["go_memstats_heap_alloc_bytes"]),
-		HeapInuseBytes: uint64(v["go_memstats_heap_inuse_bytes"]),
-		StackBytes:     uint64(v["go_memstats_stack_inuse_bytes"]),
-		Goroutines:     int(v["go_goroutines"]),
-	}, nil
+	sample, err := scrapeProcess(ctx, url)
+	return sample.memory, err
 }
 
 // scrapeIdleCPU is the target's CPU during d, in cores, from its process_cpu_seconds_total
@@ -103,5 +105,5 @@ func scrapeIdleCPU(ctx context.Context, url string, d time.Duration) (float64, e
 	if err != nil {
 		return 0, err
 	}
-	return (after["process_cpu_seconds_total"] - before["process_cpu_seconds_total"]) / time.Since(t0).Seconds(), nil
+	return (after.cpuSeconds - before.cpuSeconds) / time.Since(t0).Seconds(), nil
 }

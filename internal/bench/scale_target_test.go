@@ -6,7 +6,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -45,19 +44,20 @@ func TestScrapeTargetProcess(t *testing.T) {
 		}
 	}()
 	defer stop.Store(true)
-	cpu := func() float64 {
-		var ru syscall.Rusage
-		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-			t.Fatal(err)
-		}
-		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-	}
-	c0, t0 := cpu(), time.Now()
-	cores, err := scrapeIdleCPU(ctx, url, 500*time.Millisecond)
-	used, wall := cpu()-c0, time.Since(t0).Seconds()
+	c0, err := processCPU()
 	if err != nil {
 		t.Fatal(err)
 	}
+	t0 := time.Now()
+	cores, err := scrapeIdleCPU(ctx, url, 500*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1, err := processCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	used, wall := (c1 - c0).Seconds(), time.Since(t0).Seconds()
 	// process_cpu_seconds_total counts in the kernel's 10 ms ticks; the scrapes themselves
 	// fall just inside or outside the window.
 	if got := cores * wall; got <= 0 || got < used-0.05 || got > used+0.05 {

@@ -61,13 +61,14 @@ its idle CPU are read from there, e.g. all of crdipc up, console included:
       --target-metrics http://127.0.0.1:8080/metrics`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Before an embedded control plane is started for nothing.
+			if target.kubeconfig == "" && o.TargetMetrics != "" {
+				return errors.New("--target-metrics needs --kubeconfig: without it, the cluster is served by this process, whose figures bench reads itself")
+			}
 			progress := cmd.ErrOrStderr()
 			o.Progress = func(format string, a ...any) { fmt.Fprintf(progress, "scale: "+format+"\n", a...) }
 			return runBench(cmd, &target, func(ctx context.Context, cfg *rest.Config) (*bench.Scale, error) {
 				o.InProcess = target.kubeconfig == ""
-				if o.InProcess && o.TargetMetrics != "" {
-					return nil, errors.New("--target-metrics needs --kubeconfig: without it, the cluster is served by this process, whose figures bench reads itself")
-				}
 				if o.InProcess {
 					stop, err := bench.StartBooksService(ctx, cfg)
 					if err != nil {

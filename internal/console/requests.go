@@ -25,14 +25,13 @@ const maxCompletions = 30
 type requestKind struct {
 	kind      string
 	newObject func() client.Object
-	newList   func() client.ObjectList
 }
 
 var requestKinds = []requestKind{
-	{"Book", func() client.Object { return &libraryv1alpha1.Book{} }, func() client.ObjectList { return &libraryv1alpha1.BookList{} }},
-	{"StoragePoolClaim", func() client.Object { return &storagev1alpha1.StoragePoolClaim{} }, func() client.ObjectList { return &storagev1alpha1.StoragePoolClaimList{} }},
-	{"CStorVolume", func() client.Object { return &storagev1alpha1.CStorVolume{} }, func() client.ObjectList { return &storagev1alpha1.CStorVolumeList{} }},
-	{"BitcoinNetwork", func() client.Object { return &bitcoinv1alpha1.BitcoinNetwork{} }, func() client.ObjectList { return &bitcoinv1alpha1.BitcoinNetworkList{} }},
+	{"Book", func() client.Object { return &libraryv1alpha1.Book{} }},
+	{"StoragePoolClaim", func() client.Object { return &storagev1alpha1.StoragePoolClaim{} }},
+	{"CStorVolume", func() client.Object { return &storagev1alpha1.CStorVolume{} }},
+	{"BitcoinNetwork", func() client.Object { return &bitcoinv1alpha1.BitcoinNetwork{} }},
 }
 
 // Completion is a request that became done: Ready=True (Succeeded) or a terminal reason.
