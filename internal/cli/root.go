@@ -36,6 +36,7 @@ KUBECONFIG it prints.`,
 	root.AddCommand(
 		newUpCommand(),
 		newInstallCommand(),
+		newKubeconfigCommand(),
 		newCallCommand(),
 		newBenchCommand(),
 		newVersionCommand(),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -37,6 +38,8 @@ type upOptions struct {
 	services, disable string
 	// memoryLimit is the process's soft memory limit, as applied (memlimit.go).
 	memoryLimit string
+	// advertiseAddress is where pods and real nodes reach the API server (empty: loopback only).
+	advertiseAddress string
 }
 
 func newUpCommand() *cobra.Command {
@@ -45,10 +48,11 @@ func newUpCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Run a control plane and every crdipc service in this process",
-		Long: `up starts, in this one process: etcd, kube-apiserver and the
-kube-controller-manager controllers crdipc needs (garbage collector, namespace,
-service accounts, PV binder, StatefulSet), installs crdipc's CRDs, and starts
-crdipc's services. It prints one line per step with its duration, then the
+		Long: `up starts, in this one process: etcd, kube-apiserver, kube-scheduler and the
+kube-controller-manager controllers a cluster with nodes needs (garbage collector,
+namespace, service accounts, PV binder and attach/detach, Deployment, ReplicaSet,
+DaemonSet, StatefulSet, Job, node lifecycle, endpoints, root CA publisher, CSR
+signer), installs crdipc's CRDs, and starts crdipc's services. It prints one line per step with its duration, then the
 "export KUBECONFIG=..." line to paste into another terminal.
 
 Every service is an entry of one table (--services picks entries, --disable leaves
@@ -61,8 +65,8 @@ run as a process of its own:
   crdipc up --services=none
   crdipc books --kubeconfig .crdipc/identities/crdipc-system/crdipc-books.kubeconfig
 
-There is no kubelet: --nodes simulated Nodes each run a pool agent (storage), and
-together a simulated kubelet that binds and runs their pods as local processes,
+There is no kubelet: --nodes simulated Nodes each run a pool agent (storage);
+kube-scheduler binds their pods and a simulated kubelet runs them as local processes,
 each on its own loopback IP. It runs the images it can: bitcoin/bitcoin (the
 BitcoinNetwork operator's pods) as btcd, a Bitcoin node in Go
 (go install github.com/btcsuite/btcd@v0.26.2), and busybox as the host's /bin/sh
@@ -87,12 +91,21 @@ This needs root (FUSE, loop devices, mounts).
 Every address up serves is printed. A default address that is taken moves to a free
 port on the same host; an address given by flag that is taken stops up.
 
+Real nodes. A real kubelet (with containerd and kube-proxy) can join: start up
+with --advertise-address set to an address of this machine that the node's pods
+route to (the API server then also serves there, and the kubernetes Service points
+to it), issue the node's credentials with 'crdipc kubeconfig --node NAME', and run
+the kubelet with them; kube-scheduler places pods on simulated and real nodes alike,
+and 'kubectl apply -k config/default' deploys crdipc itself onto real nodes.
+hack/realnode.sh does all of it on this machine; see docs/deploy.md.
+
 Everything is kept in --data-dir: run up again on the same directory and every
 object is still there. Only one up may use a data directory at a time.
 Ctrl-C shuts everything down.`,
 		Example: `  crdipc up
   crdipc up --disable=nodes,bitcoin-operator
-  crdipc up --data-dir ~/.local/share/crdipc --port 6443 --nodes 4`,
+  crdipc up --data-dir ~/.local/share/crdipc --port 6443 --nodes 4
+  crdipc up --services=none --nodes 0 --advertise-address 10.88.0.1   # for real nodes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -120,6 +133,7 @@ Ctrl-C shuts everything down.`,
 	cmd.Flags().StringVar(&o.services, "services", "all", "services to run, comma-separated, from: "+strings.Join(services.Names(), ", ")+"; 'none' runs the control plane alone")
 	cmd.Flags().StringVar(&o.disable, "disable", "", "services not to run, comma-separated (e.g. --disable=nodes,bitcoin-operator)")
 	cmd.Flags().IntVar(&o.port, "port", 0, "API server port on 127.0.0.1 (0: the previous run's port if free, else any free port)")
+	cmd.Flags().StringVar(&o.advertiseAddress, "advertise-address", "", "an IP address of this machine on which the API server also serves (same port) and which the `kubernetes` Service points to, so that real nodes and their pods reach it (e.g. the pod network's bridge address; docs/deploy.md); empty: loopback only")
 	mem.flag(cmd)
 	return cmd
 }
@@ -137,7 +151,14 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 		fmt.Fprintf(out, "  memory limit %s\n", o.memoryLimit)
 	}
 	var ids *upIdentities
+	var advertise net.IP
+	if o.advertiseAddress != "" {
+		if advertise = net.ParseIP(o.advertiseAddress); advertise == nil {
+			return fmt.Errorf("--advertise-address %q: not an IP address", o.advertiseAddress)
+		}
+	}
 	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: o.dataDir, Port: o.port, Progress: step, CRDs: true,
+		Controllers: controlplane.ClusterControllers, Scheduler: true, AdvertiseAddress: advertise,
 		Install: func(ctx context.Context, admin *rest.Config) (err error) {
 			ids, err = installCluster(ctx, admin, o)
 			return err
@@ -166,6 +187,9 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	step("services: "+strings.Join(svc.names, ", "), time.Since(t))
 
 	fmt.Fprintf(out, "crdipc is up in %.2f s; API server %s\n\n", time.Since(start).Seconds(), cp.URL)
+	if cp.AdvertiseURL != "" {
+		fmt.Fprintf(out, "  nodes    reach the API server at %s (join one: docs/deploy.md)\n", cp.AdvertiseURL)
+	}
 	for _, l := range svc.lines {
 		fmt.Fprintf(out, "  %s\n", l)
 	}

@@ -19,7 +19,10 @@ import (
 // startAPIServer configures kube-apiserver as its command would from flags,
 // but runs it under ctx: app.NewAPIServerCommand installs its own signal
 // handler and can never be stopped, which an embedded server must be.
-func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki) (*component, error) {
+//
+// advertise, when set, is an address the API server also listens on (ln accepts on both)
+// and publishes as the endpoint of the `kubernetes` Service, for clients in pods.
+func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki, advertise net.IP) (*component, error) {
 	registerVersion() // before the options register the default version
 	s := options.NewServerRunOptions()
 	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
@@ -33,7 +36,6 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki)
 		"--etcd-certfile=" + p.etcdClientCert,
 		"--etcd-keyfile=" + p.etcdClientKey,
 		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
 		"--secure-port=" + strconv.Itoa(port),
 		"--tls-cert-file=" + p.servingCert,
 		"--tls-private-key-file=" + p.servingKey,
@@ -43,14 +45,31 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki)
 		"--service-account-signing-key-file=" + p.serviceAccountKey,
 		"--service-cluster-ip-range=" + serviceCIDR,
 		"--authorization-mode=Node,RBAC",
+		// With the Node authorizer, a kubelet (system:node:<name>) may only write its own
+		// Node and the status of its own pods, and may not label itself into another's role.
+		"--enable-admission-plugins=NodeRestriction",
 		// As kubeadm, kind and k3s do: node plugins (the CSI node DaemonSet) need
 		// privileged containers; the default, false, refuses them at admission.
 		"--allow-privileged=true",
-		// One API server and no Service endpoints to keep: the lease-based
-		// reconciler would only add writes.
-		"--endpoint-reconciler-type=none",
+		// Logs, exec and port-forward go to kubelets as this client, so a kubelet may keep
+		// anonymous access off and authorize by webhook (the bootstrap binds the user
+		// system:kubelet-api-admin). A node is dialled at its InternalIP first: a kubelet's
+		// hostname need not resolve on this machine.
+		"--kubelet-client-certificate=" + p.kubeletClientCert,
+		"--kubelet-client-key=" + p.kubeletClientKey,
+		"--kubelet-preferred-address-types=InternalIP,Hostname,InternalDNS,ExternalDNS,ExternalIP",
 		"--enable-priority-and-fairness=true",
 		"--profiling=false",
+	}
+	if advertise != nil {
+		// Pods reach the API server through the `kubernetes` Service; the lease reconciler
+		// keeps its endpoint at the advertise address (EndpointSlices follow from it).
+		args = append(args, "--advertise-address="+advertise.String(), "--endpoint-reconciler-type=lease")
+	} else {
+		// Nothing outside this machine's loopback can reach the API server, and an
+		// endpoint on loopback is refused by validation: the Service gets none, and the
+		// reconciler would only add writes.
+		args = append(args, "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none")
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("kube-apiserver flags: %w", err)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -91,7 +92,8 @@ func ensureRBACPolicy(ctx context.Context, client kubernetes.Interface) error {
 		}
 		run("clusterrole "+r.Name, func() error { _, err := opts.Run(); return err })
 	}
-	for _, b := range append(bootstrappolicy.ClusterRoleBindings(), bootstrappolicy.ControllerRoleBindings()...) {
+	bindings := append(bootstrappolicy.ClusterRoleBindings(), bootstrappolicy.ControllerRoleBindings()...)
+	for _, b := range append(bindings, clusterRoleBindings()...) {
 		opts := reconciliation.ReconcileRoleBindingOptions{
 			RoleBinding: reconciliation.ClusterRoleBindingAdapter{ClusterRoleBinding: &b}, Client: reconciliation.ClusterRoleBindingClientAdapter{Client: rbac.ClusterRoleBindings()}, Confirm: true,
 		}
@@ -118,6 +120,25 @@ func ensureRBACPolicy(ctx context.Context, client kubernetes.Interface) error {
 	}
 	klog.V(2).InfoS("default RBAC policy in place")
 	return nil
+}
+
+// clusterRoleBindings are what a cluster with nodes needs beyond the API server's default
+// policy, as kubeadm binds them: the API server's kubelet client may use every kubelet API
+// (logs, exec, metrics) on a kubelet that authorizes by webhook, and kube-proxy, run on a
+// node as user system:kube-proxy (crdipc kubeconfig --user system:kube-proxy), may read
+// Services and EndpointSlices.
+func clusterRoleBindings() []rbacv1.ClusterRoleBinding {
+	bind := func(name, role, user string) rbacv1.ClusterRoleBinding {
+		return rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app.kubernetes.io/managed-by": "crdipc"}},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
+		}
+	}
+	return []rbacv1.ClusterRoleBinding{
+		bind("crdipc:kube-apiserver-kubelet-client", "system:kubelet-api-admin", kubeletClientUser),
+		bind("crdipc:kube-proxy", "system:node-proxier", "system:kube-proxy"),
+	}
 }
 
 // ensurePriorityClasses creates the system PriorityClasses (system-node-critical,

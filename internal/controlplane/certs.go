@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/crdipc/crdipc/internal/safefile"
@@ -29,6 +30,11 @@ type pki struct {
 	adminCert, adminKey           string
 	serviceAccountKey             string
 	controllerCert, controllerKey string
+	schedulerCert, schedulerKey   string
+	// kubeletClient is the API server's identity towards kubelets (logs, exec, port-forward,
+	// metrics): a kubelet that keeps anonymous access off and authorizes by webhook asks the
+	// API server whether this user may, and the bootstrap binds it system:kubelet-api-admin.
+	kubeletClientCert, kubeletClientKey string
 	// etcd has a CA of its own, so no certificate of the cluster's CA (an admin's, a
 	// controller's) opens etcd: only the API server's etcd client certificate does.
 	etcdCACert, etcdCAKey         string
@@ -49,6 +55,10 @@ func newPKI(dir string) pki {
 		serviceAccountKey: p("service-account.key"),
 		controllerCert:    p("controller-manager.crt"),
 		controllerKey:     p("controller-manager.key"),
+		schedulerCert:     p("scheduler.crt"),
+		schedulerKey:      p("scheduler.key"),
+		kubeletClientCert: p("apiserver-kubelet-client.crt"),
+		kubeletClientKey:  p("apiserver-kubelet-client.key"),
 		etcdCACert:        p("etcd-ca.crt"),
 		etcdCAKey:         p("etcd-ca.key"),
 		etcdServerCert:    p("etcd-server.crt"),
@@ -58,9 +68,15 @@ func newPKI(dir string) pki {
 	}
 }
 
+// kubeletClientUser is the user name of the API server's client certificate for kubelets.
+const kubeletClientUser = "kube-apiserver-kubelet-client"
+
 // ensure creates whatever is missing. It never replaces an existing CA: the
 // clients' kubeconfigs and the stored service account tokens depend on it.
-func (p pki) ensure() error {
+// servingIPs are addresses, besides loopback and the service IP, the API server's serving
+// certificate must name (an advertise address): a certificate of an earlier run that lacks
+// one is issued again, from the same CA.
+func (p pki) ensure(servingIPs ...net.IP) error {
 	if err := os.MkdirAll(p.dir, 0o700); err != nil {
 		return fmt.Errorf("creating pki dir: %w", err)
 	}
@@ -72,6 +88,12 @@ func (p pki) ensure() error {
 	if err != nil {
 		return err
 	}
+	ips := append([]net.IP{net.ParseIP("127.0.0.1"), net.IPv6loopback, net.ParseIP(serviceIP)}, servingIPs...)
+	if exists(p.servingCert) && !certNamesIPs(p.servingCert, ips) {
+		if err := os.Remove(p.servingCert); err != nil {
+			return fmt.Errorf("replacing the serving certificate: %w", err)
+		}
+	}
 	leafs := []struct {
 		cert, key string
 		tmpl      x509.Certificate
@@ -80,7 +102,7 @@ func (p pki) ensure() error {
 			Subject:     pkix.Name{CommonName: "kube-apiserver"},
 			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 			DNSNames:    []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-			IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.IPv6loopback, net.ParseIP(serviceIP)},
+			IPAddresses: ips,
 		}},
 		{p.adminCert, p.adminKey, x509.Certificate{
 			Subject:     pkix.Name{CommonName: "crdipc-admin", Organization: []string{"system:masters"}},
@@ -88,6 +110,14 @@ func (p pki) ensure() error {
 		}},
 		{p.controllerCert, p.controllerKey, x509.Certificate{
 			Subject:     pkix.Name{CommonName: "system:kube-controller-manager"},
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		}},
+		{p.schedulerCert, p.schedulerKey, x509.Certificate{
+			Subject:     pkix.Name{CommonName: "system:kube-scheduler"},
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		}},
+		{p.kubeletClientCert, p.kubeletClientKey, x509.Certificate{
+			Subject:     pkix.Name{CommonName: kubeletClientUser},
 			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 		}},
 	}
@@ -133,6 +163,29 @@ func (p pki) ensure() error {
 		}
 	}
 	return nil
+}
+
+// certNamesIPs reports whether the certificate at path names every one of ips; an
+// unreadable certificate names none.
+func certNamesIPs(path string, ips []net.IP) bool {
+	b, err := safefile.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	block, _ := pem.Decode(b)
+	if block == nil {
+		return false
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return false
+	}
+	for _, ip := range ips {
+		if !slices.ContainsFunc(cert.IPAddresses, ip.Equal) {
+			return false
+		}
+	}
+	return true
 }
 
 func ensureCA(certPath, keyPath, name string) (*x509.Certificate, crypto.Signer, error) {

@@ -32,6 +32,10 @@ func startControllerManager(ctx context.Context, kubeconfig string, p pki, contr
 		"--secure-port=0",
 		"--service-account-private-key-file=" + p.serviceAccountKey,
 		"--root-ca-file=" + p.caCert,
+		// The CSR signer issues client certificates from the cluster's CA: a node's
+		// kubeconfig (crdipc kubeconfig) is a CertificateSigningRequest approved by an admin.
+		"--cluster-signing-cert-file=" + p.caCert,
+		"--cluster-signing-key-file=" + p.caKey,
 		// Each controller acts as its own ServiceAccount with its bootstrap
 		// role (system:controller:<name>), as kubeadm clusters run it; the
 		// controller manager's own identity may only mint their tokens.

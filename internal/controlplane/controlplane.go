@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/kubernetes/cmd/kube-controller-manager/names"
 )
 
 const (
@@ -47,7 +49,36 @@ var DefaultControllers = []string{
 	"persistentvolumeclaim-protection-controller",
 	"persistentvolume-protection-controller",
 	"statefulset-controller",
+	// Client certificates through CertificateSigningRequests (crdipc kubeconfig).
+	names.CertificateSigningRequestSigningController,
+	names.CertificateSigningRequestCleanerController,
 }
+
+// ClusterControllers are DefaultControllers and what real nodes and the workloads on them
+// rely on (what `crdipc up` runs): Deployments, ReplicaSets and DaemonSets make their pods;
+// node lifecycle turns a node whose kubelet stopped renewing its Lease Unknown, manages the
+// not-ready and unreachable taints, and taint eviction moves pods off such a node; the
+// attach/detach controller creates VolumeAttachments for CSI volumes of pods on nodes whose
+// kubelet leaves attaching to it; kube-root-ca.crt, which every pod's service account
+// token volume mounts, is published into each namespace; pods of deleted nodes and
+// terminated pods are collected; the `kubernetes` Service and every other one get
+// EndpointSlices for kube-proxy; finished Jobs are cleaned up after their TTL. Tests that create bare Nodes with no kubelet behind them keep
+// DefaultControllers: node lifecycle would taint those nodes Unknown.
+var ClusterControllers = append(slices.Clone(DefaultControllers),
+	names.DeploymentController,
+	names.ReplicaSetController,
+	names.DaemonSetController,
+	names.JobController,
+	names.NodeLifecycleController,
+	names.TaintEvictionController,
+	names.PersistentVolumeAttachDetachController,
+	names.RootCACertificatePublisherController,
+	names.PodGarbageCollectorController,
+	names.EndpointsController,
+	names.EndpointSliceController,
+	names.EndpointSliceMirroringController,
+	names.TTLAfterFinishedController,
+)
 
 // Config says where and how to run the control plane.
 type Config struct {
@@ -60,6 +91,13 @@ type Config struct {
 	Port int
 	// Controllers overrides DefaultControllers when non-nil.
 	Controllers []string
+	// Scheduler runs kube-scheduler, which binds every pod that names no node.
+	Scheduler bool
+	// AdvertiseAddress, when set, is an address of this machine the API server also serves
+	// on (at the same port as on 127.0.0.1) and publishes as the endpoint of the
+	// `kubernetes` Service, so that pods on real nodes reach it. Its serving certificate
+	// names it.
+	AdvertiseAddress net.IP
 	// Progress, when set, is told about each startup step as it completes.
 	Progress func(step string, took time.Duration)
 	// CRDs installs crdipc's system namespace and CRDs (install.Apply) and waits until
@@ -79,6 +117,9 @@ type ControlPlane struct {
 	Kubeconfig string
 	// URL is the API server's https address.
 	URL string
+	// AdvertiseURL is the API server's address for pods and nodes (Config.AdvertiseAddress),
+	// empty without one.
+	AdvertiseURL string
 
 	dataDir string
 	pki     pki
@@ -143,7 +184,14 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 	if err := redirectLogs(filepath.Join(dir, "logs")); err != nil {
 		return nil, err
 	}
-	if err := cp.pki.ensure(); err != nil {
+	var servingIPs []net.IP
+	if cfg.AdvertiseAddress != nil {
+		if cfg.AdvertiseAddress.IsLoopback() || cfg.AdvertiseAddress.IsUnspecified() {
+			return nil, fmt.Errorf("advertise address %s: must be an address of this machine that pods can reach, not loopback or unspecified", cfg.AdvertiseAddress)
+		}
+		servingIPs = append(servingIPs, cfg.AdvertiseAddress)
+	}
+	if err := cp.pki.ensure(servingIPs...); err != nil {
 		return nil, err
 	}
 	done("certificates")
@@ -163,6 +211,16 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 		return nil, err
 	}
 	cp.URL = "https://" + ln.Addr().String()
+	if cfg.AdvertiseAddress != nil {
+		port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+		adv, err := net.Listen("tcp", net.JoinHostPort(cfg.AdvertiseAddress.String(), port))
+		if err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("listening on the advertise address: %w", err)
+		}
+		cp.AdvertiseURL = "https://" + adv.Addr().String()
+		ln = joinListeners(ln, adv)
+	}
 	cp.RESTConfig = &rest.Config{
 		Host: cp.URL,
 		TLSClientConfig: rest.TLSClientConfig{
@@ -183,11 +241,15 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 	if err := writeKubeconfig(controllerKubeconfig, cp.URL, cp.pki.caCert, cp.pki.controllerCert, cp.pki.controllerKey, "system:kube-controller-manager"); err != nil {
 		return nil, err
 	}
+	schedulerKubeconfig := filepath.Join(dir, "pki", "scheduler.kubeconfig")
+	if err := writeKubeconfig(schedulerKubeconfig, cp.URL, cp.pki.caCert, cp.pki.schedulerCert, cp.pki.schedulerKey, "system:kube-scheduler"); err != nil {
+		return nil, err
+	}
 
 	cp.listener = newTrackingListener(ln)
 	var api *component
 	cpushare.Do("kube-apiserver", func() {
-		api, err = startAPIServer(runCtx, cp.listener, cp.etcd.clientURL, cp.pki)
+		api, err = startAPIServer(runCtx, cp.listener, cp.etcd.clientURL, cp.pki, cfg.AdvertiseAddress)
 	})
 	if err != nil {
 		return nil, err
@@ -246,6 +308,17 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 		cp.components = append(cp.components, kcm)
 		cp.controllers, cp.stopControllers = kcm, stopKCM
 		done("controllers")
+	}
+	if cfg.Scheduler {
+		var sched *component
+		cpushare.Do("kube-scheduler", func() {
+			sched, err = startScheduler(runCtx, schedulerKubeconfig)
+		})
+		if err != nil {
+			return nil, err
+		}
+		cp.components = append(cp.components, sched)
+		done("scheduler")
 	}
 	return cp, nil
 }

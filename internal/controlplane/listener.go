@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"errors"
 	"net"
 	"sync"
 )
@@ -57,3 +58,71 @@ func (c *trackedConn) Close() error {
 	})
 	return c.Conn.Close()
 }
+
+// joinedListener accepts on several listeners as one: the API server's loopback address
+// and its advertise address share one server. Addr is the first listener's.
+type joinedListener struct {
+	ls    []net.Listener
+	conns chan acceptResult
+	done  chan struct{}
+	once  sync.Once
+}
+
+type acceptResult struct {
+	c   net.Conn
+	err error
+}
+
+func joinListeners(ls ...net.Listener) net.Listener {
+	if len(ls) == 1 {
+		return ls[0]
+	}
+	j := &joinedListener{ls: ls, conns: make(chan acceptResult), done: make(chan struct{})}
+	for _, l := range ls {
+		go j.serve(l)
+	}
+	return j
+}
+
+func (j *joinedListener) serve(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		select {
+		case j.conns <- acceptResult{c, err}:
+		case <-j.done:
+			if c != nil {
+				_ = c.Close()
+			}
+			return
+		}
+		if errors.Is(err, net.ErrClosed) {
+			// A closed listener ends its loop; the error reached one Accept caller, while
+			// a temporary one (too many open files) is the server's to retry.
+			return
+		}
+	}
+}
+
+func (j *joinedListener) Accept() (net.Conn, error) {
+	select {
+	case r := <-j.conns:
+		return r.c, r.err
+	case <-j.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (j *joinedListener) Close() error {
+	var first error
+	j.once.Do(func() {
+		close(j.done)
+		for _, l := range j.ls {
+			if err := l.Close(); err != nil && first == nil {
+				first = err
+			}
+		}
+	})
+	return first
+}
+
+func (j *joinedListener) Addr() net.Addr { return j.ls[0].Addr() }

@@ -10,10 +10,13 @@
 // The label used to be storage.crdipc.io/simulated, when storage was the only user; a Node
 // found carrying it, as in the data directory of an earlier version, is relabelled.
 //
-// It renews no node Leases in kube-node-lease: nothing in the embedded control plane (no
-// node lifecycle controller) would read them.
+// Like a kubelet, it renews each served node's Lease in kube-node-lease every 10 s, which
+// the node lifecycle controller of `crdipc up` reads (a node whose Lease lapses turns
+// Unknown and is tainted), and reports the node's capacity (this machine's cores and
+// memory, 110 pods), which kube-scheduler fits pods against.
 //
 // The permissions it needs:
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=nodes/status,verbs=get;update
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;create;update
 package simnode

@@ -113,7 +113,7 @@ func (n *nodes) Start(ctx context.Context) error {
 			return fmt.Errorf("creating simulated node %s: %w", name, err)
 		}
 	}
-	<-ctx.Done()
+	n.heartbeat(ctx)
 	n.stopMu.Lock()
 	n.stopped = true
 	n.stopMu.Unlock()
@@ -157,7 +157,10 @@ func (n *nodes) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 	n.mu.Lock()
 	n.served[node.Name] = true
 	n.mu.Unlock()
-	if c := nodeReady(&node); c != nil && c.Status == corev1.ConditionTrue {
+	if err := n.renew(ctx, &node); err != nil {
+		return reconcile.Result{}, err
+	}
+	if c := nodeReady(&node); c != nil && c.Status == corev1.ConditionTrue && hasCapacity(&node) {
 		return reconcile.Result{}, nil
 	}
 	return reconcile.Result{}, n.setReady(ctx, node.Name, corev1.ConditionTrue, "simulated node served by crdipc up")
@@ -192,6 +195,10 @@ func (n *nodes) setReady(ctx context.Context, name string, status corev1.Conditi
 		return client.IgnoreNotFound(err)
 	}
 	c := readyCondition(status, msg)
+	if status == corev1.ConditionTrue {
+		// What kube-scheduler fits pods against: the machine the pods' processes share.
+		node.Status.Capacity, node.Status.Allocatable = capacity(), capacity()
+	}
 	if old := nodeReady(&node); old != nil {
 		if old.Status == status {
 			c.LastTransitionTime = old.LastTransitionTime

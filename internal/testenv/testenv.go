@@ -84,7 +84,10 @@ func run(m *testing.M) int {
 }
 
 func (e *Env) start(ctx context.Context) error {
-	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: e.dir, CRDs: true})
+	// kube-scheduler binds pods that name no node, as in `crdipc up`; the node-side
+	// controllers (node lifecycle among them) stay off: tests create bare Nodes that no
+	// kubelet or simulated node heartbeats for.
+	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: e.dir, CRDs: true, Scheduler: true})
 	if err != nil {
 		return err
 	}

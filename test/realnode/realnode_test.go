@@ -1,0 +1,456 @@
+package realnode
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const (
+	// requireEnv makes a missing capability a failure instead of a skip (CI sets it).
+	requireEnv = "CRDIPC_REQUIRE_REAL_NODE"
+	// node is the real node's name; advertise is the bridge address the harness gives the
+	// host, where the API server also serves for pods and the kubelet listens.
+	node      = "real-1"
+	advertise = "10.88.0.1"
+	// workDir holds the node's containerd, kubelet and logs; short, for socket paths.
+	workDir = "/tmp/crdipc-rn"
+)
+
+var root string // the repository
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// capable skips (or, under requireEnv, fails) when this machine cannot run a real node.
+func capable(t *testing.T) {
+	t.Helper()
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "root")
+	}
+	if _, err := exec.LookPath("kubectl"); err != nil {
+		missing = append(missing, "kubectl")
+	}
+	if _, err := os.Stat("/proc/sys/net/bridge"); err != nil {
+		if _, err := os.Stat("/sys/class/net"); err != nil {
+			missing = append(missing, "network namespaces and bridges")
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	err := fmt.Errorf("a real node needs %s", strings.Join(missing, ", "))
+	if os.Getenv(requireEnv) == "1" {
+		t.Fatalf("%s=1 but: %v", requireEnv, err)
+	}
+	t.Skip(err)
+}
+
+// run runs a command in the repository with env added, and fails the test with its
+// output when it fails.
+func run(t *testing.T, timeout time.Duration, env []string, name string, args ...string) string {
+	t.Helper()
+	out, err := runErr(timeout, env, name, args...)
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func runErr(timeout time.Duration, env []string, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), env...)
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// cluster is `crdipc up` with a real node joined.
+type cluster struct {
+	binary     string
+	kubeconfig string
+	dataDir    string
+	up         *exec.Cmd
+	upOut      *syncBuffer
+	upExited   chan error
+}
+
+func (c *cluster) env() []string { return []string{"KUBECONFIG=" + c.kubeconfig} }
+
+func (c *cluster) kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	return run(t, 3*time.Minute, c.env(), "kubectl", args...)
+}
+
+// wait runs `kubectl wait` with a deadline; on failure it shows what the objects are.
+func (c *cluster) wait(t *testing.T, timeout time.Duration, args ...string) {
+	t.Helper()
+	full := append([]string{"wait", "--timeout=" + timeout.String()}, args...)
+	out, err := runErr(timeout+30*time.Second, c.env(), "kubectl", full...)
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s\n%s", strings.Join(full, " "), err, out, c.describe())
+	}
+}
+
+// describe is the state a failure needs to be understood: pods, events, nodes, the last
+// lines of up's output.
+func (c *cluster) describe() string {
+	var b strings.Builder
+	for _, args := range [][]string{
+		{"get", "nodes,pods,pvc,pv,volumeattachments", "-A", "-o", "wide"},
+		{"get", "events", "-A", "--sort-by=.lastTimestamp"},
+	} {
+		out, _ := runErr(time.Minute, c.env(), "kubectl", args...)
+		fmt.Fprintf(&b, "$ kubectl %s\n%s\n", strings.Join(args, " "), tail(out, 60))
+	}
+	fmt.Fprintf(&b, "crdipc up:\n%s\n", tail(c.upOut.String(), 30))
+	for _, log := range []string{"kubelet.log", "containerd.log", "kube-proxy.log"} {
+		data, _ := os.ReadFile(filepath.Join(workDir, "logs", log))
+		fmt.Fprintf(&b, "%s:\n%s\n", log, tail(string(data), 30))
+	}
+	return b.String()
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// TestRealNode builds the image, joins a real node to `crdipc up` and runs what a user
+// runs on it, in order: each step needs the one before.
+func TestRealNode(t *testing.T) {
+	capable(t)
+	root = repoRoot(t)
+	c := &cluster{}
+	start := time.Now()
+	phase := func(what string) {
+		t.Logf("%-52s %6.1f s", what, time.Since(start).Seconds())
+		start = time.Now()
+	}
+
+	// The image, as `make image` builds it; its binary is also the one that runs up.
+	run(t, 20*time.Minute, nil, "make", "image")
+	c.binary = filepath.Join(root, "bin", "crdipc")
+	image := filepath.Join(root, "bin", "crdipc-image.tar")
+	phase("make image")
+
+	// The node's components: containerd, runc, CNI plugins (Debian), kubelet and
+	// kube-proxy (built from the Kubernetes module), the pause and busybox images.
+	run(t, 30*time.Minute, nil, "hack/realnode.sh", "deps")
+	phase("hack/realnode.sh deps")
+	// A leftover of an interrupted run would make join refuse: clean it first.
+	run(t, 3*time.Minute, nil, "hack/realnode.sh", "down", "--dir", workDir)
+	run(t, time.Minute, nil, "hack/realnode.sh", "network")
+	t.Cleanup(func() {
+		if out, err := runErr(5*time.Minute, c.env(), "hack/realnode.sh", "down", "--dir", workDir); err != nil {
+			t.Errorf("hack/realnode.sh down: %v\n%s", err, out)
+		}
+	})
+
+	// up as the README's users start it for a real node: nothing but the control plane.
+	c.dataDir = t.TempDir()
+	c.startUp(t, "up", "--services=none", "--nodes", "0", "--advertise-address", advertise, "--data-dir", c.dataDir)
+	phase("crdipc up --services=none --nodes 0")
+
+	creds := t.TempDir()
+	nodeKubeconfig, proxyKubeconfig := filepath.Join(creds, "node.kubeconfig"), filepath.Join(creds, "proxy.kubeconfig")
+	run(t, time.Minute, c.env(), c.binary, "kubeconfig", "--node", node, "-o", nodeKubeconfig)
+	run(t, time.Minute, c.env(), c.binary, "kubeconfig", "--user", "system:kube-proxy", "-o", proxyKubeconfig)
+	run(t, 5*time.Minute, c.env(), "hack/realnode.sh", "join", "--dir", workDir, "--node", node,
+		"--kubeconfig", nodeKubeconfig, "--proxy-kubeconfig", proxyKubeconfig,
+		"--ca", filepath.Join(c.dataDir, "pki", "ca.crt"), "--image", image)
+	c.wait(t, 2*time.Minute, "--for=condition=Ready", "node/"+node)
+	phase("node joined and Ready")
+
+	t.Run("node", func(t *testing.T) { c.testNode(t) })
+	if t.Failed() {
+		return
+	}
+	t.Run("pod scheduled, logs", func(t *testing.T) { c.testPod(t) })
+	phase("a pod scheduled, its logs read")
+	if t.Failed() {
+		return
+	}
+	t.Run("config/default", func(t *testing.T) { c.testDeploy(t) })
+	phase("config/default available")
+	if t.Failed() {
+		return
+	}
+	t.Run("book", func(t *testing.T) { c.testBook(t) })
+	phase("a Book Ready")
+	t.Run("volume", func(t *testing.T) { c.testVolume(t) })
+	phase("a volume written and read back")
+}
+
+// startUp runs crdipc args... and returns once it printed its export line.
+func (c *cluster) startUp(t *testing.T, args ...string) {
+	t.Helper()
+	cmd := exec.Command(c.binary, args...)
+	cmd.Dir = t.TempDir() // a fresh directory, as a new user's
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.upOut = &syncBuffer{}
+	cmd.Stderr = c.upOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.up, c.upExited = cmd, make(chan error, 1)
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			c.upOut.WriteString(line + "\n")
+			if k, ok := strings.CutPrefix(line, "export KUBECONFIG="); ok {
+				found <- k
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+		c.upExited <- cmd.Wait()
+	}()
+	// Registered before the harness's cleanup, so it runs after it: the node goes first,
+	// while the API server still answers.
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-c.upExited:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Errorf("crdipc up still running 30 s after Ctrl-C")
+		}
+	})
+	select {
+	case c.kubeconfig = <-found:
+	case err := <-c.upExited:
+		t.Fatalf("crdipc up exited before it was ready: %v\n%s", err, c.upOut.String())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("crdipc up not ready after 2 minutes:\n%s", c.upOut.String())
+	}
+}
+
+// testNode: the kubelet keeps anonymous access off, the control plane clears the
+// not-ready taint and publishes kube-root-ca.crt by itself.
+func (c *cluster) testNode(t *testing.T) {
+	// Anonymous requests to the kubelet are refused: the API server's own calls (logs,
+	// below) authenticate with its kubelet client certificate.
+	out, err := runErr(30*time.Second, nil, "curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", "https://"+advertise+":10250/pods")
+	if err != nil && out == "" {
+		t.Fatalf("curl the kubelet: %v", err)
+	}
+	if out != "401" {
+		t.Errorf("an anonymous request to the kubelet: HTTP %s, want 401", out)
+	}
+	c.wait(t, time.Minute, "--for=jsonpath={.data.ca\\.crt}", "configmap/kube-root-ca.crt", "-n", "default")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		taints := c.kubectl(t, "get", "node", node, "-o", "jsonpath={.spec.taints}")
+		if !strings.Contains(taints, "not-ready") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s still tainted not-ready a minute after Ready: %s", node, taints)
+		}
+		time.Sleep(time.Second) // polling the API: nothing to watch from kubectl
+	}
+}
+
+// testPod: a busybox pod that names no node is scheduled to the real node, runs, and its
+// output is what `kubectl logs` shows.
+func (c *cluster) testPod(t *testing.T) {
+	manifest := `apiVersion: v1
+kind: Pod
+metadata: {name: hello, namespace: default}
+spec:
+  restartPolicy: Never
+  containers:
+    - name: hello
+      image: busybox
+      imagePullPolicy: Never
+      command: ["sh", "-c", "echo hello from $(hostname) on the real node; cat /var/run/secrets/kubernetes.io/serviceaccount/namespace"]
+`
+	c.apply(t, manifest)
+	c.wait(t, 2*time.Minute, "--for=jsonpath={.status.phase}=Succeeded", "pod/hello")
+	if got := c.kubectl(t, "get", "pod", "hello", "-o", "jsonpath={.spec.nodeName}"); got != node {
+		t.Errorf("pod hello on %q, want %s", got, node)
+	}
+	logs := c.kubectl(t, "logs", "hello")
+	if !strings.Contains(logs, "hello from hello on the real node") || !strings.Contains(logs, "default") {
+		t.Errorf("kubectl logs hello: %q", logs)
+	}
+	c.kubectl(t, "delete", "pod", "hello", "--wait=true")
+}
+
+func (c *cluster) apply(t *testing.T, manifest string) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "manifest.yaml")
+	if err := os.WriteFile(f, []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.kubectl(t, "apply", "-f", f)
+}
+
+// testDeploy: config/default, as docs/deploy.md applies it, with the image imported
+// into the node: every Deployment and DaemonSet of crdipc-system becomes available.
+func (c *cluster) testDeploy(t *testing.T) {
+	c.kubectl(t, "apply", "--server-side", "-k", "config/default")
+	c.wait(t, 4*time.Minute, "--for=condition=Available", "deployment", "--all", "-n", "crdipc-system")
+	for _, ds := range strings.Fields(c.kubectl(t, "get", "daemonsets", "-n", "crdipc-system", "-o", "name")) {
+		out, err := runErr(4*time.Minute, c.env(), "kubectl", "rollout", "status", ds, "-n", "crdipc-system", "--timeout=4m")
+		if err != nil {
+			t.Fatalf("kubectl rollout status %s: %v\n%s\n%s", ds, err, out, c.describe())
+		}
+	}
+}
+
+// testBook: crdipc call against the Book controller running in a pod on the real node.
+func (c *cluster) testBook(t *testing.T) {
+	out := run(t, 2*time.Minute, c.env(), c.binary, "call", "--apply", "-f", "config/samples/library_v1alpha1_book.yaml")
+	if !strings.Contains(out, "Ready") {
+		t.Errorf("crdipc call: %s", out)
+	}
+}
+
+// testVolume: a pool on the real node through the pool agent's DaemonSet, a claim of one
+// replica, a pod on the node writes through the CSI node plugin (staged and published by
+// the real kubelet, after the attach/detach controller's VolumeAttachment is attached by
+// crdipc's sidecar), and a second pod reads the bytes back.
+func (c *cluster) testVolume(t *testing.T) {
+	c.kubectl(t, "apply", "-f", "config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml")
+	c.apply(t, `apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: crdipc-one}
+provisioner: csi.crdipc.io
+parameters: {replicaCount: "1"}
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data, namespace: default}
+spec:
+  storageClassName: crdipc-one
+  accessModes: ["ReadWriteOnce"]
+  resources: {requests: {storage: 64Mi}}
+`)
+	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Bound", "pvc/data")
+	pod := func(name, script string) string {
+		return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default}
+spec:
+  restartPolicy: Never
+  containers:
+    - name: c
+      image: busybox
+      imagePullPolicy: Never
+      command: ["sh", "-c", %q]
+      volumeMounts: [{name: data, mountPath: /data}]
+  volumes:
+    - name: data
+      persistentVolumeClaim: {claimName: data}
+`, name, script)
+	}
+	c.apply(t, pod("writer", "dd if=/dev/urandom of=/data/blob bs=1M count=8 2>/dev/null && sha256sum /data/blob && sync"))
+	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Succeeded", "pod/writer")
+	written := strings.Fields(c.kubectl(t, "logs", "writer"))
+	if len(written) == 0 {
+		t.Fatal("the writer printed no checksum")
+	}
+	attached := c.kubectl(t, "get", "volumeattachments", "-o", "jsonpath={range .items[*]}{.spec.nodeName} {.status.attached}{\"\\n\"}{end}")
+	if !strings.Contains(attached, node+" true") {
+		t.Errorf("volume attachments: %q, want one attached to %s", attached, node)
+	}
+	c.kubectl(t, "delete", "pod", "writer", "--wait=true")
+
+	c.apply(t, pod("reader", "sha256sum /data/blob"))
+	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Succeeded", "pod/reader")
+	read := strings.Fields(c.kubectl(t, "logs", "reader"))
+	if len(read) == 0 || read[0] != written[0] {
+		t.Fatalf("read back %v, written %v", read, written)
+	}
+	c.kubectl(t, "delete", "pod", "reader", "--wait=true")
+
+	// With the pods gone the bytes are in the replica's file on the node, where the pool
+	// agent keeps it: the data is the storage system's, not the pod's.
+	sum := replicaHolds(t, filepath.Join(workDir, "crdipc"), written[0])
+	if !sum {
+		t.Errorf("no replica file under %s/crdipc holds the written blob", workDir)
+	}
+}
+
+// replicaHolds reports whether a replica file under dir holds a file system whose bytes
+// include the blob with the given sha256: checked by mounting the replica file read-only.
+func replicaHolds(t *testing.T, dir, want string) bool {
+	t.Helper()
+	var found bool
+	_ = filepath.Walk(dir, func(path string, info os.FileInfo, err error) error {
+		if err != nil || found || !info.Mode().IsRegular() || info.Size() < 32<<20 {
+			return nil
+		}
+		mnt := t.TempDir()
+		if out, err := exec.Command("mount", "-o", "ro,loop,noload", path, mnt).CombinedOutput(); err != nil {
+			t.Logf("mount %s: %v %s", path, err, out)
+			return nil
+		}
+		defer exec.Command("umount", mnt).Run()
+		f, err := os.Open(filepath.Join(mnt, "blob"))
+		if err != nil {
+			return nil
+		}
+		defer f.Close()
+		h := sha256.New()
+		if _, err := io.Copy(h, f); err == nil && hex.EncodeToString(h.Sum(nil)) == want {
+			found = true
+		}
+		return nil
+	})
+	return found
+}
+
+// syncBuffer is a bytes.Buffer safe for the goroutine that fills it and the test that
+// reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) WriteString(s string) { _, _ = b.Write([]byte(s)) }
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
