@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -57,8 +58,25 @@ func newWorld(t *testing.T) *world {
 		if err := env.Client.Create(ctx, n); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(n), n); err != nil {
+			t.Fatal(err)
+		}
+		// Ready, with the capacity a kubelet reports: without allocatable pods
+		// kube-scheduler finds the node full.
 		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "Simulated", LastHeartbeatTime: metav1.Now()}}
+		n.Status.Capacity = corev1.ResourceList{
+			corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("8Gi"), corev1.ResourcePods: resource.MustParse("110"),
+		}
+		n.Status.Allocatable = n.Status.Capacity
 		if err := env.Client.Status().Update(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+		// Admission taints every new Node node.kubernetes.io/not-ready, which keeps
+		// kube-scheduler off it; the node lifecycle controller, which takes it off Ready
+		// nodes, does not run in the tests' control plane.
+		base := n.DeepCopy()
+		n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeNotReady })
+		if err := env.Client.Patch(ctx, n, client.MergeFrom(base)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -286,8 +286,8 @@ func installCluster(ctx context.Context, admin *rest.Config, o upOptions) (*upId
 const StorageClassName = "crdipc"
 
 // installStorageClass installs the StorageClass crdipc: 3 replicas, deleted with the claim,
-// bound at once (no scheduler runs in up, so WaitForFirstConsumer would never bind), claims
-// may grow. It is the cluster's configuration, not a service's: up writes it with its own
+// bound at once (a volume reaches its replicas from any node: there is no topology for
+// kube-scheduler to wait for with WaitForFirstConsumer), claims may grow. It is the cluster's configuration, not a service's: up writes it with its own
 // credentials.
 func installStorageClass(ctx context.Context, admin *rest.Config) error {
 	c, err := client.New(admin, client.Options{})

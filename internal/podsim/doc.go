@@ -1,22 +1,16 @@
-// Package podsim is the kubelet, and the binding step of kube-scheduler, of the
-// simulated nodes of `crdipc up`: it runs their Pods as local processes, so that
-// workloads such as the BitcoinNetwork operator's StatefulSets really run in one
-// process on a laptop, against the real embedded API server.
+// Package podsim is the kubelet of the simulated nodes of `crdipc up`: it runs their Pods
+// as local processes, so that workloads such as the BitcoinNetwork operator's
+// StatefulSets really run in one process on a laptop, against the real embedded API
+// server.
 //
 // # What it simulates
 //
-// Scheduling. A Pod with no spec.nodeName whose schedulerName is default-scheduler (or
-// empty) is bound, through the pods/binding subresource as kube-scheduler binds, to a
-// Ready simulated Node (Options.NodeLabel; by default simnode.Label,
-// crdipc.io/simulated=true) that is not cordoned, matches the pod's nodeSelector and
-// required node affinity and whose NoSchedule/NoExecute taints the pod tolerates; among
-// those, the Node with the fewest unfinished pods. The taints node.kubernetes.io/not-ready and unreachable are
-// left to the Ready condition they stand for: admission puts not-ready on every new Node
-// and only the node lifecycle controller, which up does not run, would take it off.
-// Pods with scheduling gates wait for them to be removed. When no node fits, the pod
-// stays Pending with PodScheduled=False, reason Unschedulable and a message in
-// kube-scheduler's words ("0/3 nodes are available: …"), and is tried again when a
-// simulated Node changes.
+// Scheduling is not its part: kube-scheduler, which the control plane of `crdipc up` runs,
+// binds pods to nodes, simulated ones (Options.NodeLabel; by default simnode.Label,
+// crdipc.io/simulated=true) among them, by their labels, taints and the capacity package
+// simnode reports for them. podsim only runs the pods bound to simulated Nodes; pods bound
+// to other nodes are their kubelets' business, and a pod kube-scheduler cannot place
+// stays Pending with the PodScheduled=False condition kube-scheduler writes.
 //
 // Running. Every pod bound to a simulated Node gets a loopback IP of its own,
 // 127.2.x.y (Linux routes all of 127.0.0.0/8 to lo, so each pod can listen on its own
@@ -96,7 +90,8 @@
 // Pdeathsig SIGKILL, so even an up that dies without stopping them takes them along.
 //
 // Nodes. A simulated Node that is deleted takes its pods with it, as
-// kube-controller-manager's pod garbage collector would (there is none in up): their
+// kube-controller-manager's pod garbage collector does, but at once (up runs that
+// collector too, which waits 40 s; the tests' control planes do not run it): their
 // processes are stopped, their directories removed, and the pods marked Failed with a
 // DisruptionTarget condition (reason DeletionByPodGC) and deleted, so that a
 // StatefulSet recreates them on a node that exists. A Node that loses the simulated
@@ -118,6 +113,7 @@
 // one that mounts a PVC does not start (RunContainerError). No liveness or startup probes, lifecycle hooks, ephemeral containers,
 // per-container restart rules, pod resize, or image changes of a running pod. No
 // exec, attach, port-forward or logs API: read Root/<pod UID>/<container>.log instead.
-// No pod (anti-)affinity or topology spread in scheduling, no preemption, no node
-// resources. hostNetwork pods get a loopback IP like every other pod.
+// Resource requests and limits count only for kube-scheduler's fit against the node's
+// reported capacity; nothing enforces them. hostNetwork pods get a loopback IP like every
+// other pod.
 package podsim

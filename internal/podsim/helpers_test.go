@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -218,6 +220,8 @@ func newSim(t *testing.T, nodes ...string) *sim {
 // node is the full name of one of this test's nodes.
 func (s *sim) node(name string) string { return s.id + "-" + name }
 
+// addNode adds a Ready node of this test, with the capacity a kubelet reports, on which
+// the control plane's kube-scheduler may place pods.
 func (s *sim) addNode(name string, labels map[string]string) *corev1.Node {
 	s.t.Helper()
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.node(name), Labels: map[string]string{clusterLabel: s.id}}}
@@ -233,10 +237,48 @@ func (s *sim) addNode(name string, labels map[string]string) *corev1.Node {
 		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "Test",
 		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(),
 	}}
+	// Without allocatable pods kube-scheduler finds the node full ("Too many pods").
+	n.Status.Capacity = nodeCapacity()
+	n.Status.Allocatable = nodeCapacity()
 	if err := s.c.Status().Update(ctx, n); err != nil {
 		s.t.Fatal(err)
 	}
+	untaint(s.t, s.c, n.Name)
 	return n
+}
+
+// nodeCapacity is what a small node's kubelet reports as capacity and allocatable.
+func nodeCapacity() corev1.ResourceList {
+	return corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("4"),
+		corev1.ResourceMemory: resource.MustParse("8Gi"),
+		corev1.ResourcePods:   resource.MustParse("110"),
+	}
+}
+
+// untaint takes the taint node.kubernetes.io/not-ready off Ready nodes, as the node
+// lifecycle controller does: admission (TaintNodesByCondition) puts it on every new
+// Node, kube-scheduler places no pod on a node that has it, and the tests' control plane
+// runs no node lifecycle controller to take it off.
+func untaint(t testing.TB, c client.Client, nodes ...string) {
+	t.Helper()
+	for _, name := range nodes {
+		testenv.Eventually(t, 30*time.Second, "node "+name+" without the not-ready taint", func(ctx context.Context) (bool, error) {
+			var n corev1.Node
+			if err := c.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil {
+				return false, err
+			}
+			base := n.DeepCopy()
+			n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeNotReady })
+			if len(n.Spec.Taints) == len(base.Spec.Taints) {
+				return true, nil
+			}
+			if err := c.Patch(ctx, &n, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+				return false, err
+			}
+			return true, nil
+		})
+	}
 }
 
 // runtime is a running manager with podsim in it.
@@ -301,6 +343,9 @@ func (s *sim) pod(name string, args ...string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: s.ns, Name: name, Labels: map[string]string{"app": name}},
 		Spec: corev1.PodSpec{
+			// kube-scheduler places pods on every node of the control plane: only this
+			// test's nodes, which its runtime serves, will do.
+			NodeSelector:                  map[string]string{clusterLabel: s.id},
 			TerminationGracePeriodSeconds: ptr.To[int64](5),
 			Containers: []corev1.Container{{
 				Name:  "server",
@@ -327,12 +372,18 @@ func (s *sim) create(obj client.Object) {
 	}
 }
 
-// waitPod waits until the pod satisfies cond and returns it; it fails with the pod's
-// last state.
+// waitPod waits up to 30 s until the pod satisfies cond and returns it; it fails with
+// the pod's last state.
 func (s *sim) waitPod(name, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
 	s.t.Helper()
+	return s.waitPodWithin(30*time.Second, name, what, cond)
+}
+
+// waitPodWithin is waitPod with another deadline.
+func (s *sim) waitPodWithin(timeout time.Duration, name, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
+	s.t.Helper()
 	var pod corev1.Pod
-	err := wait.Until(context.Background(), 30*time.Second, func(ctx context.Context) (bool, error) {
+	err := wait.Until(context.Background(), timeout, func(ctx context.Context) (bool, error) {
 		if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: name}, &pod); err != nil {
 			return false, err
 		}

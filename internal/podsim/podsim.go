@@ -73,8 +73,9 @@ const (
 	defaultStopTimeout       = 10 * time.Second
 )
 
-// Add adds the scheduler (binding) and runtime (kubelet) controllers of the simulated
-// nodes to mgr, and a runnable that stops every process when mgr stops.
+// Add adds the runtime (kubelet) controller of the simulated nodes to mgr, and a runnable
+// that stops every process when mgr stops. It runs the pods bound to simulated nodes;
+// binding them is kube-scheduler's job (the control plane's, as `crdipc up` runs it).
 func Add(mgr manager.Manager, o Options) error {
 	if o.Root == "" {
 		return fmt.Errorf("podsim: a root directory is required")
@@ -122,9 +123,6 @@ func Add(mgr manager.Manager, o Options) error {
 	sort.Strings(names)
 
 	if err := addIndexes(mgr); err != nil {
-		return err
-	}
-	if err := addScheduler(mgr, nodes, o.NodeLabel); err != nil {
 		return err
 	}
 	return addRuntime(mgr, o, nodes, images, names)

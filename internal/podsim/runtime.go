@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -109,6 +110,41 @@ func addRuntime(mgr manager.Manager, o Options, nodes labels.Selector, images ma
 		})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(r)
+}
+
+// Field indexes on the manager's Pod cache.
+const (
+	nodeNameIndex = "podsim.spec.nodeName"
+	podIPIndex    = "podsim.status.podIP"
+)
+
+func addIndexes(mgr manager.Manager) error {
+	ctx := context.Background()
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, nodeNameIndex, func(o client.Object) []string {
+		return []string{o.(*corev1.Pod).Spec.NodeName}
+	}); err != nil {
+		return fmt.Errorf("podsim: indexing pods by node: %w", err)
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, podIPIndex, func(o client.Object) []string {
+		if ip := o.(*corev1.Pod).Status.PodIP; ip != "" {
+			return []string{ip}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("podsim: indexing pods by IP: %w", err)
+	}
+	return nil
+}
+
+// selected passes events of Nodes the selector matches, before or after the change.
+func selected(nodes labels.Selector) predicate.Funcs {
+	match := func(o client.Object) bool { return nodes.Matches(labels.Set(o.GetLabels())) }
+	return predicate.Funcs{
+		CreateFunc:  func(e event.CreateEvent) bool { return match(e.Object) },
+		UpdateFunc:  func(e event.UpdateEvent) bool { return match(e.ObjectOld) || match(e.ObjectNew) },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return match(e.Object) },
+		GenericFunc: func(e event.GenericEvent) bool { return match(e.Object) },
+	}
 }
 
 func (r *runtime) podsOfNode(ctx context.Context, node client.Object) []reconcile.Request {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -232,3 +234,7 @@ func setCondition(st *corev1.PodStatus, c corev1.PodCondition) {
 	c.ObservedGeneration = old.ObservedGeneration
 	*old = c
 }
+
+// now is the current time at the resolution the API stores (seconds), so a status
+// computed twice compares equal to the stored one.
+func now() metav1.Time { return metav1.NewTime(time.Now().Truncate(time.Second)) }

@@ -73,6 +73,7 @@ func TestPodVolumes(t *testing.T) {
 	t.Cleanup(nodes.Stop)
 
 	cluster := storagecluster.Start(t, storagecluster.Options{Nodes: 2})
+	untaint(t, c, "node-1", "node-2")
 	sidecarMgr := testenv.NewManager(t, env.Config)
 	if err := sidecar.Add(sidecarMgr, sidecar.Options{DriverEndpoint: endpoint, DriverName: driver.Name, CallTimeout: 10 * time.Second, BackoffBase: 200 * time.Millisecond, BackoffMax: 2 * time.Second}); err != nil {
 		t.Fatal(err)
@@ -141,9 +142,12 @@ func TestPodVolumes(t *testing.T) {
 		return err == nil, err
 	})
 
-	// The writer comes first: it waits for its claim, as a pod applied with it does.
+	// The writer comes first and names its node: the kubelet waits for its claim, as for
+	// a pod applied with it. (A pod that leaves its node to kube-scheduler is not bound
+	// before its claim is.)
 	script := `set -e; echo "written on $NODE" > /data/msg; sha256sum /data/msg > /data/msg.sha256; sync; cat /data/msg.sha256`
 	writer := volumePod(ns, "writer", "node-1", script)
+	writer.Spec.NodeName = "node-1"
 	if err := c.Create(ctx, writer); err != nil {
 		t.Fatal(err)
 	}

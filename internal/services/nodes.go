@@ -24,8 +24,9 @@ func nodesEntry() Entry {
 		Long: `nodes plays what a cluster's nodes and their kubelets do, on this machine: it
 creates --count Nodes (node-1 … node-N, label ` + simnode.Label + `=true) and
 reports every Node with that label Ready while it runs (Ready=Unknown once it
-stops); it binds pods to them and runs their containers as local processes, each
-pod on a loopback IP of its own, running the images it can: bitcoin/bitcoin as
+stops); it runs the containers of the pods the cluster's kube-scheduler binds to
+them as local processes, each pod on a loopback IP of its own, running the
+images it can: bitcoin/bitcoin as
 btcd (go install ` + btcd.Module + `), busybox as the host's sh and tools;
 other images wait with reason ImageNotSimulated. It mounts a pod's
 PersistentVolumeClaims of the CSI driver csi.crdipc.io as kubelet does, through
