@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -14,7 +15,10 @@ import (
 // startControllerManager runs the named kube-controller-manager controllers
 // in this process, without leader election (there is one) and without a
 // serving port (its health is the API server's concern here).
-func startControllerManager(ctx context.Context, kubeconfig string, p pki, controllers []string) (*component, error) {
+//
+// dataDir takes what the controllers would otherwise write on the host (the attach/detach
+// controller's flex-volume plugin directory, under /usr/libexec by default).
+func startControllerManager(ctx context.Context, kubeconfig, dataDir string, p pki, controllers []string) (*component, error) {
 	registerVersion()
 	s, err := options.NewKubeControllerManagerOptions()
 	if err != nil {
@@ -32,6 +36,7 @@ func startControllerManager(ctx context.Context, kubeconfig string, p pki, contr
 		"--secure-port=0",
 		"--service-account-private-key-file=" + p.serviceAccountKey,
 		"--root-ca-file=" + p.caCert,
+		"--flex-volume-plugin-dir=" + filepath.Join(dataDir, "flexvolume"),
 		// The CSR signer issues client certificates from the cluster's CA: a node's
 		// kubeconfig (crdipc kubeconfig) is a CertificateSigningRequest approved by an admin.
 		"--cluster-signing-cert-file=" + p.caCert,

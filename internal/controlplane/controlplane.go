@@ -299,7 +299,7 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 		kcmCtx, stopKCM := context.WithCancel(runCtx)
 		var kcm *component
 		cpushare.Do("kube-controller-manager", func() {
-			kcm, err = startControllerManager(kcmCtx, controllerKubeconfig, cp.pki, controllers)
+			kcm, err = startControllerManager(kcmCtx, controllerKubeconfig, dir, cp.pki, controllers)
 		})
 		if err != nil {
 			stopKCM()

@@ -165,16 +165,20 @@ func TestRealNode(t *testing.T) {
 	phase("hack/realnode.sh deps")
 	// A leftover of an interrupted run would make join refuse: clean it first.
 	run(t, 3*time.Minute, nil, "hack/realnode.sh", "down", "--dir", workDir)
-	run(t, time.Minute, nil, "hack/realnode.sh", "network")
-	t.Cleanup(func() {
+	down := func() {
 		if out, err := runErr(5*time.Minute, c.env(), "hack/realnode.sh", "down", "--dir", workDir); err != nil {
 			t.Errorf("hack/realnode.sh down: %v\n%s", err, out)
 		}
-	})
+	}
+	run(t, time.Minute, nil, "hack/realnode.sh", "network")
+	t.Cleanup(down) // the bridge, if up does not start
 
 	// up as the README's users start it for a real node: nothing but the control plane.
 	c.dataDir = t.TempDir()
 	c.startUp(t, "up", "--services=none", "--nodes", "0", "--advertise-address", advertise, "--data-dir", c.dataDir)
+	// Cleanups run last first: the node goes while the API server still answers, so its
+	// pods are deleted through the kubelet (a second down finds nothing left).
+	t.Cleanup(down)
 	phase("crdipc up --services=none --nodes 0")
 
 	creds := t.TempDir()
@@ -235,8 +239,6 @@ func (c *cluster) startUp(t *testing.T, args ...string) {
 		_, _ = io.Copy(io.Discard, stdout)
 		c.upExited <- cmd.Wait()
 	}()
-	// Registered before the harness's cleanup, so it runs after it: the node goes first,
-	// while the API server still answers.
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGINT)
 		select {
