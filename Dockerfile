@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
 # The crdipc image: one binary, every service (`crdipc <command>`), for config/default.
-#   make image                      # docker build -t crdipc/crdipc:$(cat VERSION) .
-# See docs/deploy.md.
+#   make image-docker               # docker build -t crdipc/crdipc:$(cat VERSION) .
+# `make image` builds the same contents without a Docker engine (hack/image.sh: Debian packages,
+# umoci, skopeo) into bin/crdipc-image.tar: keep the two in step (packages, labels, user,
+# entrypoint). See docs/deploy.md.
 
 # Build: a static binary. The only cgo in crdipc's dependency graph is the standard library's
 # (net, os/user), which has pure-Go fallbacks, so CGO_ENABLED=0 and no libc to match at run time.
@@ -24,7 +26,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends mount util-linux e2fsprogs xfsprogs fuse3 \
     && rm -rf /var/lib/apt/lists/*
 # The binary's version comes from the file VERSION (embedded by the root package); this is
-# only the image's label. `make image` passes the same file's contents.
+# only the image's label. `make image-docker` passes the same file's contents.
 ARG VERSION=dev
 LABEL org.opencontainers.image.title="crdipc" \
       org.opencontainers.image.description="Kubernetes custom resources as the channel between services" \

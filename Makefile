@@ -54,7 +54,11 @@ build: ## Build bin/crdipc.
 VERSION := $(shell cat VERSION)
 IMAGE ?= crdipc/crdipc:$(VERSION)
 .PHONY: image
-image: ## docker build the image crdipc/crdipc:<contents of VERSION> (IMAGE=name:tag overrides). Needs a Docker engine: CI and the dev machines have only the docker client, so it does not run there.
+image: ## Build the image crdipc/crdipc:<contents of VERSION> into bin/crdipc-image.tar (docker-archive; its static binary as bin/crdipc) without Docker or a registry: root, apt, umoci, skopeo (hack/image.sh; IMAGE=name:tag overrides). Load it with ctr -n k8s.io images import bin/crdipc-image.tar.
+	IMAGE="$(IMAGE)" hack/image.sh
+
+.PHONY: image-docker
+image-docker: ## docker build the same image from the Dockerfile (IMAGE=name:tag overrides). Needs a Docker engine with BuildKit, which CI and the dev machines lack.
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 .PHONY: up

@@ -195,7 +195,7 @@ func TestRealNode(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	t.Run("pod scheduled, logs", func(t *testing.T) { c.testPod(t) })
+	t.Run("pod scheduled and its logs", func(t *testing.T) { c.testPod(t) })
 	phase("a pod scheduled, its logs read")
 	if t.Failed() {
 		return
@@ -321,7 +321,7 @@ func (c *cluster) apply(t *testing.T, manifest string) {
 // testDeploy: config/default, as docs/deploy.md applies it, with the image imported
 // into the node: every Deployment and DaemonSet of crdipc-system becomes available.
 func (c *cluster) testDeploy(t *testing.T) {
-	c.kubectl(t, "apply", "--server-side", "-k", "config/default")
+	c.kubectl(t, "apply", "-k", "config/default")
 	c.wait(t, 4*time.Minute, "--for=condition=Available", "deployment", "--all", "-n", "crdipc-system")
 	for _, ds := range strings.Fields(c.kubectl(t, "get", "daemonsets", "-n", "crdipc-system", "-o", "name")) {
 		out, err := runErr(4*time.Minute, c.env(), "kubectl", "rollout", "status", ds, "-n", "crdipc-system", "--timeout=4m")
