@@ -2,6 +2,8 @@ package services
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -11,6 +13,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/crdipc/crdipc/internal/csi/driver"
+	"github.com/crdipc/crdipc/internal/csi/registration"
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
 	"github.com/crdipc/crdipc/internal/csi/snapshotcontroller"
 	"github.com/crdipc/crdipc/internal/install"
@@ -31,6 +34,13 @@ VolumeAttachments for it and calls it over the socket.
 CStorVolumes, as its CSI Probe says) and /metrics with
 crdipc_csi_operations_seconds{method,grpc_status_code}.
 
+A node plugin (--node-id) registers with the kubelet itself, as upstream's
+csi-node-driver-registrar would: with --registration-dir (the kubelet's
+/var/lib/kubelet/plugins_registry) it serves the kubelet's plugin-registration API on
+<registration-dir>/csi.crdipc.io-reg.sock once its CSI socket answers, and reports
+--kubelet-registration-path as the socket the kubelet dials. If the kubelet refuses the
+driver, /healthz fails, so that a liveness probe restarts the container.
+
 In crdipc up the controller instance serves <data-dir>/csi/csi.sock, and each
 simulated node's Node service runs with the simulated nodes (crdipc nodes), on
 <data-dir>/csi/nodes/<node>/csi.sock. The controller socket relays Node calls to
@@ -47,6 +57,8 @@ node-1's node plugin, so a tool that dials one socket meets a whole driver:
 type csiDriverService struct {
 	o                  driver.Options
 	endpoint, httpAddr string
+	// registrationDir and kubeletPath: registration with the kubelet (a node plugin only).
+	registrationDir, kubeletPath string
 }
 
 func (s *csiDriverService) AddFlags(fs *pflag.FlagSet) {
@@ -57,18 +69,31 @@ func (s *csiDriverService) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&s.o.ExtraRoots, "extra-root", nil, "more directories the Node service's paths may lie in besides --kubelet-root (e.g. "+os.TempDir()+" for csi-sanity's default paths)")
 	fs.StringVar(&s.o.Namespace, "namespace", install.SystemNamespace, "namespace of the CStorVolumes the driver creates")
 	fs.StringVar(&s.httpAddr, "http-bind-address", s.httpAddr, "address for /healthz, /readyz (the CSI Probe) and Prometheus /metrics ('0' disables)")
+	fs.StringVar(&s.registrationDir, "registration-dir", "", "the kubelet's plugin registration directory (/var/lib/kubelet/plugins_registry): a node plugin registers with the kubelet through a socket there, and /healthz fails if the kubelet refuses it (empty: no registration; the kubelet must learn of the driver otherwise)")
+	fs.StringVar(&s.kubeletPath, "kubelet-registration-path", "", "the CSI socket's absolute path on the host, which the kubelet is told to dial when the node plugin registers (default: --endpoint's path, right where the container sees the socket at its host path)")
 }
 
 func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 	o, endpoint, httpAddr := s.o, s.endpoint, s.httpAddr
+	registrationDir, kubeletPath := s.registrationDir, s.kubeletPath
 	if env.Local != nil {
 		// Controller only: the simulated nodes run the Node services, and node-1's answers
 		// this socket's Node calls too (a tool that dials one socket meets a whole driver).
+		// No kubelet to register with.
 		o.NodeID, o.TargetDir, httpAddr = "", filepath.Join(env.Local.DataDir, "csi", "targets"), "0"
+		registrationDir, kubeletPath = "", ""
 		endpoint = filepath.Join(env.Local.DataDir, "csi", "csi.sock")
 		if env.Local.Nodes > 0 {
 			o.NodeRelay = filepath.Join(env.Local.DataDir, "csi", "nodes", simnode.NodeName(1), "csi.sock")
 		}
+	}
+	switch {
+	case registrationDir != "" && o.NodeID == "":
+		return errors.New("--registration-dir needs --node-id: only a node plugin registers with the kubelet")
+	case kubeletPath != "" && registrationDir == "":
+		return errors.New("--kubelet-registration-path needs --registration-dir: it is what the driver tells the kubelet when it registers")
+	case kubeletPath != "" && !filepath.IsAbs(kubeletPath):
+		return fmt.Errorf("--kubelet-registration-path %q: want the CSI socket's absolute path on the host (a path, not a unix:// URL)", kubeletPath)
 	}
 	if err := Absolute(&o.TargetDir); err != nil {
 		return err
@@ -81,6 +106,20 @@ func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 	d, err := driver.New(o)
 	if err != nil {
 		return err
+	}
+	var reg *registration.Server
+	if registrationDir != "" {
+		if kubeletPath == "" {
+			if kubeletPath, err = driver.SocketPath(endpoint); err != nil {
+				return err
+			}
+		}
+		// It offers the driver to the kubelet once the CSI socket answers, and withdraws it
+		// when the manager stops (or when serving CSI fails, which stops the manager).
+		reg, err = registration.New(registration.Options{Dir: registrationDir, Name: driver.Name, Endpoint: kubeletPath, CSIEndpoint: endpoint})
+		if err != nil {
+			return err
+		}
 	}
 	l, err := driver.Listen(endpoint)
 	if err != nil {
@@ -95,6 +134,13 @@ func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 	} else {
 		env.say("csi      %s", endpoint)
 	}
+	h := d.Handler(ctrlmetrics.Registry)
+	if reg != nil {
+		if err := mgr.Add(reg); err != nil {
+			return err
+		}
+		h = reg.Healthz(h)
+	}
 	if httpAddr == "0" {
 		return nil
 	}
@@ -102,7 +148,7 @@ func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 	if err != nil {
 		return err
 	}
-	return mgr.Add(&HTTPServer{Name: "csi-driver http", Listener: hl, Handler: d.Handler(ctrlmetrics.Registry)})
+	return mgr.Add(&HTTPServer{Name: "csi-driver http", Listener: hl, Handler: h})
 }
 
 func csiSidecarEntry() Entry {

@@ -200,15 +200,18 @@ type defaultObject struct {
 				ServiceAccountName string             `json:"serviceAccountName"`
 				InitContainers     []corev1.Container `json:"initContainers"`
 				Containers         []corev1.Container `json:"containers"`
+				Volumes            []corev1.Volume    `json:"volumes"`
 			} `json:"spec"`
 		} `json:"template"`
 	} `json:"spec"`
 }
 
 // checkDefault checks what a dry run does not: that config/default holds every CRD, every
-// service and the namespace crdipc needs, that every crdipc container runs the image of the
-// version in VERSION, that each workload's ServiceAccount is deployed with it, and that it
-// holds no object of a kind the cluster may not serve.
+// service and the namespace crdipc needs, that every container runs the crdipc image of the
+// version in VERSION (no upstream sidecar: the CSI node plugin registers with the kubelet
+// itself), that each workload's ServiceAccount is deployed with it, that the node plugin's
+// sockets are where the kubelet looks, and that it holds no object of a kind the cluster may
+// not serve.
 func checkDefault(t *testing.T, docs [][]byte) {
 	t.Helper()
 	raw, err := os.ReadFile("../../VERSION")
@@ -249,7 +252,7 @@ func checkDefault(t *testing.T, docs [][]byte) {
 		}
 		pod := o.Spec.Template.Spec
 		for _, c := range slices.Concat(pod.InitContainers, pod.Containers) {
-			if c.Image != image && !strings.HasPrefix(c.Image, "registry.k8s.io/") {
+			if c.Image != image {
 				t.Errorf("%s: container %s runs %s, want %s (config/default's images: newTag = VERSION)", key, c.Name, c.Image, image)
 			}
 		}
@@ -279,11 +282,70 @@ func checkDefault(t *testing.T, docs [][]byte) {
 			t.Errorf("config/default has no %s", w)
 		}
 	}
+	if o, ok := objects["DaemonSet crdipc-system/crdipc-csi-node"]; ok {
+		checkCSINode(t, o)
+	}
 	ns, ok := objects["Namespace "+install.SystemNamespace]
 	if !ok {
 		t.Errorf("config/default has no Namespace %s", install.SystemNamespace)
 	} else if got := ns.Metadata.Labels[install.PodSecurityLabel]; got != "privileged" {
 		t.Errorf("Namespace %s: label %s=%q, want privileged (as crdipc install sets it)", install.SystemNamespace, install.PodSecurityLabel, got)
+	}
+}
+
+// checkCSINode checks the kubelet's view of the CSI node plugin, which neither a dry run nor
+// anything of `crdipc up` sees: the driver registers through the kubelet's plugins_registry
+// on the host, and the CSI socket it tells the kubelet to dial (--kubelet-registration-path,
+// by default --endpoint's path) is the host path of the socket it serves.
+func checkCSINode(t *testing.T, o defaultObject) {
+	t.Helper()
+	const kubeletRoot = "/var/lib/kubelet"
+	pod := o.Spec.Template.Spec
+	i := slices.IndexFunc(pod.Containers, func(c corev1.Container) bool { return c.Name == "csi-driver" })
+	if i < 0 {
+		t.Errorf("crdipc-csi-node: no container csi-driver")
+		return
+	}
+	c := pod.Containers[i]
+	flags := map[string]string{}
+	for _, a := range c.Args {
+		if name, value, ok := strings.Cut(a, "="); ok && strings.HasPrefix(name, "--") {
+			flags[name] = value
+		}
+	}
+	// hostPath is where path inside the container is on the host, "" if it is not on a
+	// hostPath volume.
+	hostPath := func(path string) string {
+		var best *corev1.VolumeMount
+		for j, m := range c.VolumeMounts {
+			if (path == m.MountPath || strings.HasPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/")) && (best == nil || len(m.MountPath) > len(best.MountPath)) {
+				best = &c.VolumeMounts[j]
+			}
+		}
+		if best == nil {
+			return ""
+		}
+		for _, v := range pod.Volumes {
+			if v.Name == best.Name && v.HostPath != nil {
+				return v.HostPath.Path + strings.TrimPrefix(path, best.MountPath)
+			}
+		}
+		return ""
+	}
+	if got := hostPath(flags["--registration-dir"]); flags["--registration-dir"] == "" || got != kubeletRoot+"/plugins_registry" {
+		t.Errorf("crdipc-csi-node: --registration-dir=%q is %q on the host, want the kubelet's %s/plugins_registry", flags["--registration-dir"], got, kubeletRoot)
+	}
+	sock, ok := strings.CutPrefix(flags["--endpoint"], "unix://")
+	if !ok {
+		t.Errorf("crdipc-csi-node: --endpoint=%q, want unix:///<path>", flags["--endpoint"])
+		return
+	}
+	told := flags["--kubelet-registration-path"]
+	if told == "" {
+		told = sock
+	}
+	if host := hostPath(sock); host == "" || host != told || !strings.HasPrefix(host, kubeletRoot+"/plugins/") {
+		t.Errorf("crdipc-csi-node: the CSI socket %s is %q on the host and the kubelet is told %s: want one path under %s/plugins", sock, host, told, kubeletRoot)
 	}
 }
 
