@@ -50,9 +50,9 @@ func capable(t *testing.T) {
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		missing = append(missing, "kubectl")
 	}
-	if _, err := os.Stat("/proc/sys/net/bridge"); err != nil {
-		if _, err := os.Stat("/sys/class/net"); err != nil {
-			missing = append(missing, "network namespaces and bridges")
+	for _, tool := range []string{"ip", "iptables", "apt-get", "mount"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			missing = append(missing, tool)
 		}
 	}
 	if len(missing) == 0 {
