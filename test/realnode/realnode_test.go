@@ -209,6 +209,48 @@ func TestRealNode(t *testing.T) {
 	phase("a Book Ready")
 	t.Run("volume", func(t *testing.T) { c.testVolume(t) })
 	phase("a volume written and read back")
+	// Last: it stops the kubelet.
+	t.Run("node lifecycle", func(t *testing.T) { c.testNodeLost(t) })
+	phase("the stopped kubelet's node Unknown")
+}
+
+// testNodeLost: a kubelet that stops renewing its Lease is noticed by the node lifecycle
+// controller: the node turns Unknown and is tainted unreachable.
+func (c *cluster) testNodeLost(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(workDir, "pids", "kubelet"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if _, err := fmt.Sscan(string(b), &pid); err != nil {
+		t.Fatalf("pids/kubelet %q: %v", b, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("stopping the kubelet (pid %d): %v", pid, err)
+	}
+	// The grace period is 50 s; the controller looks every 5 s.
+	c.wait(t, 2*time.Minute, "--for=condition=Ready=Unknown", "node/"+node)
+	c.poll(t, time.Minute, "node "+node+" tainted unreachable:NoExecute", func() (bool, string) {
+		taints := c.kubectl(t, "get", "node", node, "-o", `jsonpath={range .spec.taints[*]}{.key}:{.effect}{" "}{end}`)
+		return strings.Contains(taints, "node.kubernetes.io/unreachable:NoExecute"), taints
+	})
+}
+
+// poll checks cond every second until it holds, failing after timeout with the last
+// state cond reported. Polling, since kubectl has nothing to watch for these.
+func (c *cluster) poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %s; last: %s\n%s", what, timeout, state, c.describe())
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // startUp runs crdipc args... and returns once it printed its export line.
@@ -270,17 +312,10 @@ func (c *cluster) testNode(t *testing.T) {
 		t.Errorf("an anonymous request to the kubelet: HTTP %s, want 401", out)
 	}
 	c.wait(t, time.Minute, "--for=jsonpath={.data.ca\\.crt}", "configmap/kube-root-ca.crt", "-n", "default")
-	deadline := time.Now().Add(time.Minute)
-	for {
+	c.poll(t, time.Minute, "node "+node+" without the not-ready taint", func() (bool, string) {
 		taints := c.kubectl(t, "get", "node", node, "-o", "jsonpath={.spec.taints}")
-		if !strings.Contains(taints, "not-ready") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %s still tainted not-ready a minute after Ready: %s", node, taints)
-		}
-		time.Sleep(time.Second) // polling the API: nothing to watch from kubectl
-	}
+		return !strings.Contains(taints, "not-ready"), taints
+	})
 }
 
 // testPod: a busybox pod that names no node is scheduled to the real node, runs, and its
