@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
@@ -44,6 +45,11 @@ func csiSource(vol *storagev1alpha1.CStorVolume) *csi.VolumeContentSource {
 // cloneSnapshotName is the CSI name of the snapshot a clone named name is filled from.
 func cloneSnapshotName(name string) string { return "clone-" + name }
 
+// labelClone on the snapshot a clone is filled from is the clone's volume id: DeleteVolume
+// of a clone whose CStorVolume was never made (CreateVolume cut short after the snapshot)
+// finds the snapshot by it.
+const labelClone = "csi.crdipc.io/clone"
+
 // fillSource resolves the content source of a new volume of size bytes named name to the
 // CStorVolumeSnapshot that fills it: a snapshot as it is; a volume (a clone) through a
 // snapshot of it taken now, which the driver deletes once the clone is Ready.
@@ -77,7 +83,7 @@ func (d *Driver) fillSource(ctx context.Context, name string, src *csi.VolumeCon
 	if n, err := storagev1alpha1.Bytes(srcVol.Spec.Capacity); err != nil || n > size {
 		return "", status.Errorf(codes.OutOfRange, "volume %s is %s, larger than the requested %d bytes", srcVol.Name, srcVol.Spec.Capacity.String(), size)
 	}
-	snap, err := d.snapshot(ctx, cloneSnapshotName(name), srcVol)
+	snap, err := d.snapshot(ctx, cloneSnapshotName(name), srcVol, map[string]string{labelClone: VolumeID(name)})
 	if err != nil {
 		return "", err
 	}
@@ -93,6 +99,26 @@ func (d *Driver) dropCloneSnapshot(ctx context.Context, vol *storagev1alpha1.CSt
 	}
 	if _, err := d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: vol.Spec.Source.Snapshot}); err != nil {
 		return fmt.Errorf("deleting snapshot %s, which clone %s was filled from: %w", vol.Spec.Source.Snapshot, vol.Name, err)
+	}
+	return nil
+}
+
+// dropUnusedCloneSnapshots deletes the snapshots taken to fill clone id, a volume that does
+// not exist: CreateVolume took the snapshot and was cut short before it made the volume, or
+// the volume was deleted without them. Nothing else would delete them, and they would keep
+// the clone's source from being deleted.
+func (d *Driver) dropUnusedCloneSnapshots(ctx context.Context, id string) error {
+	if len(validation.IsValidLabelValue(id)) > 0 {
+		return nil // no volume id the driver gives is one: no snapshot carries it
+	}
+	var l storagev1alpha1.CStorVolumeSnapshotList
+	if err := d.c.List(ctx, &l, client.InNamespace(d.o.Namespace), client.MatchingLabels{labelClone: id}); err != nil {
+		return apiError("listing the snapshots taken for the clone", err)
+	}
+	for _, s := range l.Items {
+		if _, err := d.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: s.Name}); err != nil {
+			return status.Errorf(codes.Unavailable, "deleting snapshot %s, taken to fill clone %s: %v", s.Name, id, err)
+		}
 	}
 	return nil
 }

@@ -92,8 +92,8 @@ func TestCreateVolumeRefusesAnotherRequestsVolume(t *testing.T) {
 
 // A unit test with the fake client: deleting a clone that never became Ready deletes the
 // snapshot of its source it was being filled from (nothing else would, and it would keep
-// the source from being deleted); a volume restored from a user's snapshot leaves that
-// snapshot alone.
+// the source from being deleted), also when CreateVolume took the snapshot and never made
+// the volume; a volume restored from a user's snapshot leaves that snapshot alone.
 func TestDeleteVolumeDropsTheCloneSnapshot(t *testing.T) {
 	ns := install.SystemNamespace
 	vol := func(name, source, snap string) *storagev1alpha1.CStorVolume {
@@ -108,6 +108,9 @@ func TestDeleteVolumeDropsTheCloneSnapshot(t *testing.T) {
 			Spec:       storagev1alpha1.CStorVolumeSnapshotSpec{Volume: of},
 		}
 	}
+	// The snapshot CreateVolume of clone "unmade" took before it was cut short.
+	unmade := snapshot("clone-unmade", "src")
+	unmade.Labels = map[string]string{labelClone: "unmade"}
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).
 		WithIndex(&storagev1alpha1.CStorVolumeSnapshot{}, storagev1alpha1.FieldVolume, func(o client.Object) []string {
 			return []string{o.(*storagev1alpha1.CStorVolumeSnapshot).Spec.Volume}
@@ -115,13 +118,14 @@ func TestDeleteVolumeDropsTheCloneSnapshot(t *testing.T) {
 		WithObjects(
 			vol("clone", "volume:src", "clone-snap"), snapshot("clone-snap", "src"),
 			vol("restored", "snapshot:users-snap", "users-snap"), snapshot("users-snap", "src"),
+			unmade,
 		).Build()
 	d, err := New(Options{Client: c, Registerer: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	for _, id := range []string{"clone", "restored"} {
+	for _, id := range []string{"clone", "restored", "unmade"} {
 		// The fake client's watch does not report the deletion the call then awaits: it
 		// says Aborted at its deadline, as for a volume whose replicas are still going.
 		dctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -133,6 +137,9 @@ func TestDeleteVolumeDropsTheCloneSnapshot(t *testing.T) {
 	}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "clone-snap"}, &storagev1alpha1.CStorVolumeSnapshot{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the clone's snapshot after deleting the clone: %v, want it gone", err)
+	}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "clone-unmade"}, &storagev1alpha1.CStorVolumeSnapshot{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the snapshot taken for a clone never made, after deleting the clone: %v, want it gone", err)
 	}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "users-snap"}, &storagev1alpha1.CStorVolumeSnapshot{}); err != nil {
 		t.Errorf("the user's snapshot after deleting a volume restored from it: %v, want it kept", err)

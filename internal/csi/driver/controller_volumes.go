@@ -209,9 +209,9 @@ func (d *Driver) largerThanEveryPool(ctx context.Context, vol *storagev1alpha1.C
 	return true, nil
 }
 
-// deleteUnplaced deletes vol if it holds no replica and is published nowhere. A volume that
-// changed since it was read (a pool came, a replica was placed) is left alone and the call
-// is to be retried (Aborted).
+// deleteUnplaced deletes vol if it holds no replica and is published nowhere (a clone with
+// the snapshot it was to be filled from). A volume that changed since it was read (a pool
+// came, a replica was placed) is left alone and the call is to be retried (Aborted).
 func (d *Driver) deleteUnplaced(ctx context.Context, vol *storagev1alpha1.CStorVolume) error {
 	if len(vol.Status.Replicas) > 0 || len(published(vol)) > 0 || !vol.DeletionTimestamp.IsZero() {
 		return nil
@@ -219,6 +219,12 @@ func (d *Driver) deleteUnplaced(ctx context.Context, vol *storagev1alpha1.CStorV
 	err := d.c.Delete(ctx, vol, client.Preconditions{UID: &vol.UID, ResourceVersion: &vol.ResourceVersion})
 	switch {
 	case err == nil, apierrors.IsNotFound(err):
+		// A clone's snapshot of its source goes with it: the caller, told OutOfRange, never
+		// deletes the volume, so nothing else would (Unavailable: the call is retried, and
+		// DeleteVolume of a volume that is gone deletes it too).
+		if err := d.dropCloneSnapshot(ctx, vol); err != nil {
+			return status.Errorf(codes.Unavailable, "volume %s: %v", vol.Name, err)
+		}
 		return nil
 	case apierrors.IsConflict(err):
 		return status.Errorf(codes.Aborted, "volume %s changed while found too large for every pool; retry", vol.Name)
@@ -259,6 +265,9 @@ func (d *Driver) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest)
 	}
 	vol := newVolume()
 	if err := d.c.Get(ctx, d.volumeKey(req.GetVolumeId()), vol); apierrors.IsNotFound(err) {
+		if err := d.dropUnusedCloneSnapshots(ctx, req.GetVolumeId()); err != nil {
+			return nil, err
+		}
 		return &csi.DeleteVolumeResponse{}, nil
 	} else if err != nil {
 		return nil, apiError("reading volume", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"strings"
 	"time"
@@ -53,7 +54,7 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 	} else if err != nil {
 		return nil, apiError("reading volume", err)
 	}
-	snap, err := d.snapshot(ctx, req.GetName(), vol)
+	snap, err := d.snapshot(ctx, req.GetName(), vol, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -65,9 +66,9 @@ func (d *Driver) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequ
 }
 
 // snapshot returns the snapshot of vol named name once it is taken, asking for it if need
-// be: taken here when it falls to this node, else awaited.
-func (d *Driver) snapshot(ctx context.Context, name string, vol *storagev1alpha1.CStorVolume) (*storagev1alpha1.CStorVolumeSnapshot, error) {
-	snap, err := d.snapshotFor(ctx, name, vol)
+// be (with labels): taken here when it falls to this node, else awaited.
+func (d *Driver) snapshot(ctx context.Context, name string, vol *storagev1alpha1.CStorVolume, labels map[string]string) (*storagev1alpha1.CStorVolumeSnapshot, error) {
+	snap, err := d.snapshotFor(ctx, name, vol, labels)
 	if err != nil || snap.Status.ReadyToUse {
 		return snap, err
 	}
@@ -87,8 +88,9 @@ func (d *Driver) snapshot(ctx context.Context, name string, vol *storagev1alpha1
 	return snap, err
 }
 
-// snapshotFor returns the snapshot of vol named name, creating it if need be.
-func (d *Driver) snapshotFor(ctx context.Context, name string, vol *storagev1alpha1.CStorVolume) (*storagev1alpha1.CStorVolumeSnapshot, error) {
+// snapshotFor returns the snapshot of vol named name, creating it (with extra labels) if
+// need be.
+func (d *Driver) snapshotFor(ctx context.Context, name string, vol *storagev1alpha1.CStorVolume, extra map[string]string) (*storagev1alpha1.CStorVolumeSnapshot, error) {
 	id := VolumeID(name)
 	snap := &storagev1alpha1.CStorVolumeSnapshot{}
 	err := d.c.Get(ctx, client.ObjectKey{Namespace: d.o.Namespace, Name: id}, snap)
@@ -98,6 +100,7 @@ func (d *Driver) snapshotFor(ctx context.Context, name string, vol *storagev1alp
 			node = nodes[0] // one node at a time: where its target runs
 		}
 		labels := map[string]string{"app.kubernetes.io/managed-by": Name}
+		maps.Copy(labels, extra)
 		if node != "" {
 			labels[storagev1alpha1.LabelSnapshotNode] = node
 		}

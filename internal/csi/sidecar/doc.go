@@ -11,7 +11,10 @@
 //     claim of the driver gets CreateVolume with that snapshot's handle or that volume's
 //     handle as its content source (a restore, a clone), checked as upstream's
 //     external-provisioner checks it: a source not usable yet is waited for, one that never
-//     can be is a final failure.
+//     can be is a final failure. A clone's source claim is kept (upstream's finalizer
+//     provisioner.storage.kubernetes.io/cloning-protection) until the clones started from
+//     it are Bound, gone or failed for good; what was begun for a clone that is not
+//     provisioned is deleted (provisioner_clone.go).
 //   - The attacher turns VolumeAttachments whose attacher is the driver into
 //     ControllerPublishVolume / ControllerUnpublishVolume calls and reports the outcome in the
 //     VolumeAttachment's status.

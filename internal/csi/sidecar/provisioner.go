@@ -43,6 +43,8 @@ type provisioner struct {
 	o     Options
 	rec   record.EventRecorder
 	log   logr.Logger
+	// clones keeps the sources of the clones being provisioned (provisioner_clone.go).
+	clones *cloneProtection
 	// failed holds the claims whose provisioning failed for good (a final code, or a claim
 	// no request can be made of), by UID, with the resourceVersion that failed. The library
 	// looks at a pending claim again on every resync and update; only a changed claim is
@@ -68,12 +70,12 @@ func (p *provisioner) ShouldProvision(_ context.Context, pvc *corev1.PersistentV
 // newProvisioner returns the library's controller for driver name. Its state machine is
 // upstream's: PVC → Provision → PV with claimRef (bound by the PV binder in the control
 // plane), provisioned-by annotation and finalizer; released PV → Delete → PV removed.
-func newProvisioner(ctx context.Context, cfg *rest.Config, kube kubernetes.Interface, c client.Client, name string, cc csi.ControllerClient, o Options, rec record.EventRecorder, l logr.Logger) (*controller.ProvisionController, error) {
+func newProvisioner(ctx context.Context, cfg *rest.Config, kube kubernetes.Interface, c client.Client, name string, cc csi.ControllerClient, clones *cloneProtection, o Options, rec record.EventRecorder, l logr.Logger) (*controller.ProvisionController, error) {
 	snaps, err := snapclientset.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("csi sidecar: %w", err)
 	}
-	p := &provisioner{driver: name, csi: cc, c: c, kube: kube, snaps: snaps, o: o, rec: rec, log: l, failed: lru.New(failedClaimsRemembered)}
+	p := &provisioner{driver: name, csi: cc, c: c, kube: kube, snaps: snaps, o: o, rec: rec, log: l, failed: lru.New(failedClaimsRemembered), clones: clones}
 	ctx = klog.NewContext(ctx, l)
 	return controller.NewProvisionController(ctx, kube, name, p,
 		// The manager elects the leader; a second election inside would only add latency.
@@ -90,9 +92,25 @@ func newProvisioner(ctx context.Context, cfg *rest.Config, kube kubernetes.Inter
 	), nil
 }
 
-// Provision implements controller.Provisioner.
+// Provision implements controller.Provisioner. A clone is provisioned only while its claim
+// still wants it (the library goes on with a deleted claim it was provisioning; the
+// clone-protection reconciler deletes what was begun for it), and, once started, with its
+// source protected (provisioner_clone.go).
 func (p *provisioner) Provision(ctx context.Context, opts controller.ProvisionOptions) (*corev1.PersistentVolume, controller.ProvisioningState, error) {
 	pvc, class := opts.PVC, opts.StorageClass
+	_, clone := cloneOf(pvc)
+	if clone {
+		unlock, ok := p.clones.busy.tryLock(pvc.UID)
+		if !ok {
+			return nil, controller.ProvisioningNoChange, waiting("the volume begun for claim %s/%s is being deleted", pvc.Namespace, pvc.Name)
+		}
+		defer unlock()
+		if gone, err := p.clones.gone(ctx, pvc); err != nil {
+			return nil, controller.ProvisioningNoChange, err
+		} else if gone {
+			return nil, controller.ProvisioningFinished, &controller.IgnoredError{Reason: fmt.Sprintf("claim %s/%s (uid %s) is deleted: its clone is not provisioned", pvc.Namespace, pvc.Name, pvc.UID)}
+		}
+	}
 	req, err := p.createRequest(ctx, opts)
 	if wait := (*notYet)(nil); errors.As(err, &wait) {
 		// No volume was asked for: nothing is in progress. The library records a
@@ -117,7 +135,15 @@ func (p *provisioner) Provision(ctx context.Context, opts controller.ProvisionOp
 			}
 			return nil, controller.ProvisioningInBackground, fmt.Errorf("CreateVolume %s: %w", req.Name, err)
 		}
-		return nil, controller.ProvisioningFinished, p.final(pvc, fmt.Errorf("CreateVolume %s: %w", req.Name, err))
+		err = fmt.Errorf("CreateVolume %s: %w", req.Name, err)
+		if clone {
+			// Given up: what was begun goes, and the source is released. Not given up until
+			// then, or the source would be kept for a clone no one provisions.
+			if rerr := p.clones.release(ctx, pvc); rerr != nil {
+				return nil, controller.ProvisioningInBackground, fmt.Errorf("%w; releasing the clone's source: %w", err, rerr)
+			}
+		}
+		return nil, controller.ProvisioningFinished, p.final(pvc, err)
 	}
 	vol := resp.GetVolume()
 	reclaim := corev1.PersistentVolumeReclaimDelete

@@ -164,7 +164,9 @@ func (p *provisioner) snapshotSource(ctx context.Context, pvc *corev1.Persistent
 }
 
 // cloneSource: the claim to clone must be bound, in the same namespace, to a PV of the driver
-// in the same volume mode, and the new claim at least its size.
+// in the same volume mode, not being deleted (unless it is kept for this clone already), and
+// the new claim at least its size. It is then kept for the clone (protect) before the
+// clone's volume is asked for.
 func (p *provisioner) cloneSource(ctx context.Context, pvc *corev1.PersistentVolumeClaim, src source, required int64) (*csi.VolumeContentSource, error) {
 	if src.name == pvc.Name {
 		return nil, fmt.Errorf("the claim names itself as its data source")
@@ -175,8 +177,9 @@ func (p *provisioner) cloneSource(ctx context.Context, pvc *corev1.PersistentVol
 	} else if err != nil {
 		return nil, waiting("reading claim %s/%s, the data source: %w", src.namespace, src.name, err)
 	}
-	if !from.DeletionTimestamp.IsZero() {
-		return nil, waiting("claim %s/%s, the data source, is being deleted", from.Namespace, from.Name)
+	if !from.DeletionTimestamp.IsZero() && !slices.Contains(clonesInProgress(from), pvc.UID) {
+		// A clone started before the deletion goes on: the source is kept for it.
+		return nil, sourceDeleting(from)
 	}
 	if from.Status.Phase != corev1.ClaimBound || from.Spec.VolumeName == "" {
 		return nil, waiting("claim %s/%s, the data source, is not bound yet (phase %s)", from.Namespace, from.Name, from.Status.Phase)
@@ -208,6 +211,9 @@ func (p *provisioner) cloneSource(ctx context.Context, pvc *corev1.PersistentVol
 		if required < n {
 			return nil, fmt.Errorf("the claim requests %s, less than the %s of claim %s/%s it clones: request at least that", quantity(required), c.String(), from.Namespace, from.Name)
 		}
+	}
+	if err := p.clones.protect(ctx, pvc, from); err != nil {
+		return nil, err
 	}
 	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
 		Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: pv.Spec.CSI.VolumeHandle},

@@ -27,7 +27,8 @@ import (
 )
 
 // The sidecar's permissions: exactly what provisioning and attaching need, and no access to
-// the storage.crdipc.io kinds (the driver's business).
+// the storage.crdipc.io kinds (the driver's business). Claims are patched for the resizer's
+// status and for clone source protection (the finalizer and list on a clone's source).
 // +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;create;delete;update;patch
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims/status,verbs=update;patch
@@ -178,11 +179,12 @@ func (c *driverCheck) check(r *http.Request) error {
 	return nil
 }
 
-// Add adds the provisioner, the attacher, the resizer and, for a driver that offers
-// CREATE_DELETE_SNAPSHOT, the snapshotter for the driver at o.DriverEndpoint to mgr, and a
-// readiness check ("csi-driver") that fails, with the reason, while the driver cannot be
-// reached. They run only while mgr leads, so two sidecars never act on one object. Without
-// o.DriverName, the driver's name is read from the driver when mgr starts.
+// Add adds the provisioner (with its clone source protection), the attacher, the resizer
+// and, for a driver that offers CREATE_DELETE_SNAPSHOT, the snapshotter for the driver at
+// o.DriverEndpoint to mgr, and a readiness check ("csi-driver") that fails, with the
+// reason, while the driver cannot be reached. They run only while mgr leads, so two
+// sidecars never act on one object. Without o.DriverName, the driver's name is read from
+// the driver when mgr starts.
 func Add(mgr manager.Manager, o Options) error {
 	o.defaults()
 	if o.DriverEndpoint == "" {
@@ -214,6 +216,10 @@ func Add(mgr manager.Manager, o Options) error {
 	if err := a.setup(mgr); err != nil {
 		return err
 	}
+	cp := &cloneProtection{c: mgr.GetClient(), live: mgr.GetAPIReader(), csi: csi.NewControllerClient(conn), o: o, log: l.WithName("clone-protection")}
+	if err := cp.setup(mgr); err != nil {
+		return err
+	}
 	z := &resizer{started: st, c: mgr.GetClient(), fresh: mgr.GetAPIReader(), csi: csi.NewControllerClient(conn), o: o, log: l.WithName("resizer"), failed: lru.New(failedClaimsRemembered)}
 	if err := z.setup(mgr); err != nil {
 		return err
@@ -233,7 +239,7 @@ func Add(mgr manager.Manager, o Options) error {
 		}
 		rec := newRecorder(ctx, kube, name)
 		st.set(name, rec)
-		p, err := newProvisioner(ctx, mgr.GetConfig(), kube, mgr.GetClient(), name, csi.NewControllerClient(conn), o, rec, l.WithName("provisioner"))
+		p, err := newProvisioner(ctx, mgr.GetConfig(), kube, mgr.GetClient(), name, csi.NewControllerClient(conn), cp, o, rec, l.WithName("provisioner"))
 		if err != nil {
 			return err
 		}
