@@ -2,7 +2,9 @@
 // (make image), a real kubelet with containerd and kube-proxy joined to `crdipc up`
 // (hack/realnode.sh), config/default deployed onto it as real pods with kubectl, and the
 // flows a user runs on it: a pod scheduled by kube-scheduler whose logs kubectl reads,
-// a Book, a volume written by one pod and read back by another.
+// a Book, a webhook delivery through a Service to PullRequest, Event and metrics, a volume
+// written by one pod and read back by another, and the node turning Unknown once its
+// kubelet is gone.
 //
 // It needs root, a kernel that runs containers (overlay, bridge, veth, netfilter) and
 // the packages hack/realnode.sh installs; without them it skips, unless

@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +19,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 const (
@@ -125,6 +131,11 @@ func (c *cluster) describe() string {
 		out, _ := runErr(time.Minute, c.env(), "kubectl", args...)
 		fmt.Fprintf(&b, "$ kubectl %s\n%s\n", strings.Join(args, " "), tail(out, 60))
 	}
+	for _, ns := range []string{"crdipc-system", "crdipc-scm"} {
+		args := []string{"logs", "-n", ns, "-l", "app.kubernetes.io/part-of=crdipc", "--all-containers", "--prefix", "--tail=15", "--max-log-requests=20"}
+		out, _ := runErr(time.Minute, c.env(), "kubectl", args...)
+		fmt.Fprintf(&b, "$ kubectl %s\n%s\n", strings.Join(args, " "), out)
+	}
 	fmt.Fprintf(&b, "crdipc up:\n%s\n", tail(c.upOut.String(), 30))
 	for _, log := range []string{"kubelet.log", "containerd.log", "kube-proxy.log"} {
 		data, _ := os.ReadFile(filepath.Join(workDir, "logs", log))
@@ -207,6 +218,8 @@ func TestRealNode(t *testing.T) {
 	}
 	t.Run("book", func(t *testing.T) { c.testBook(t) })
 	phase("a Book Ready")
+	t.Run("webhook", func(t *testing.T) { c.testWebhook(t) })
+	phase("a webhook delivery → PullRequest, Event, metrics")
 	t.Run("volume", func(t *testing.T) { c.testVolume(t) })
 	phase("a volume written and read back")
 	// Last: it stops the kubelet.
@@ -372,6 +385,73 @@ func (c *cluster) testBook(t *testing.T) {
 	if !strings.Contains(out, "Ready") {
 		t.Errorf("crdipc call: %s", out)
 	}
+}
+
+// testWebhook: a signed GitHub delivery to the webhook listener's Service (kube-proxy
+// routes it to a pod on the node) becomes a PullRequest and an Event, which the metrics
+// agent's pod reports on its Service's /metrics.
+func (c *cluster) testWebhook(t *testing.T) {
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		t.Fatal(err)
+	}
+	key := hex.EncodeToString(secret)
+	c.kubectl(t, "-n", "crdipc-scm", "create", "secret", "generic", "crdipc-webhook-secret", "--from-literal=secret="+key)
+	c.wait(t, 3*time.Minute, "--for=condition=Available", "deployment", "--all", "-n", "crdipc-scm")
+	service := func(name string) string {
+		return c.kubectl(t, "-n", "crdipc-scm", "get", "service", name, "-o", "jsonpath={.spec.clusterIP}")
+	}
+	body, err := os.ReadFile(filepath.Join(root, "internal/scm/webhook/testdata/pull_request-opened.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mac := hmac.New(sha256.New, []byte(key))
+	mac.Write(body)
+	req, err := http.NewRequest(http.MethodPost, "http://"+service("crdipc-webhook-listener")+"/webhook", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-GitHub-Event", "pull_request")
+	req.Header.Set("X-GitHub-Delivery", "5e1b7d2a-cc78-11e3-81ab-4c9367dc0958")
+	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(mac.Sum(nil)))
+	client := &http.Client{Timeout: 30 * time.Second}
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("delivering to the listener's Service: %v\n%s", err, c.describe())
+	}
+	reply, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("delivery: HTTP %d %s", res.StatusCode, reply)
+	}
+	if prs := strings.Fields(c.kubectl(t, "-n", "crdipc-scm", "get", "pullrequests", "-o", "name")); len(prs) != 1 {
+		t.Errorf("pull requests after the delivery: %v", prs)
+	}
+	if evs := strings.Fields(c.kubectl(t, "-n", "crdipc-scm", "get", "events", "--field-selector", "involvedObject.kind=PullRequest", "-o", "name")); len(evs) != 1 {
+		t.Errorf("PullRequest events after the delivery: %v", evs)
+	}
+	metrics := "http://" + service("crdipc-metrics-agent") + ":9102/metrics"
+	c.poll(t, time.Minute, "the metrics agent reporting the open pull request", func() (bool, string) {
+		res, err := client.Get(metrics)
+		if err != nil {
+			return false, err.Error()
+		}
+		defer res.Body.Close()
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		mfs, err := parser.TextToMetricFamilies(res.Body)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, m := range mfs["crdipc_scm_pullrequests"].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "state" && l.GetValue() == "open" && m.GetGauge().GetValue() == 1 {
+					return true, ""
+				}
+			}
+		}
+		return false, fmt.Sprint(mfs["crdipc_scm_pullrequests"])
+	})
 }
 
 // testVolume: a pool on the real node through the pool agent's DaemonSet, a claim of one
