@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -71,14 +70,7 @@ func newWorld(t *testing.T) *world {
 		if err := env.Client.Status().Update(ctx, n); err != nil {
 			t.Fatal(err)
 		}
-		// Admission taints every new Node node.kubernetes.io/not-ready, which keeps
-		// kube-scheduler off it; the node lifecycle controller, which takes it off Ready
-		// nodes, does not run in the tests' control plane.
-		base := n.DeepCopy()
-		n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeNotReady })
-		if err := env.Client.Patch(ctx, n, client.MergeFrom(base)); err != nil {
-			t.Fatal(err)
-		}
+		testenv.LiftNotReadyTaint(t, env.Client, n.Name)
 	}
 	// The operator runs as its ServiceAccount with only the shipped role (config/rbac);
 	// the simulated kubelet, which stands in for the cluster, as an admin.

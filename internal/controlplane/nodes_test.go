@@ -42,15 +42,7 @@ func readyNode(t *testing.T, c client.Client, name string, labels map[string]str
 	if err := c.Status().Update(ctx, n); err != nil {
 		t.Fatal(err)
 	}
-	// Admission (TaintNodesByCondition) taints every new Node not-ready; the node
-	// lifecycle controller, which the test's control plane does not run, would lift it.
-	testenv.Eventually(t, 30*time.Second, "node "+name+" without the not-ready taint", func(ctx context.Context) (bool, error) {
-		if err := c.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
-			return false, err
-		}
-		n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeNotReady })
-		return true, c.Update(ctx, n)
-	})
+	testenv.LiftNotReadyTaint(t, c, name)
 	return n
 }
 

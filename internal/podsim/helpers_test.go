@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -243,7 +242,7 @@ func (s *sim) addNode(name string, labels map[string]string) *corev1.Node {
 	if err := s.c.Status().Update(ctx, n); err != nil {
 		s.t.Fatal(err)
 	}
-	untaint(s.t, s.c, n.Name)
+	testenv.LiftNotReadyTaint(s.t, s.c, n.Name)
 	return n
 }
 
@@ -253,31 +252,6 @@ func nodeCapacity() corev1.ResourceList {
 		corev1.ResourceCPU:    resource.MustParse("4"),
 		corev1.ResourceMemory: resource.MustParse("8Gi"),
 		corev1.ResourcePods:   resource.MustParse("110"),
-	}
-}
-
-// untaint takes the taint node.kubernetes.io/not-ready off Ready nodes, as the node
-// lifecycle controller does: admission (TaintNodesByCondition) puts it on every new
-// Node, kube-scheduler places no pod on a node that has it, and the tests' control plane
-// runs no node lifecycle controller to take it off.
-func untaint(t testing.TB, c client.Client, nodes ...string) {
-	t.Helper()
-	for _, name := range nodes {
-		testenv.Eventually(t, 30*time.Second, "node "+name+" without the not-ready taint", func(ctx context.Context) (bool, error) {
-			var n corev1.Node
-			if err := c.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil {
-				return false, err
-			}
-			base := n.DeepCopy()
-			n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeNotReady })
-			if len(n.Spec.Taints) == len(base.Spec.Taints) {
-				return true, nil
-			}
-			if err := c.Patch(ctx, &n, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-				return false, err
-			}
-			return true, nil
-		})
 	}
 }
 

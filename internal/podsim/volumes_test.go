@@ -73,7 +73,7 @@ func TestPodVolumes(t *testing.T) {
 	t.Cleanup(nodes.Stop)
 
 	cluster := storagecluster.Start(t, storagecluster.Options{Nodes: 2})
-	untaint(t, c, "node-1", "node-2")
+	testenv.LiftNotReadyTaint(t, c, "node-1", "node-2")
 	sidecarMgr := testenv.NewManager(t, env.Config)
 	if err := sidecar.Add(sidecarMgr, sidecar.Options{DriverEndpoint: endpoint, DriverName: driver.Name, CallTimeout: 10 * time.Second, BackoffBase: 200 * time.Millisecond, BackoffMax: 2 * time.Second}); err != nil {
 		t.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -109,7 +108,7 @@ func newWorld(t *testing.T) *world {
 
 	// Storage: the operator and 2 simulated nodes with a file pool each.
 	storagecluster.Start(t, storagecluster.Options{Nodes: 2})
-	w.untaint("node-1", "node-2")
+	testenv.LiftNotReadyTaint(w.t, w.c, "node-1", "node-2")
 	claim := &storagev1alpha1.StoragePoolClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "csi"},
 		Spec: storagev1alpha1.StoragePoolClaimSpec{
@@ -228,30 +227,8 @@ func (w *world) addNode(name string, healthyPools int) {
 	if err := w.c.Create(context.Background(), n); err != nil {
 		w.t.Fatal(err)
 	}
-	w.untaint(name)
+	testenv.LiftNotReadyTaint(w.t, w.c, name)
 	w.waitHealthyPools(healthyPools)
-}
-
-// untaint takes the taint node.kubernetes.io/not-ready off nodes, as the node lifecycle
-// controller of up does once they are Ready: admission puts it on every new Node, and
-// kube-scheduler binds no pod to a node that has it. The tests' control plane runs no
-// node lifecycle controller.
-func (w *world) untaint(nodes ...string) {
-	w.t.Helper()
-	for _, name := range nodes {
-		testenv.Eventually(w.t, 30*time.Second, "node "+name+" without the not-ready taint", func(ctx context.Context) (bool, error) {
-			var n corev1.Node
-			if err := w.c.Get(ctx, client.ObjectKey{Name: name}, &n); err != nil {
-				return false, err
-			}
-			base := n.DeepCopy()
-			n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == corev1.TaintNodeNotReady })
-			if len(n.Spec.Taints) == len(base.Spec.Taints) {
-				return true, nil
-			}
-			return false, w.c.Patch(ctx, &n, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{}))
-		})
-	}
 }
 
 func (w *world) createPVC(t *testing.T, name string) *corev1.PersistentVolumeClaim {
