@@ -22,6 +22,8 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 const (
@@ -249,20 +251,18 @@ func (c *cluster) testNodeLost(t *testing.T) {
 	})
 }
 
-// poll checks cond every second until it holds, failing after timeout with the last
-// state cond reported. Polling, since kubectl has nothing to watch for these.
+// poll waits, until timeout, for cond to hold (testenv/wait), failing with the last state
+// cond reported and the cluster's state. kubectl has nothing to watch for these.
 func (c *cluster) poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
+	err := wait.Until(context.Background(), timeout, func(context.Context) (bool, error) {
+		if ok, state := cond(); !ok {
+			return false, fmt.Errorf("last: %s", state)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %s; last: %s\n%s", what, timeout, state, c.describe())
-		}
-		time.Sleep(time.Second)
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", what, err, c.describe())
 	}
 }
 
@@ -371,6 +371,11 @@ func (c *cluster) apply(t *testing.T, manifest string) {
 func (c *cluster) testDeploy(t *testing.T) {
 	c.kubectl(t, "apply", "-k", "config/default")
 	c.wait(t, 4*time.Minute, "--for=condition=Available", "deployment", "--all", "-n", "crdipc-system")
+	// kubectl exec goes through the API server's kubelet client certificate too.
+	out := c.kubectl(t, "exec", "-n", "crdipc-system", "deployment/crdipc-books", "--", "/usr/local/bin/crdipc", "version")
+	if !strings.Contains(out, "crdipc") {
+		t.Errorf("kubectl exec crdipc version in a books pod: %q", out)
+	}
 	for _, ds := range strings.Fields(c.kubectl(t, "get", "daemonsets", "-n", "crdipc-system", "-o", "name")) {
 		out, err := runErr(4*time.Minute, c.env(), "kubectl", "rollout", "status", ds, "-n", "crdipc-system", "--timeout=4m")
 		if err != nil {

@@ -31,6 +31,7 @@ import (
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/csi/registration"
 	"github.com/crdipc/crdipc/internal/scheme"
+	"github.com/crdipc/crdipc/internal/testenv"
 	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
@@ -147,7 +148,7 @@ func serveDriver(t *testing.T, n node, nodeID string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start(t, "csi driver", func(ctx context.Context) error { return d.Serve(ctx, n.csiSock) })
+	testenv.Start(t, "csi driver", func(ctx context.Context) error { return d.Serve(ctx, n.csiSock) })
 }
 
 // newServer returns the registration server of n's driver, reporting the CSI socket's path
@@ -159,22 +160,6 @@ func newServer(t *testing.T, n node) *registration.Server {
 		t.Fatal(err)
 	}
 	return s
-}
-
-// start runs run until the returned stop is called or the test ends; stop waits for it.
-func start(t *testing.T, name string, run func(context.Context) error) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := run(ctx); err != nil {
-			t.Errorf("%s: %v", name, err)
-		}
-	}()
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
-	return stop
 }
 
 // awaitCalls waits until the kubelet handler's calls after the first since end with want.
@@ -225,7 +210,7 @@ func TestKubeletRegistersDriver(t *testing.T) {
 	if want := filepath.Join(n.registry, "csi.crdipc.io-reg.sock"); s.SocketPath() != want {
 		t.Fatalf("socket %s, want %s", s.SocketPath(), want)
 	}
-	stop := start(t, "registration", s.Start)
+	stop := testenv.Start(t, "registration", s.Start)
 
 	awaitCalls(t, h, 0, "registration with the kubelet",
 		"validate csi.crdipc.io "+n.csiSock,
@@ -257,7 +242,7 @@ func TestKubeletRefusesDriver(t *testing.T) {
 	startKubelet(t, n.registry, h)
 	serveDriver(t, n, "node-a")
 	s := newServer(t, n)
-	start(t, "registration", s.Start)
+	testenv.Start(t, "registration", s.Start)
 
 	st := awaitStatus(t, s, false)
 	if !strings.Contains(st.Error, "is not welcome on this node") {
@@ -289,7 +274,7 @@ func TestRestart(t *testing.T) {
 	stopKubelet := startKubelet(t, n.registry, h)
 	serveDriver(t, n, "node-a")
 	first := newServer(t, n)
-	stopFirst := start(t, "first registration", first.Start)
+	stopFirst := testenv.Start(t, "first registration", first.Start)
 	awaitStatus(t, first, true)
 	registered := "register csi.crdipc.io " + n.csiSock + " node=node-a"
 	awaitCalls(t, h, 0, "the first run's registration", registered)
@@ -305,7 +290,7 @@ func TestRestart(t *testing.T) {
 	l.Close()
 
 	second := newServer(t, n)
-	start(t, "second registration", second.Start)
+	testenv.Start(t, "second registration", second.Start)
 	awaitStatus(t, second, true)
 	awaitCalls(t, h, calls, "the second run's registration", registered)
 
@@ -346,7 +331,7 @@ func TestWaitsForDriver(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newServer(t, n)
-	start(t, "registration", s.Start)
+	testenv.Start(t, "registration", s.Start)
 	if err := l.(*net.UnixListener).SetDeadline(time.Now().Add(timeout)); err != nil {
 		t.Fatal(err)
 	}
