@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -97,14 +98,15 @@ func (n *nodes) renew(ctx context.Context, node *corev1.Node) error {
 const maxPods = 110
 
 // capacity is a simulated node's capacity: the cores and memory of this machine, which
-// every simulated node's pods share as processes, and a kubelet's default pod limit.
-func capacity() corev1.ResourceList {
+// every simulated node's pods share as processes, and a kubelet's default pod limit. Read
+// once: every reconcile compares against it.
+var capacity = sync.OnceValue(func() corev1.ResourceList {
 	return corev1.ResourceList{
 		corev1.ResourceCPU:    *resource.NewQuantity(int64(runtime.NumCPU()), resource.DecimalSI),
 		corev1.ResourceMemory: *resource.NewQuantity(memTotal(), resource.BinarySI),
 		corev1.ResourcePods:   *resource.NewQuantity(maxPods, resource.DecimalSI),
 	}
-}
+})
 
 // hasCapacity reports whether node already reports the capacity a simulated node should.
 func hasCapacity(node *corev1.Node) bool {

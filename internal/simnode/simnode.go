@@ -197,7 +197,7 @@ func (n *nodes) setReady(ctx context.Context, name string, status corev1.Conditi
 	c := readyCondition(status, msg)
 	if status == corev1.ConditionTrue {
 		// What kube-scheduler fits pods against: the machine the pods' processes share.
-		node.Status.Capacity, node.Status.Allocatable = capacity(), capacity()
+		node.Status.Capacity, node.Status.Allocatable = capacity().DeepCopy(), capacity().DeepCopy()
 	}
 	if old := nodeReady(&node); old != nil {
 		if old.Status == status {
