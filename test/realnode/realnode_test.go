@@ -412,21 +412,30 @@ func (c *cluster) testWebhook(t *testing.T) {
 	}
 	mac := hmac.New(sha256.New, []byte(key))
 	mac.Write(body)
-	req, err := http.NewRequest(http.MethodPost, "http://"+service("crdipc-webhook-listener")+"/webhook", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-GitHub-Event", "pull_request")
-	req.Header.Set("X-GitHub-Delivery", "5e1b7d2a-cc78-11e3-81ab-4c9367dc0958")
-	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(mac.Sum(nil)))
+	url := "http://" + service("crdipc-webhook-listener") + "/webhook"
+	signature := "sha256=" + hex.EncodeToString(mac.Sum(nil))
 	client := &http.Client{Timeout: 30 * time.Second}
-	res, err := client.Do(req)
-	if err != nil {
-		t.Fatalf("delivering to the listener's Service: %v\n%s", err, c.describe())
-	}
-	reply, _ := io.ReadAll(res.Body)
-	res.Body.Close()
+	// A Deployment is Available before kube-proxy has programmed its Service's new
+	// endpoints: until then the Service refuses connections. Sending again is safe: the
+	// delivery ID makes the listener's writes idempotent.
+	var res *http.Response
+	var reply []byte
+	c.poll(t, time.Minute, "the listener's Service answering the delivery", func() (bool, string) {
+		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-GitHub-Event", "pull_request")
+		req.Header.Set("X-GitHub-Delivery", "5e1b7d2a-cc78-11e3-81ab-4c9367dc0958")
+		req.Header.Set("X-Hub-Signature-256", signature)
+		if res, err = client.Do(req); err != nil {
+			return false, err.Error()
+		}
+		reply, _ = io.ReadAll(res.Body)
+		res.Body.Close()
+		return true, ""
+	})
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("delivery: HTTP %d %s", res.StatusCode, reply)
 	}
