@@ -1,28 +1,37 @@
 #!/usr/bin/env bash
-# Joins one real node (containerd + kubelet + kube-proxy, built from the Kubernetes module
-# this repository pins) to a `crdipc up` running on this machine, and removes it again.
-# For CI and for trying config/default on a real kubelet; run as root, non-interactive.
+# Joins real nodes (containerd + kubelet + kube-proxy, built from the Kubernetes module this
+# repository pins) to a `crdipc up` running on this machine, and removes them again. Each
+# node lives in a network namespace and a mount namespace of its own, so several run side by
+# side on one machine as on separate ones: its own address, pod network, kubelet port,
+# iptables, /var/lib/kubelet and /run. For CI and for trying config/default on real
+# kubelets; run as root, non-interactive.
 #
 #   hack/realnode.sh deps
 #       apt-get installs what is missing, builds kubelet + kube-proxy (cached per Kubernetes
-#       and Go version) and the pause and busybox images (docker-archive tars, no registry).
-#       Prints KUBELET=, KUBE_PROXY=, PAUSE_TAR=, BUSYBOX_TAR= lines (eval-able).
+#       and Go version) and the pause, busybox and fio images (docker-archive tars, no
+#       registry). Prints KUBELET=, KUBE_PROXY=, PAUSE_TAR=, BUSYBOX_TAR=, FIO_TAR= lines.
 #   hack/realnode.sh network
-#       Creates the bridge crdipc0 with 10.88.0.1/16 (idempotent). Start the control plane
-#       after it: crdipc up --advertise-address 10.88.0.1 ...
-#   hack/realnode.sh join --dir DIR --node NAME --kubeconfig NODE_KUBECONFIG \
+#       Creates the bridge crdipc0 with 10.88.0.1/24, the host's address on the nodes' link
+#       (idempotent). Start the control plane after it: crdipc up --advertise-address 10.88.0.1
+#   hack/realnode.sh join --dir DIR --node NAME --index N --kubeconfig NODE_KUBECONFIG \
 #           --proxy-kubeconfig PROXY_KUBECONFIG --ca CA_CRT [--image TAR]... [--timeout SECONDS]
-#       Starts containerd, the kubelet and kube-proxy, everything under DIR (keep it short:
-#       /tmp/crn); exits 0 once the node is Ready and kube-proxy has programmed its rules.
+#       Starts node N (1-200): address 10.88.0.(10+N) on crdipc0, pods in 10.88.N.0/24;
+#       containerd, the kubelet and kube-proxy, everything under DIR (keep it short:
+#       /tmp/crn1). Exits 0 once the node is Ready and kube-proxy has programmed its rules.
 #       The admin kubeconfig in $KUBECONFIG, if set, is used to watch the node.
+#   hack/realnode.sh kill --dir DIR
+#       Loses the node as a machine is lost: its link goes down and every process of it
+#       (kubelet, containerd, kube-proxy, its pods) is killed at once, nothing told. The API
+#       keeps the Node; down cleans up after it.
 #   hack/realnode.sh down --dir DIR
-#       Undoes join and network, also after a partial join; idempotent. With the API server
+#       Undoes join, also after a partial join or a kill; idempotent. With the API server
 #       reachable it first deletes the Node and its pods ($KUBECONFIG, an admin's, if set).
+#       The last node's down also undoes network (and a down of a DIR that holds no node
+#       does only that, when no node is left).
 #
-# Nothing is pulled: pods use the images join imports (pause, busybox, each --image) with
-# imagePullPolicy: Never or IfNotPresent. Pod addresses come from 10.88.0.0/16 on crdipc0;
-# pods have routes to that network and to the Service range only, and nothing is masqueraded:
-# no pod traffic leaves this machine.
+# Nothing is pulled: pods use the images join imports (pause, busybox, fio, each --image)
+# with imagePullPolicy: Never or IfNotPresent. Pods have routes to 10.88.0.0/16 and to the
+# Service range only, and nothing is masqueraded out: no pod traffic leaves this machine.
 #
 # Environment: REALNODE_CACHE overrides the cache directory of deps (and where join looks).
 set -eEuo pipefail
@@ -30,31 +39,29 @@ set -eEuo pipefail
 trap 'echo "realnode: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
 
 readonly bridge=crdipc0
-readonly node_ip=10.88.0.1
-readonly pod_cidr=10.88.0.0/16
+readonly host_ip=10.88.0.1
+readonly link_cidr=10.88.0.0/24
+readonly cluster_cidr=10.88.0.0/16
 readonly service_route=10.96.0.0/12 # covers crdipc's 10.96.0.0/24
 readonly pause_ref=registry.k8s.io/pause:3.10
 readonly busybox_ref=docker.io/library/busybox:latest
-# Host directories config/default's pods use (hostPath); join bind-mounts DIR's own there.
+readonly fio_ref=docker.io/library/fio:latest
+# Where network keeps what it changed on the host, and the nodes joined (nodes/NAME: DIR).
+readonly host_state=/run/crdipc-realnode
+# Host directories config/default's pods use (hostPath): each node's mount namespace binds
+# its own DIR/NAME there; on the host they stay empty mount points.
 readonly host_dirs=(/var/lib/kubelet /var/lib/crdipc)
-# Kernel settings the kubelet (protectKernelDefaults: false), the CNI bridge (isGateway) or
-# kube-proxy may change; join records them before starting anything and down restores them.
+# Kernel settings the kubelet (protectKernelDefaults: false) changes for the whole machine,
+# and the forwarding network turns on; recorded by network, restored by the last down.
+# (Network settings inside a node's namespace go with it.)
 readonly sysctls=(
   vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
-  kernel.keys.root_maxkeys kernel.keys.root_maxbytes
-  net.ipv4.ip_forward net.ipv6.conf.all.forwarding net.ipv4.conf.all.route_localnet
-  net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
-  net.netfilter.nf_conntrack_max net.netfilter.nf_conntrack_tcp_timeout_established
-  net.netfilter.nf_conntrack_tcp_timeout_close_wait net.netfilter.nf_conntrack_tcp_be_liberal
-  net.netfilter.nf_conntrack_udp_timeout net.netfilter.nf_conntrack_udp_timeout_stream
+  kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward
 )
 # Fixed host paths containerd, the CNI library or the kubelet create whatever they are
-# configured with; down removes those that did not exist before join.
-readonly host_paths=(/var/lib/cni /run/netns /var/log/containers /var/log/pods /run/containerd
-  /opt/containerd /etc/cni /opt/cni /usr/libexec/kubernetes /run/nri /etc/kubernetes
-  /run/mount) # /run/mount: mount(8)'s utab
-# Chains the kubelet makes (filter/nat/mangle, IPv4 and IPv6), which outlive it.
-readonly kubelet_chains=(KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-IPTABLES-HINT)
+# configured with; the last down removes those that did not exist before network.
+readonly host_paths=(/var/lib/cni /run/netns /var/log/containers /var/log/pods
+  /opt/containerd /etc/cni /opt/cni /usr/libexec/kubernetes /etc/kubernetes)
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly repo
@@ -67,11 +74,11 @@ say() { echo "== $*" >&2; }
 warn() { echo "realnode: warning: $*" >&2; }
 
 need_root() {
-  [ "$(id -u)" = 0 ] || die "$1 must run as root (mounts, iptables, sysctls, containerd)"
+  [ "$(id -u)" = 0 ] || die "$1 must run as root (namespaces, mounts, cgroups, containerd)"
 }
 
 usage() {
-  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+  sed -n '2,/^set -eEuo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -108,7 +115,7 @@ install_packages() {
   [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
   # The static build: the busybox image holds nothing else.
   pkg_installed busybox-static || pkgs+=(busybox-static)
-  for p in umoci skopeo iptables conntrack gcc; do
+  for p in umoci skopeo iptables conntrack gcc fio; do
     command -v "$p" >/dev/null 2>&1 || pkgs+=("$p")
   done
   pkg_installed libc6-dev || pkgs+=(libc6-dev) # libc.a for the static pause
@@ -214,6 +221,38 @@ build_images() {
       --config.cmd sh --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
     rm -rf "$tmp"
   fi
+  build_fio_image "$cache" "$busybox"
+}
+
+# fio, the data checker of the storage tests (a program no crdipc code implements), as an
+# image: the host's fio and the shared libraries it links (ldd), busybox for the shell.
+build_fio_image() {
+  local cache=$1 busybox=$2 fio tmp r lib
+  fio=$(command -v fio) || die "fio is not installed"
+  if [ -s "$cache/fio.tar" ] && [ ! "$fio" -nt "$cache/fio.tar" ] && [ ! "${BASH_SOURCE[0]}" -nt "$cache/fio.tar" ]; then
+    return
+  fi
+  say "building $fio_ref from $fio"
+  tmp=$(mktemp -d)
+  r="$tmp/rootfs"
+  mkdir -p "$r"/{bin,usr/bin,etc,proc,sys,dev,tmp}
+  chmod 1777 "$r/tmp"
+  cp "$busybox" "$r/bin/busybox"
+  local applet
+  for applet in sh cat echo sha256sum sync ls mkdir dd sleep cmp; do
+    ln -s busybox "$r/bin/$applet"
+  done
+  cp "$fio" "$r/usr/bin/fio"
+  # The loader and every library, at the paths ldd resolved them to.
+  for lib in $(ldd "$fio" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
+    mkdir -p "$r$(dirname "$lib")"
+    cp -L "$lib" "$r$lib"
+  done
+  printf 'root:x:0:0:root:/root:/bin/sh\n' >"$r/etc/passwd"
+  printf 'root:x:0:\n' >"$r/etc/group"
+  pack_image "$r" "$fio_ref" "$cache/fio.tar" \
+    --config.cmd fio --config.env PATH=/usr/bin:/bin
+  rm -rf "$tmp"
 }
 
 cmd_deps() {
@@ -228,27 +267,7 @@ cmd_deps() {
   echo "KUBE_PROXY=$cache/kube-proxy"
   echo "PAUSE_TAR=$cache/pause.tar"
   echo "BUSYBOX_TAR=$cache/busybox.tar"
-}
-
-# --- network ---------------------------------------------------------------------------------
-
-cmd_network() {
-  [ $# -eq 0 ] || usage
-  need_root network
-  local other
-  if ip link show "$bridge" >/dev/null 2>&1; then
-    ip -d link show "$bridge" | grep -qw bridge || die "$bridge exists and is not a bridge"
-  else
-    # Another bridge on the same range (podman's default is 10.88.0.0/16) would steal routes.
-    other=$(ip -4 -o addr show to "$pod_cidr" | awk '{print $2}' | grep -vx "$bridge" || true)
-    [ -z "$other" ] || die "$pod_cidr is already used by $other; remove it first"
-    ip link add "$bridge" type bridge
-  fi
-  if ! ip -4 -o addr show dev "$bridge" | grep -q " $node_ip/16 "; then
-    ip addr add "$node_ip/16" dev "$bridge"
-  fi
-  ip link set "$bridge" up
-  say "bridge $bridge: $node_ip/16"
+  echo "FIO_TAR=$cache/fio.tar"
 }
 
 # --- state in DIR ----------------------------------------------------------------------------
@@ -278,15 +297,19 @@ recorded() { [ -f "$state/$1" ] && grep -qxF -- "$2" "$state/$1"; }
 
 read_state() { if [ -f "$state/$1" ]; then cat "$state/$1"; fi; }
 
+# The command prefix that runs a program in the node's namespaces (set by enter_node).
+in_node=()
+
 # Starts a daemon in its own session (the caller's terminal or CI step may end; signals to
-# the script must not reach it), output to DIR/logs/NAME.log, PID to DIR/pids/NAME.
+# the script must not reach it), in the node's namespaces, output to DIR/logs/NAME.log, PID
+# to DIR/pids/NAME. setsid and nsenter exec: the PID is the daemon's.
 start_daemon() {
   local name=$1 exe=$2
   shift 2
-  setsid "$exe" "$@" >>"$dir/logs/$name.log" 2>&1 </dev/null &
+  setsid "${in_node[@]}" "$exe" "$@" >>"$dir/logs/$name.log" 2>&1 </dev/null &
   local pid=$! i
   echo "$pid $(readlink -f "$exe")" >"$dir/pids/$name"
-  # Until setsid has exec'd the program, /proc/PID/exe is setsid: daemon_alive would say no.
+  # Until setsid and nsenter have exec'd the program, /proc/PID/exe is theirs: not alive yet.
   for ((i = 0; i < 50; i++)); do
     daemon_alive "$name" && return 0
     [ -e "/proc/$pid" ] || return 0
@@ -379,89 +402,239 @@ kubectl_() {
   fi
 }
 
-# A free TCP port on 127.0.0.1 from START upwards (kube-proxy's healthz and metrics cannot be
-# turned off; keep them on loopback where they do not clash with another kube-proxy).
-free_port() {
-  local p=$1
-  while ss -Htln "sport = :$p" | grep -q .; do p=$((p + 1)); done
-  echo "$p"
-}
+# --- network ---------------------------------------------------------------------------------
 
-# --- join ------------------------------------------------------------------------------------
+hrecord() { echo "$2" >>"$host_state/$1"; }
+hrecorded() { [ -f "$host_state/$1" ] && grep -qxF -- "$2" "$host_state/$1"; }
 
-# What down needs to restore the host exactly: kernel settings, chains and paths that
-# existed, cgroups that existed. Taken before anything starts.
+# What the last down restores: kernel settings and fixed paths as they were before the first
+# node. Taken once, when network first runs.
 record_host() {
-  local k f v save
+  local k f
+  mkdir -p "$host_state/nodes"
+  [ -e "$host_state/recorded" ] && return 0
   for k in "${sysctls[@]}"; do
     f=/proc/sys/${k//.//}
-    if [ -r "$f" ]; then
-      record sysctl "$k=$(<"$f")"
-    fi
-  done
-  for v in 4 6; do
-    save=iptables-save
-    [ $v = 4 ] || save=ip6tables-save
-    command -v $save >/dev/null 2>&1 || continue
-    # "table chain" lines; down removes KUBE-*/CNI-* chains that are not in here.
-    $save 2>/dev/null | awk '/^\*/ {t = substr($1, 2)} /^:/ {print t, substr($1, 2)}' \
-      >"$state/chains.$v" || true
+    [ -r "$f" ] && hrecord sysctl "$k=$(<"$f")"
   done
   for f in "${host_paths[@]}"; do
-    [ -e "$f" ] && record paths.before "$f"
+    [ -e "$f" ] && hrecord paths.before "$f"
   done
-  for f in /run/netns/cni-*; do
-    [ -e "$f" ] && record netns.before "$f"
+  for f in "${host_dirs[@]}"; do
+    # Each node binds its own directory here, in its own mount namespace: on the host the
+    # directory must be free (another kubelet or crdipc install would be hidden from ours).
+    if mountpoint -q "$f"; then
+      die "network: $f is a mount point (another kubelet or crdipc?); unmount it or run on a clean machine"
+    elif [ -e "$f" ]; then
+      [ -d "$f" ] && [ -z "$(ls -A "$f")" ] ||
+        die "network: $f exists and is not an empty directory (another kubelet or crdipc install?); move it away first"
+      hrecord dirs "$f existed"
+    else
+      mkdir -p "$f"
+      hrecord dirs "$f created"
+    fi
   done
-  losetup -n -l -O NAME,BACK-MAJ:MIN,BACK-INO 2>/dev/null | awk '{print $1, $2, $3}' >"$state/loops.before" || true
-  # iptables-nft makes its tables (ip/ip6 filter, nat, mangle) on first use; a host that had
-  # none should have none after down.
-  if command -v nft >/dev/null 2>&1; then
-    nft list tables >"$state/nft.before" 2>/dev/null || true
+  losetup -n -l -O NAME,BACK-MAJ:MIN,BACK-INO 2>/dev/null | awk '{print $1, $2, $3}' >"$host_state/loops.before" || true
+  touch "$host_state/recorded"
+}
+
+cmd_network() {
+  [ $# -eq 0 ] || usage
+  need_root network
+  local other
+  record_host
+  if ip link show "$bridge" >/dev/null 2>&1; then
+    ip -d link show "$bridge" | grep -qw bridge || die "$bridge exists and is not a bridge"
+  else
+    # Another bridge on the same range (podman's default is 10.88.0.0/16) would steal routes.
+    other=$(ip -4 -o addr show to "$cluster_cidr" | awk '{print $2}' | grep -vx "$bridge" || true)
+    [ -z "$other" ] || die "$cluster_cidr is already used by $other; remove it first"
+    ip link add "$bridge" type bridge
   fi
-  for f in $(cgroup_roots); do
-    [ -d "$f/kubepods" ] && record cgroups.before "$f/kubepods"
+  if ! ip -4 -o addr show dev "$bridge" | grep -q " $host_ip/24 "; then
+    ip addr add "$host_ip/24" dev "$bridge"
+  fi
+  ip link set "$bridge" up
+  # Nodes reach each other's pods through the host (their default route): it forwards
+  # between them on crdipc0, and only there (no masquerading, no route out).
+  echo 1 >/proc/sys/net/ipv4/ip_forward
+  say "bridge $bridge: $host_ip/24"
+}
+
+# The joined nodes' names (their registrations under $host_state/nodes).
+joined_nodes() {
+  local f
+  for f in "$host_state"/nodes/*; do
+    [ -e "$f" ] && basename "$f"
   done
   true
 }
 
-# Refuses, before join changes anything, a host directory another kubelet or install uses.
-check_host_dir() {
-  local target=$1 src=$2
-  if mountpoint -q "$target"; then
-    # Ours if it is a bind of src: the same directory (device and inode) seen at both paths.
-    if [ ! -d "$src" ] || [ "$(stat -c %d:%i "$target")" != "$(stat -c %d:%i "$src")" ]; then
-      die "join: $target is a mount point not made by this script (another kubelet or crdipc?); unmount it or run on a clean machine"
-    fi
-  elif [ -e "$target" ]; then
-    [ -d "$target" ] || die "join: $target exists and is not a directory"
-    [ -z "$(ls -A "$target")" ] ||
-      die "join: $target exists and is not empty (another kubelet or crdipc install?); move it away first"
+# Undoes network once no node is left: the bridge, the kernel settings, the fixed paths and
+# host directories that did not exist before.
+teardown_network() {
+  [ -z "$(joined_nodes)" ] || return 0
+  local l kv k v f p t how
+  if ip link show "$bridge" >/dev/null 2>&1; then
+    for l in $(ip -o link show master "$bridge" | awk -F': ' '{print $2}' | cut -d@ -f1); do
+      ip link delete "$l" 2>/dev/null || true
+    done
+    ip link delete "$bridge"
+    say "deleted bridge $bridge"
+  fi
+  [ -d "$host_state" ] || return 0
+  if [ -f "$host_state/sysctl" ]; then
+    while IFS= read -r kv; do
+      k=${kv%%=*} v=${kv#*=}
+      f=/proc/sys/${k//.//}
+      [ -w "$f" ] && [ "$(<"$f")" != "$v" ] || continue
+      if echo "$v" >"$f" 2>/dev/null; then say "sysctl $k=$v (restored)"; else warn "could not restore $k=$v"; fi
+    done <"$host_state/sysctl"
+  fi
+  # The kubelet's symlinks to pod logs, in the fixed /var/log/containers.
+  if [ -d /var/log/containers ]; then
+    for l in /var/log/containers/*; do
+      [ -L "$l" ] && [[ $(readlink "$l") == /tmp/* ]] && [ ! -e "$l" ] && rm -f "$l"
+    done
+  fi
+  for p in "${host_paths[@]}"; do
+    [ -e "$p" ] || continue
+    hrecorded paths.before "$p" && continue
+    # ip netns add makes /run/netns a mount of its own.
+    [ "$p" != /run/netns ] || umount /run/netns 2>/dev/null || true
+    [ -z "$(mounts_under "$p")" ] || { warn "$p has mounts: left"; continue; }
+    rm -rf --one-file-system "$p" && say "removed $p"
+  done
+  if [ -f "$host_state/dirs" ]; then
+    while read -r t how; do
+      [ "$how" = created ] && rmdir "$t" 2>/dev/null
+    done <"$host_state/dirs"
+  fi
+  rm -rf "$host_state"
+  true
+}
+
+# --- a node's namespaces ---------------------------------------------------------------------
+
+# Node N's addresses and names.
+node_vars() {
+  local idx=$1
+  node_ip=10.88.0.$((10 + idx))
+  pod_cidr=10.88.$idx.0/24
+  pod_gw=10.88.$idx.1
+  veth=crn$idx
+}
+
+# Sets in_node for node NAME whose namespace holder runs (DIR/pids/ns): nsenter into its
+# network and mount namespaces.
+enter_node() {
+  local pid
+  read -r pid _ <"$dir/pids/ns"
+  in_node=(nsenter --target "$pid" --mount --net --)
+}
+
+# The network namespace: eth0 on crdipc0 with the node's address, a default route through
+# the host, a route on the host to the node's pods (and, if none yet, to the Service range:
+# the host's own requests to Services go through the first node's kube-proxy).
+setup_netns() {
+  local netns=$1
+  ip netns add "$netns"
+  record netns "$netns"
+  ip link add "$veth" type veth peer name eth0 netns "$netns"
+  record veth "$veth"
+  ip link set "$veth" master "$bridge" up
+  ip -n "$netns" addr add "$node_ip/24" dev eth0
+  ip -n "$netns" link set lo up
+  ip -n "$netns" link set eth0 up
+  ip -n "$netns" route add default via "$host_ip"
+  ip route replace "$pod_cidr" via "$node_ip"
+  record routes "$pod_cidr via $node_ip"
+  if ! ip route show "$service_route" | grep -q .; then
+    ip route add "$service_route" via "$node_ip"
+    record routes "$service_route via $node_ip"
   fi
 }
 
-# Bind-mounts DIR/NAME on TARGET (shared, so Bidirectional volumes and CSI mounts propagate).
-bind_host_dir() {
-  local src=$1 target=$2
-  mkdir -p "$src"
-  check_host_dir "$target" "$src"
-  if mountpoint -q "$target"; then
-    say "$target: already bound to $src"
-    record mounts "$target existed"
-    return
-  fi
-  if [ -e "$target" ]; then
-    record mounts "$target existed"
-  else
-    mkdir -p "$target"
-    record mounts "$target created"
-  fi
-  mount --bind "$src" "$target"
-  mount --make-rshared "$target"
+# Runs inside the node's new mount namespace (private: nothing it mounts reaches the host,
+# nothing the host mounts later reaches it), as the namespace's holder: binds the node's own
+# directories, then sleeps until killed. Called as: realnode.sh ns-init DIR.
+cmd_ns_init() {
+  dir=$1
+  local d
+  for d in "${host_dirs[@]}"; do
+    mkdir -p "$dir/$(basename "$d")"
+    mount --bind "$dir/$(basename "$d")" "$d"
+    # Shared: the kubelet's and the CSI driver's mounts propagate to the pods (Bidirectional).
+    mount --make-rshared "$d"
+  done
+  # /run of its own: containerd's and runc's state, mount(8)'s utab, the xtables lock.
+  mount -t tmpfs -o mode=0755,size=64m "crdipc-$(<"$dir/state/node")" /run
+  mkdir -p "$dir/var-log"
+  mount --bind "$dir/var-log" /var/log
+  touch "$dir/state/ns-ready"
+  exec sleep infinity
 }
+
+# The holder of the node's mount namespace, in its network namespace.
+start_ns_holder() {
+  local netns=$1 i
+  setsid nsenter --net="/run/netns/$netns" unshare --mount --propagation private -- \
+    bash "$repo/hack/realnode.sh" ns-init "$dir" >>"$dir/logs/ns.log" 2>&1 </dev/null &
+  echo "$! $(readlink -f "$(command -v sleep)")" >"$dir/pids/ns"
+  for ((i = 0; i < 100; i++)); do
+    [ -e "$state/ns-ready" ] && daemon_alive ns && return 0
+    sleep 0.1
+  done
+  tail_logs ns
+  die "join: the node's mount namespace was not set up"
+}
+
+# The node's cgroup, one per hierarchy: the kubelet's cgroupRoot, so that two kubelets on one
+# machine do not share kubepods.
+setup_cgroups() {
+  local root cg
+  for root in $(cgroup_roots); do
+    cg=$root/$cgroup_name
+    [ -d "$cg" ] || mkdir "$cg"
+    record cgroups "$cg"
+    # cgroup v1 cpuset: a child starts with no CPUs or memory nodes; tasks need both.
+    if [ -f "$cg/cpuset.cpus" ]; then
+      cat "$root/cpuset.cpus" >"$cg/cpuset.cpus"
+      cat "$root/cpuset.mems" >"$cg/cpuset.mems"
+    fi
+  done
+}
+
+# Every process of the node: those in its network namespace (the holder, containerd, the
+# shims, the kubelet, kube-proxy, host-network pods) and in its cgroups (every pod).
+node_pids() {
+  local netns=$1 cg
+  if [ -e "/run/netns/$netns" ]; then
+    ip netns pids "$netns" 2>/dev/null || true
+  fi
+  while read -r cg; do
+    [ -d "$cg" ] && find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null
+  done < <(read_state cgroups)
+  true
+}
+
+# Kills every process of the node until none is left.
+kill_node_processes() {
+  local netns=$1 i pids
+  for ((i = 0; i < 50; i++)); do
+    pids=$(node_pids "$netns" | sort -un | tr '\n' ' ')
+    [ -n "${pids// /}" ] || return 0
+    # shellcheck disable=SC2086 # a list of PIDs
+    kill -KILL $pids 2>/dev/null || true
+    sleep 0.1
+  done
+  warn "processes of the node still alive: $pids"
+}
+
+# --- join ------------------------------------------------------------------------------------
 
 write_containerd_config() {
-  cat >"$dir/containerd.toml" <<EOF
+  cat >"$dir/containerd.toml" <<EOC
 # Written by hack/realnode.sh: a containerd of its own, everything under $dir.
 version = 2
 root = "$dir/containerd/root"
@@ -482,7 +655,7 @@ oom_score = 0
   # Clamp containers' oom_score_adj to containerd's own: pause asks -998, which root without
   # CAP_SYS_RESOURCE (some CI VMs) may not set, and runc then fails every sandbox.
   restrict_oom_score_adj = true
-  # Network namespaces under state, not /run/netns: down finds them with the other mounts.
+  # Network namespaces under state, not /run/netns.
   netns_mounts_under_state_dir = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
@@ -502,22 +675,21 @@ oom_score = 0
     bin_dir = "$cni_bin"
     conf_dir = "$dir/cni/net.d"
     max_conf_num = 1
-EOF
+EOC
 }
 
 write_cni_config() {
   mkdir -p "$dir/cni/net.d" "$dir/cni/ipam"
-  # isGateway puts the pods' gateway on the bridge; no default route (isDefaultGateway false)
-  # and no ipMasq: pods reach the pod network and, through the host (kube-proxy), Services.
-  # containerd adds the loopback interface itself (the loopback plugin in $cni_bin).
-  cat >"$dir/cni/net.d/10-crdipc.conflist" <<EOF
+  # The node's pods on its own bridge (in its namespace), the node their gateway; routes to
+  # the cluster's pods (other nodes' through the host) and Services only, no masquerading.
+  cat >"$dir/cni/net.d/10-crdipc.conflist" <<EOC
 {
   "cniVersion": "1.0.0",
   "name": "crdipc",
   "plugins": [
     {
       "type": "bridge",
-      "bridge": "$bridge",
+      "bridge": "cni0",
       "isGateway": true,
       "isDefaultGateway": false,
       "ipMasq": false,
@@ -525,23 +697,23 @@ write_cni_config() {
       "ipam": {
         "type": "host-local",
         "dataDir": "$dir/cni/ipam",
-        "ranges": [[{"subnet": "$pod_cidr", "gateway": "$node_ip"}]],
-        "routes": [{"dst": "$service_route"}]
+        "ranges": [[{"subnet": "$pod_cidr", "gateway": "$pod_gw"}]],
+        "routes": [{"dst": "$cluster_cidr"}, {"dst": "$service_route"}]
       }
     },
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
-EOF
+EOC
 }
 
 write_kubelet_config() {
   local ca=$1
-  cat >"$dir/kubelet.yaml" <<EOF
+  cat >"$dir/kubelet.yaml" <<EOC
 # Written by hack/realnode.sh.
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-# The API server reaches the kubelet on the node's InternalIP, on the bridge only.
+# The API server reaches the kubelet on the node's InternalIP.
 address: $node_ip
 readOnlyPort: 0
 healthzPort: 0
@@ -555,6 +727,8 @@ authentication:
 authorization:
   mode: Webhook
 containerRuntimeEndpoint: unix://$dir/containerd.sock
+# Pods under a cgroup of this node's own: other kubelets run on this machine.
+cgroupRoot: /$cgroup_name
 # cgroup v1 hosts (CI VMs) are refused otherwise; containerd 1.6 cannot tell the kubelet its
 # driver (no RuntimeConfig RPC), so both say cgroupfs.
 failCgroupV1: false
@@ -581,45 +755,49 @@ imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 rotateCertificates: false
 serverTLSBootstrap: false
-EOF
+EOC
 }
 
 write_proxy_config() {
   local kubeconfig=$1 name=$2
-  cat >"$dir/kube-proxy.yaml" <<EOF
+  cat >"$dir/kube-proxy.yaml" <<EOC
 # Written by hack/realnode.sh.
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection:
   kubeconfig: $kubeconfig
 hostnameOverride: $name
-# The node's IP, not looked up.
 bindAddress: $node_ip
-healthzBindAddress: 127.0.0.1:$(free_port 10256)
-metricsBindAddress: 127.0.0.1:$(free_port 10249)
+# The node's own loopback (its own network namespace).
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
 mode: iptables
-clusterCIDR: $pod_cidr
-detectLocalMode: ClusterCIDR
-# NodePorts on the bridge only; none on 127.0.0.1 (that would set route_localnet).
-nodePortAddresses: ["$pod_cidr"]
+clusterCIDR: $cluster_cidr
+# Traffic from this node's pods is local; the rest (other nodes, the host) is masqueraded
+# when a Service sends it on to another node, so that replies come back the same way.
+detectLocalMode: BridgeInterface
+detectLocal:
+  bridgeInterface: cni0
+nodePortAddresses: ["$node_ip/32"]
 iptables:
   localhostNodePorts: false
 oomScoreAdj: 0
-# 0: leave the host's conntrack table size and timeouts as they are.
+# 0: leave conntrack's table size and timeouts as they are.
 conntrack:
   maxPerCore: 0
   min: 0
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
-EOF
+EOC
 }
 
 cmd_join() {
-  local name="" kubeconfig="" proxy_kubeconfig="" ca="" timeout=120 images=()
+  local name="" idx="" kubeconfig="" proxy_kubeconfig="" ca="" timeout=120 images=()
   while [ $# -gt 0 ]; do
     case $1 in
     --dir) set_dir "${2:-}" ;;
     --node) name=${2:-} ;;
+    --index) idx=${2:-} ;;
     --kubeconfig) kubeconfig=${2:-} ;;
     --proxy-kubeconfig) proxy_kubeconfig=${2:-} ;;
     --ca) ca=${2:-} ;;
@@ -632,7 +810,9 @@ cmd_join() {
   done
   [ -n "$dir" ] || die "join: --dir is required"
   [ -n "$name" ] || die "join: --node is required"
-  [[ $name =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || die "join: --node $name is not a valid node name"
+  [[ $name =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] && [ ${#name} -le 40 ] ||
+    die "join: --node $name: lowercase letters, digits and '-', at most 40"
+  [[ $idx =~ ^[0-9]+$ ]] && [ "$idx" -ge 1 ] && [ "$idx" -le 200 ] || die "join: --index takes 1-200"
   [[ $timeout =~ ^[0-9]+$ ]] || die "join: --timeout takes seconds"
   need_root join
   local f
@@ -644,8 +824,8 @@ cmd_join() {
   proxy_kubeconfig=$(realpath "$proxy_kubeconfig")
   ca=$(realpath "$ca")
   # Unix socket paths hold at most 107 bytes: DIR/containerd.sock.ttrpc and the kubelet's.
-  [ ${#dir} -le 40 ] || die "join: --dir $dir is too long (socket paths); use a short one such as /tmp/crn"
-  for f in containerd ctr runc kubectl iptables ip mount; do
+  [ ${#dir} -le 40 ] || die "join: --dir $dir is too long (socket paths); use a short one such as /tmp/crn1"
+  for f in containerd ctr runc kubectl iptables ip mount nsenter unshare; do
     command -v "$f" >/dev/null 2>&1 || die "join: $f is not installed (hack/realnode.sh deps)"
   done
   cni_bin=/usr/lib/cni
@@ -657,10 +837,10 @@ cmd_join() {
   cache=$(cache_dir)
   kubelet=$cache/kubelet
   kube_proxy=$cache/kube-proxy
-  for f in "$kubelet" "$kube_proxy" "$cache/pause.tar" "$cache/busybox.tar"; do
+  for f in "$kubelet" "$kube_proxy" "$cache/pause.tar" "$cache/busybox.tar" "$cache/fio.tar"; do
     [ -e "$f" ] || die "join: $f is missing: run hack/realnode.sh deps first"
   done
-  images=("$cache/pause.tar" "$cache/busybox.tar" "${images[@]}")
+  images=("$cache/pause.tar" "$cache/busybox.tar" "$cache/fio.tar" "${images[@]}")
   for f in "${images[@]}"; do
     [ -r "$f" ] || die "join: image $f: not readable"
   done
@@ -671,13 +851,16 @@ cmd_join() {
   if [ -e "$dir" ] && [ -n "$(ls -A "$dir")" ]; then
     die "join: $dir exists and is not empty; pick a fresh directory"
   fi
-  if ss -Htln "sport = :10250" | grep -q .; then
-    die "join: port 10250 (the kubelet's) is taken: is another kubelet running?"
-  fi
-  local d
-  for d in "${host_dirs[@]}"; do
-    check_host_dir "$d" "$dir/$(basename "$d")"
+  node_vars "$idx"
+  local netns=crdipc-$name other
+  cgroup_name=crdipc-$name
+  [ ! -e "$host_state/nodes/$name" ] || die "join: node $name is joined already (in $(<"$host_state/nodes/$name"))"
+  for other in $(joined_nodes); do
+    [ "$(sed -n 2p "$host_state/nodes/$other")" != "$idx" ] ||
+      die "join: --index $idx is node $other's; pick another"
   done
+  [ ! -e "/run/netns/$netns" ] || die "join: network namespace $netns exists (a node not cleaned up?): ip netns delete $netns"
+  ! ip link show "$veth" >/dev/null 2>&1 || die "join: link $veth exists (a node not cleaned up?)"
   local start
   start=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   local t0=$SECONDS
@@ -687,14 +870,16 @@ cmd_join() {
   # From here on a failed join leaves things running or changed, for its logs to be read.
   trap '[ $? -eq 0 ] || echo "realnode: join failed; hack/realnode.sh down --dir $dir undoes what it did" >&2' EXIT
   echo "$name" >"$state/node"
+  echo "$idx" >"$state/index"
   echo "$kubeconfig" >"$state/kubeconfig"
-  echo "$kube_proxy" >"$state/kube-proxy"
-  record_host
-
   cmd_network
-  for d in "${host_dirs[@]}"; do
-    bind_host_dir "$dir/$(basename "$d")" "$d"
-  done
+  printf '%s\n%s\n' "$dir" "$idx" >"$host_state/nodes/$name"
+
+  say "node $name: $node_ip, pods $pod_cidr (network namespace $netns)"
+  setup_netns "$netns"
+  setup_cgroups
+  start_ns_holder "$netns"
+  enter_node
 
   # Before containerd: its CRI plugin loads the network config at start.
   write_cni_config
@@ -720,8 +905,7 @@ cmd_join() {
   start_daemon kubelet "$kubelet" --config "$dir/kubelet.yaml" --kubeconfig "$kubeconfig" \
     --root-dir /var/lib/kubelet --node-ip "$node_ip" --hostname-override "$name"
 
-  # Ready, with a heartbeat from this run: without a node-lifecycle controller, a Node left
-  # by an earlier run keeps saying Ready.
+  # Ready, with a heartbeat from this run: a Node left by an earlier run may still say Ready.
   say "waiting for node $name to be Ready (up to ${timeout}s)"
   local deadline=$((SECONDS + timeout)) ready=""
   while [ $SECONDS -lt $deadline ]; do
@@ -740,12 +924,37 @@ cmd_join() {
   say "starting kube-proxy"
   write_proxy_config "$proxy_kubeconfig" "$name"
   start_daemon kube-proxy "$kube_proxy" --config "$dir/kube-proxy.yaml"
-  while ! iptables -t nat -S KUBE-SERVICES >/dev/null 2>&1; do
+  while ! "${in_node[@]}" iptables -t nat -S KUBE-SERVICES >/dev/null 2>&1; do
     daemon_alive kube-proxy || { tail_logs kube-proxy; die "join: kube-proxy exited"; }
     [ $SECONDS -lt $deadline ] || { tail_logs kube-proxy; die "join: kube-proxy did not program its rules in ${timeout}s"; }
     sleep 0.5
   done
   say "node $name Ready, kube-proxy synced ($((SECONDS - t0))s); logs in $dir/logs"
+}
+
+# --- kill ------------------------------------------------------------------------------------
+
+cmd_kill() {
+  while [ $# -gt 0 ]; do
+    case $1 in
+    --dir) set_dir "${2:-}" ;;
+    *) usage ;;
+    esac
+    [ $# -ge 2 ] || usage
+    shift 2
+  done
+  [ -n "$dir" ] || die "kill: --dir is required"
+  need_root kill
+  [ -e "$state/marker" ] || die "kill: $dir holds no node"
+  local name
+  name=$(read_state node)
+  node_vars "$(read_state index)"
+  # The link first: from now on nothing of the node answers or sends, as with a machine
+  # whose power is cut; then its processes, all at once.
+  ip link set "$veth" down 2>/dev/null || true
+  kill_node_processes "crdipc-$name"
+  rm -f "$dir/pids/"*
+  say "node $name lost: link $veth down, every process killed"
 }
 
 # --- down ------------------------------------------------------------------------------------
@@ -801,38 +1010,44 @@ kill_shims() {
   done
 }
 
-# The kubelet's QoS cgroups (kubepods) in every hierarchy, if join found none there: kill
-# what still runs in them (pods whose shim died), then remove them deepest first.
+# The node's cgroups, deepest first (kill_node_processes has emptied them).
 remove_cgroups() {
-  local root cg pid cgs=() killed=""
-  for root in $(cgroup_roots); do
-    cg=$root/kubepods
-    if [ -d "$cg" ] && ! recorded cgroups.before "$cg"; then
-      cgs+=("$cg")
-    fi
-  done
-  [ ${#cgs[@]} -gt 0 ] || return 0
-  # cgroup v1: the same process is in every hierarchy.
-  for pid in $(find "${cgs[@]}" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -un); do
-    say "killing pod process $pid ($(cat "/proc/$pid/comm" 2>/dev/null))"
-    kill -KILL "$pid" 2>/dev/null || true
-    killed=1
-  done
-  [ -z "$killed" ] || sleep 0.5
-  for cg in "${cgs[@]}"; do
+  local cg
+  while read -r cg; do
+    [ -d "$cg" ] || continue
     find "$cg" -depth -type d -exec rmdir {} \; 2>/dev/null || true
     [ ! -d "$cg" ] || warn "could not remove $cg"
-  done
+  done < <(read_state cgroups)
+  true
 }
 
-# containerd keeps network namespaces under its state (netns_mounts_under_state_dir); should
-# one land in /run/netns all the same (another containerd version), remove the new ones.
+# The network namespace (and with it the node's iptables, its pods' bridge and its kernel
+# network settings), its link and the host's routes to it.
 remove_netns() {
-  local n
-  for n in /run/netns/cni-*; do
-    [ -e "$n" ] || continue
-    recorded netns.before "$n" && continue
-    ip netns delete "${n##*/}" 2>/dev/null || { umount "$n" 2>/dev/null; rm -f "$n"; } || true
+  local n r
+  while read -r r; do
+    # shellcheck disable=SC2086 # "CIDR via IP"
+    ip route del $r 2>/dev/null || true
+  done < <(read_state routes)
+  while read -r n; do
+    ip link delete "$n" 2>/dev/null || true
+  done < <(read_state veth)
+  while read -r n; do
+    [ -e "/run/netns/$n" ] && ip netns delete "$n"
+  done < <(read_state netns)
+  true
+}
+
+# The host's route to the Service range went through this node: through another node now.
+repoint_service_route() {
+  local other odir
+  ip route show "$service_route" | grep -q . && return 0
+  for other in $(joined_nodes); do
+    odir=$(sed -n 1p "$host_state/nodes/$other")
+    [ -e "$odir/pids/kube-proxy" ] || continue
+    ip route add "$service_route" via "10.88.0.$((10 + $(sed -n 2p "$host_state/nodes/$other")))" &&
+      echo "$service_route via 10.88.0.$((10 + $(sed -n 2p "$host_state/nodes/$other")))" >>"$odir/state/routes"
+    return 0
   done
 }
 
@@ -855,20 +1070,18 @@ detach_loops() {
     if { [ "$majmin" = "$own" ] && [ -n "$(find "$dir" -xdev -inum "$ino" -print -quit 2>/dev/null)" ]; } ||
       { [ "$majmin" != "$own" ] && [[ $devs == *" $majmin "* ]]; }; then
       losetup -d "$dev" 2>/dev/null && say "detached $dev ($file)"
-    elif ! recorded loops.before "$dev $majmin $ino" && [[ $host_devs != *" $majmin "* && $sources != *" $dev "* ]]; then
+    elif ! hrecorded loops.before "$dev $majmin $ino" && [[ $host_devs != *" $majmin "* && $sources != *" $dev "* ]]; then
       warn "left $dev ($file): attached since join, its file on no mount of this host; detach it if it was this node's"
     fi
   done < <(losetup -n -l -O NAME,BACK-MAJ:MIN,BACK-INO,BACK-FILE 2>/dev/null || true)
   true
 }
 
-# Unmounts, deepest and latest first, every mount under DIR and under the host directories
-# join bound, and detaches the loop devices that keep some of them busy.
+# Unmounts, deepest and latest first, what the host sees mounted under DIR (the node's own
+# mounts were in its mount namespace, gone with its last process), and detaches the loop
+# devices backed by DIR's files.
 unmount_all() {
-  local prefixes=("$dir") t how m pass
-  while read -r t how; do
-    prefixes+=("$t")
-  done < <(read_state mounts)
+  local m pass
   for pass in 1 2 3; do
     while read -r m; do
       [ -n "$m" ] || continue
@@ -877,134 +1090,11 @@ unmount_all() {
       else
         umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || warn "could not unmount $m"
       fi
-    done < <(mounts_under "${prefixes[@]}" | tac)
-    detach_loops "${prefixes[@]}"
-    [ -z "$(mounts_under "${prefixes[@]}")" ] && break
-  done
-  # The mount points join made.
-  while read -r t how; do
-    [ "$how" = created ] && rmdir "$t" 2>/dev/null
-  done < <(read_state mounts)
-  true
-}
-
-# Another live kubelet on this machine (ours is stopped; a process that is exiting, or a
-# zombie not yet reaped, has no exe link).
-other_kubelet() {
-  local pid
-  for pid in $(pgrep -x kubelet || true); do
-    readlink "/proc/$pid/exe" >/dev/null 2>&1 && return 0
-  done
-  return 1
-}
-
-# Removes KUBE-*/CNI-* chains that were not there before join (kube-proxy --cleanup has
-# removed its own; the kubelet's and portmap's remain), and the jumps to them; the kubelet's
-# own chains even if they were (left by an earlier run), unless another kubelet runs.
-# One iptables-restore --noflush per table: all of a table's changes or none.
-remove_chains() {
-  local v save restore before table script always=""
-  other_kubelet || always="${kubelet_chains[*]}"
-  for v in 4 6; do
-    save=iptables-save restore=iptables-restore
-    [ $v = 6 ] && save=ip6tables-save restore=ip6tables-restore
-    command -v $save >/dev/null 2>&1 || continue
-    before=$state/chains.$v
-    [ -f "$before" ] || continue
-    for table in filter nat mangle raw; do
-      script=$($save -t $table 2>/dev/null | awk -v table=$table -v before="$before" -v always="$always" '
-        BEGIN {
-          while ((getline l < before) > 0) { split(l, f, " "); if (f[1] == table) old[f[2]] = 1 }
-          n = split(always, a, " "); for (i = 1; i <= n; i++) delete old[a[i]]; n = 0
-        }
-        /^:/ { c = substr($1, 2); if ((c ~ /^KUBE-/ || c ~ /^CNI-/) && !(c in old)) gone[c] = 1; next }
-        /^-A / { rules[++n] = $0; chain[n] = $2 }
-        END {
-          for (i = 1; i <= n; i++) {
-            if (chain[i] in gone) continue
-            for (c in gone) if (index(rules[i] " ", " -j " c " ") || index(rules[i] " ", " -g " c " ")) {
-              r = rules[i]; sub(/^-A /, "-D ", r); print r; break
-            }
-          }
-          for (c in gone) print "-F " c
-          for (c in gone) print "-X " c
-        }')
-      [ -n "$script" ] || continue
-      say "removing $table chains (IPv$v): $(echo "$script" | awk '/^-X/ {printf "%s ", $2}')"
-      printf '*%s\n%s\nCOMMIT\n' "$table" "$script" | $restore --noflush ||
-        warn "could not remove the $table chains (IPv$v)"
-    done
+    done < <(mounts_under "$dir" | tac)
+    detach_loops "$dir"
+    [ -z "$(mounts_under "$dir")" ] && break
   done
   true
-}
-
-# nftables tables that appeared since join (iptables-nft's, kube-proxy's) and hold no rule
-# any more: remove_chains and kube-proxy --cleanup have emptied them.
-remove_nft_tables() {
-  local family table rules
-  command -v nft >/dev/null 2>&1 && [ -f "$state/nft.before" ] || return 0
-  while read -r _ family table; do
-    grep -qxF "table $family $table" "$state/nft.before" && continue
-    case $family/$table in
-    ip/filter | ip/nat | ip/mangle | ip/raw | ip6/filter | ip6/nat | ip6/mangle | ip6/raw | */kube-proxy) ;;
-    *) continue ;;
-    esac
-    # Rules are the lines of a chain other than its type/policy declaration.
-    rules=$(nft list table "$family" "$table" 2>/dev/null |
-      awk '!/^[[:space:]]*(table |chain |type |policy |}|$)/' | wc -l)
-    if [ "$rules" -eq 0 ]; then
-      nft delete table "$family" "$table" && say "removed the empty nftables table $family $table"
-    else
-      warn "nftables table $family $table holds $rules rules made since join: left"
-    fi
-  done < <(nft list tables 2>/dev/null)
-  true
-}
-
-restore_sysctls() {
-  local kv k v f
-  while IFS= read -r kv; do
-    k=${kv%%=*} v=${kv#*=}
-    f=/proc/sys/${k//.//}
-    [ -w "$f" ] || continue
-    if [ "$(<"$f")" != "$v" ]; then
-      if echo "$v" >"$f" 2>/dev/null; then
-        say "sysctl $k=$v (restored)"
-      else
-        warn "could not restore $k=$v"
-      fi
-    fi
-  done < <(read_state sysctl)
-}
-
-# Fixed paths that did not exist before join.
-remove_host_paths() {
-  local p l
-  # The kubelet's symlinks to our pod logs, in the fixed /var/log/containers.
-  if [ -d /var/log/containers ]; then
-    for l in /var/log/containers/*; do
-      [ -L "$l" ] && [[ $(readlink "$l") == "$dir"/* ]] && rm -f "$l"
-    done
-  fi
-  for p in "${host_paths[@]}"; do
-    [ -e "$p" ] || continue
-    recorded paths.before "$p" && continue
-    [ -z "$(mounts_under "$p")" ] || { warn "$p has mounts: left"; continue; }
-    rm -rf --one-file-system "$p" && say "removed $p"
-  done
-  true
-}
-
-remove_network() {
-  local l
-  if ip link show "$bridge" >/dev/null 2>&1; then
-    # Pod ends of veth pairs whose namespace survived (normally gone with it).
-    for l in $(ip -o link show master "$bridge" | awk -F': ' '{print $2}' | cut -d@ -f1); do
-      ip link delete "$l" 2>/dev/null || true
-    done
-    ip link delete "$bridge"
-    say "deleted bridge $bridge"
-  fi
 }
 
 cmd_down() {
@@ -1022,43 +1112,38 @@ cmd_down() {
     if [ -e "$dir" ] && [ -n "$(ls -A "$dir" 2>/dev/null)" ]; then
       die "down: $dir was not made by hack/realnode.sh join (no state/marker): not touching it"
     fi
-    remove_network
     rmdir "$dir" 2>/dev/null || true
+    teardown_network
     say "nothing joined in $dir"
     return 0
   fi
-  local t0=$SECONDS name kube_proxy
+  local t0=$SECONDS name idx
   name=$(read_state node)
+  idx=$(read_state index)
+  [ -n "$idx" ] && node_vars "$idx"
+  cgroup_name=crdipc-$name
 
   [ -z "$name" ] || delete_from_api "$name"
-
-  if [ -s "$dir/pids/kube-proxy" ]; then
-    stop_daemon kube-proxy
-  fi
-  kube_proxy=$(read_state kube-proxy)
-  if [ -x "$kube_proxy" ] && [ -f "$dir/kube-proxy.yaml" ]; then
-    # Its Service rules (iptables; nftables and IPVS too, if any).
-    "$kube_proxy" --cleanup >>"$dir/logs/kube-proxy-cleanup.log" 2>&1 ||
-      warn "kube-proxy --cleanup failed (see $dir/logs/kube-proxy-cleanup.log)"
-  fi
+  stop_daemon kube-proxy
   stop_daemon kubelet
   remove_containers
   stop_daemon containerd
   kill_shims
+  # The rest: pods whose shim died, and the namespace holder; the mount namespace goes with it.
+  kill_node_processes "crdipc-$name"
+  rm -f "$dir/pids/ns"
   remove_cgroups
   remove_netns
   unmount_all
-  remove_chains
-  remove_nft_tables
-  remove_network
-  remove_host_paths
-  restore_sysctls
+  [ -z "$name" ] || rm -f "$host_state/nodes/$name"
+  repoint_service_route
 
   if [ -n "$(mounts_under "$dir")" ]; then
     die "down: mounts left under $dir (see mount | grep $dir): not removing it"
   fi
   rm -rf --one-file-system "$dir"
   say "node ${name:-?} stopped and cleaned up, $dir deleted ($((SECONDS - t0))s)"
+  teardown_network
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -1070,7 +1155,9 @@ case $sub in
 deps) cmd_deps "$@" ;;
 network) cmd_network "$@" ;;
 join) cmd_join "$@" ;;
+kill) cmd_kill "$@" ;;
 down) cmd_down "$@" ;;
+ns-init) cmd_ns_init "$@" ;; # internal: the holder of a node's mount namespace
 -h | --help | help) usage ;;
 *) usage ;;
 esac

@@ -29,13 +29,26 @@ import (
 const (
 	// requireEnv makes a missing capability a failure instead of a skip (CI sets it).
 	requireEnv = "CRDIPC_REQUIRE_REAL_NODE"
-	// node is the real node's name; advertise is the bridge address the harness gives the
-	// host, where the API server also serves for pods and the kubelet listens.
-	node      = "real-1"
+	// advertise is the bridge address the harness gives the host, where the API server
+	// also serves for the nodes and their pods.
 	advertise = "10.88.0.1"
-	// workDir holds the node's containerd, kubelet and logs; short, for socket paths.
-	workDir = "/tmp/crdipc-rn"
+	// node is the first real node, where the single-node flows run.
+	node = "real-1"
 )
+
+// realNode is one node hack/realnode.sh joins: real-N has index N, the address
+// 10.88.0.(10+N) and its containerd, kubelet and logs in its work directory.
+type realNode struct {
+	name  string
+	index int
+}
+
+func nodeN(i int) realNode { return realNode{name: fmt.Sprintf("real-%d", i), index: i} }
+
+// dir is the node's work directory; short, for socket paths.
+func (n realNode) dir() string { return fmt.Sprintf("/tmp/crdipc-rn%d", n.index) }
+
+func (n realNode) ip() string { return fmt.Sprintf("10.88.0.%d", 10+n.index) }
 
 var root string // the repository
 
@@ -95,14 +108,17 @@ func runErr(timeout time.Duration, env []string, name string, args ...string) (s
 	return string(out), err
 }
 
-// cluster is `crdipc up` with a real node joined.
+// cluster is `crdipc up` with real nodes joined.
 type cluster struct {
 	binary     string
+	image      string
 	kubeconfig string
 	dataDir    string
+	creds      string // the nodes' and kube-proxy's kubeconfigs
 	up         *exec.Cmd
 	upOut      *syncBuffer
 	upExited   chan error
+	joined     []realNode
 }
 
 func (c *cluster) env() []string { return []string{"KUBECONFIG=" + c.kubeconfig} }
@@ -139,9 +155,11 @@ func (c *cluster) describe() string {
 		fmt.Fprintf(&b, "$ kubectl %s\n%s\n", strings.Join(args, " "), out)
 	}
 	fmt.Fprintf(&b, "crdipc up:\n%s\n", tail(c.upOut.String(), 30))
-	for _, log := range []string{"kubelet.log", "containerd.log", "kube-proxy.log"} {
-		data, _ := os.ReadFile(filepath.Join(workDir, "logs", log))
-		fmt.Fprintf(&b, "%s:\n%s\n", log, tail(string(data), 30))
+	for _, n := range c.joined {
+		for _, log := range []string{"kubelet.log", "containerd.log", "kube-proxy.log"} {
+			data, _ := os.ReadFile(filepath.Join(n.dir(), "logs", log))
+			fmt.Fprintf(&b, "%s %s:\n%s\n", n.name, log, tail(string(data), 20))
+		}
 	}
 	return b.String()
 }
@@ -169,40 +187,39 @@ func TestRealNode(t *testing.T) {
 	// The image, as `make image` builds it; its binary is also the one that runs up.
 	run(t, 20*time.Minute, nil, "make", "image")
 	c.binary = filepath.Join(root, "bin", "crdipc")
-	image := filepath.Join(root, "bin", "crdipc-image.tar")
+	c.image = filepath.Join(root, "bin", "crdipc-image.tar")
 	phase("make image")
 
-	// The node's components: containerd, runc, CNI plugins (Debian), kubelet and
-	// kube-proxy (built from the Kubernetes module), the pause and busybox images.
+	// The nodes' components: containerd, runc, CNI plugins (Debian), kubelet and
+	// kube-proxy (built from the Kubernetes module), the pause, busybox and fio images.
 	run(t, 30*time.Minute, nil, "hack/realnode.sh", "deps")
 	phase("hack/realnode.sh deps")
-	// A leftover of an interrupted run would make join refuse: clean it first.
-	run(t, 3*time.Minute, nil, "hack/realnode.sh", "down", "--dir", workDir)
-	down := func() {
-		if out, err := runErr(5*time.Minute, c.env(), "hack/realnode.sh", "down", "--dir", workDir); err != nil {
-			t.Errorf("hack/realnode.sh down: %v\n%s", err, out)
-		}
+	// Leftovers of an interrupted run would make join refuse: clean them first.
+	for i := 1; i <= 4; i++ {
+		run(t, 3*time.Minute, nil, "hack/realnode.sh", "down", "--dir", nodeN(i).dir())
 	}
 	run(t, time.Minute, nil, "hack/realnode.sh", "network")
-	t.Cleanup(down) // the bridge, if up does not start
+	// The bridge, if up does not start (a down of a directory holding no node).
+	t.Cleanup(func() { c.down(t, nodeN(1)) })
 
-	// up as the README's users start it for a real node: nothing but the control plane.
+	// up as the README's users start it for real nodes: nothing but the control plane.
 	c.dataDir = t.TempDir()
 	c.startUp(t, "up", "--services=none", "--nodes", "0", "--advertise-address", advertise, "--data-dir", c.dataDir)
-	// Cleanups run last first: the node goes while the API server still answers, so its
-	// pods are deleted through the kubelet (a second down finds nothing left).
-	t.Cleanup(down)
+	// Cleanups run last first: the nodes go while the API server still answers, so their
+	// pods are deleted through their kubelets.
+	t.Cleanup(func() {
+		for i := len(c.joined) - 1; i >= 0; i-- {
+			c.down(t, c.joined[i])
+		}
+	})
 	phase("crdipc up --services=none --nodes 0")
 
-	creds := t.TempDir()
-	nodeKubeconfig, proxyKubeconfig := filepath.Join(creds, "node.kubeconfig"), filepath.Join(creds, "proxy.kubeconfig")
-	run(t, time.Minute, c.env(), c.binary, "kubeconfig", "--node", node, "-o", nodeKubeconfig)
-	run(t, time.Minute, c.env(), c.binary, "kubeconfig", "--user", "system:kube-proxy", "-o", proxyKubeconfig)
-	run(t, 5*time.Minute, c.env(), "hack/realnode.sh", "join", "--dir", workDir, "--node", node,
-		"--kubeconfig", nodeKubeconfig, "--proxy-kubeconfig", proxyKubeconfig,
-		"--ca", filepath.Join(c.dataDir, "pki", "ca.crt"), "--image", image)
-	c.wait(t, 2*time.Minute, "--for=condition=Ready", "node/"+node)
-	phase("node joined and Ready")
+	c.creds = t.TempDir()
+	run(t, time.Minute, c.env(), c.binary, "kubeconfig", "--user", "system:kube-proxy", "--server", c.server(t), "-o", filepath.Join(c.creds, "proxy.kubeconfig"))
+	for i := 1; i <= 3; i++ {
+		c.join(t, nodeN(i))
+	}
+	phase("three nodes joined and Ready")
 
 	t.Run("node", func(t *testing.T) { c.testNode(t) })
 	if t.Failed() {
@@ -224,31 +241,42 @@ func TestRealNode(t *testing.T) {
 	phase("a webhook delivery → PullRequest, Event, metrics")
 	t.Run("volume", func(t *testing.T) { c.testVolume(t) })
 	phase("a volume written and read back")
-	// Last: it stops the kubelet.
-	t.Run("node lifecycle", func(t *testing.T) { c.testNodeLost(t) })
-	phase("the stopped kubelet's node Unknown")
+	if t.Failed() {
+		return
+	}
+	// Last: it loses a node and joins a fourth.
+	t.Run("replicated volume and a lost node", func(t *testing.T) { c.testReplicated(t, phase) })
 }
 
-// testNodeLost: a kubelet that stops renewing its Lease is noticed by the node lifecycle
-// controller: the node turns Unknown and is tainted unreachable.
-func (c *cluster) testNodeLost(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(workDir, "pids", "kubelet"))
-	if err != nil {
-		t.Fatal(err)
+// server is the API server's address for the nodes: up's port on the advertise address
+// (the admin kubeconfig names 127.0.0.1, which is each node's own loopback).
+func (c *cluster) server(t *testing.T) string {
+	t.Helper()
+	u := c.kubectl(t, "config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}")
+	i := strings.LastIndex(u, ":")
+	if i < 0 {
+		t.Fatalf("kubeconfig server %q has no port", u)
 	}
-	var pid int
-	if _, err := fmt.Sscan(string(b), &pid); err != nil {
-		t.Fatalf("pids/kubelet %q: %v", b, err)
+	return "https://" + advertise + u[i:]
+}
+
+// join issues node n's credentials (a CSR for system:node:<name>) and joins it.
+func (c *cluster) join(t *testing.T, n realNode) {
+	t.Helper()
+	kubeconfig := filepath.Join(c.creds, n.name+".kubeconfig")
+	run(t, time.Minute, c.env(), c.binary, "kubeconfig", "--node", n.name, "--server", c.server(t), "-o", kubeconfig)
+	c.joined = append(c.joined, n)
+	run(t, 5*time.Minute, c.env(), "hack/realnode.sh", "join", "--dir", n.dir(), "--node", n.name,
+		"--index", fmt.Sprint(n.index), "--kubeconfig", kubeconfig,
+		"--proxy-kubeconfig", filepath.Join(c.creds, "proxy.kubeconfig"),
+		"--ca", filepath.Join(c.dataDir, "pki", "ca.crt"), "--image", c.image)
+	c.wait(t, 2*time.Minute, "--for=condition=Ready", "node/"+n.name)
+}
+
+func (c *cluster) down(t *testing.T, n realNode) {
+	if out, err := runErr(5*time.Minute, c.env(), "hack/realnode.sh", "down", "--dir", n.dir()); err != nil {
+		t.Errorf("hack/realnode.sh down --dir %s: %v\n%s", n.dir(), err, out)
 	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatalf("stopping the kubelet (pid %d): %v", pid, err)
-	}
-	// The grace period is 50 s; the controller looks every 5 s.
-	c.wait(t, 2*time.Minute, "--for=condition=Ready=Unknown", "node/"+node)
-	c.poll(t, time.Minute, "node "+node+" tainted unreachable:NoExecute", func() (bool, string) {
-		taints := c.kubectl(t, "get", "node", node, "-o", `jsonpath={range .spec.taints[*]}{.key}:{.effect}{" "}{end}`)
-		return strings.Contains(taints, "node.kubernetes.io/unreachable:NoExecute"), taints
-	})
 }
 
 // poll waits, until timeout, for cond to hold (testenv/wait), failing with the last state
@@ -317,7 +345,7 @@ func (c *cluster) startUp(t *testing.T, args ...string) {
 func (c *cluster) testNode(t *testing.T) {
 	// Anonymous requests to the kubelet are refused: the API server's own calls (logs,
 	// below) authenticate with its kubelet client certificate.
-	out, err := runErr(30*time.Second, nil, "curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", "https://"+advertise+":10250/pods")
+	out, err := runErr(30*time.Second, nil, "curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", "https://"+nodeN(1).ip()+":10250/pods")
 	if err != nil && out == "" {
 		t.Fatalf("curl the kubelet: %v", err)
 	}
@@ -347,8 +375,8 @@ spec:
 `
 	c.apply(t, manifest)
 	c.wait(t, 2*time.Minute, "--for=jsonpath={.status.phase}=Succeeded", "pod/hello")
-	if got := c.kubectl(t, "get", "pod", "hello", "-o", "jsonpath={.spec.nodeName}"); got != node {
-		t.Errorf("pod hello on %q, want %s", got, node)
+	if got := c.kubectl(t, "get", "pod", "hello", "-o", "jsonpath={.spec.nodeName}"); !strings.HasPrefix(got, "real-") {
+		t.Errorf("pod hello on %q, want a real node", got)
 	}
 	logs := c.kubectl(t, "logs", "hello")
 	if !strings.Contains(logs, "hello from hello on the real node") || !strings.Contains(logs, "default") {
@@ -514,9 +542,10 @@ spec:
 	if len(written) == 0 {
 		t.Fatal("the writer printed no checksum")
 	}
+	on := c.kubectl(t, "get", "pod", "writer", "-o", "jsonpath={.spec.nodeName}")
 	attached := c.kubectl(t, "get", "volumeattachments", "-o", "jsonpath={range .items[*]}{.spec.nodeName} {.status.attached}{\"\\n\"}{end}")
-	if !strings.Contains(attached, node+" true") {
-		t.Errorf("volume attachments: %q, want one attached to %s", attached, node)
+	if !strings.Contains(attached, on+" true") {
+		t.Errorf("volume attachments: %q, want one attached to %s, the writer's node", attached, on)
 	}
 	c.kubectl(t, "delete", "pod", "writer", "--wait=true")
 
@@ -530,9 +559,12 @@ spec:
 
 	// With the pods gone the bytes are in the replica's file on the node, where the pool
 	// agent keeps it: the data is the storage system's, not the pod's.
-	sum := replicaHolds(t, filepath.Join(workDir, "crdipc"), written[0])
-	if !sum {
-		t.Errorf("no replica file under %s/crdipc holds the written blob", workDir)
+	var holds bool
+	for _, n := range c.joined {
+		holds = holds || replicaHolds(t, filepath.Join(n.dir(), "crdipc"), written[0])
+	}
+	if !holds {
+		t.Errorf("no replica file under the nodes' /var/lib/crdipc holds the written blob")
 	}
 }
 

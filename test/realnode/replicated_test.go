@@ -1,0 +1,206 @@
+package realnode
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fioArgs is the data checker: fio writes the file in 64 KiB blocks, each with a crc32c
+// checksum and its offset in a header, and then reads every block back and verifies it
+// (do_verify, the default for a write job), once per loop; --verify_fatal stops at the
+// first bad block. The same arguments with --verify_only=1 verify what an earlier run wrote.
+var fioArgs = []string{"fio", "--name=verify", "--filename=/data/fio.dat", "--size=32M", "--bs=64k",
+	"--rw=randwrite", "--ioengine=psync", "--direct=1", "--verify=crc32c", "--verify_fatal=1"}
+
+// testReplicated is seed 000's promise on real machines: a 3-replica volume gets one replica
+// per node; a pod on real-1 writes through the target on its node to the replicas on the
+// others over their addresses; real-2 is lost for real mid-run (link down, every process
+// killed) and fio finishes with every block verified; real-2 turns Unknown; a fourth node
+// joins and receives a rebuilt replica, byte-identical to the others; a pod on real-3 reads
+// every byte back.
+func (c *cluster) testReplicated(t *testing.T, phase func(string)) {
+	a, b, nc, d := nodeN(1), nodeN(2), nodeN(3), nodeN(4)
+	// The operator replaces a replica that stays Offline on a node that still exists after
+	// --replace-after (5 min by default): a user's setting, shortened so CI does not wait.
+	c.kubectl(t, "-n", "crdipc-system", "patch", "deployment", "crdipc-storage-operator", "--type=json",
+		"-p", `[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--replace-after=20s"}]`)
+	c.kubectl(t, "-n", "crdipc-system", "rollout", "status", "deployment/crdipc-storage-operator", "--timeout=3m")
+
+	c.apply(t, `apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: replicated, namespace: default}
+spec:
+  storageClassName: crdipc
+  accessModes: ["ReadWriteOnce"]
+  resources: {requests: {storage: 256Mi}}
+`)
+	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Bound", "pvc/replicated")
+	volume := c.kubectl(t, "get", "pvc", "replicated", "-o", "jsonpath={.spec.volumeName}")
+	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Healthy", "-n", "crdipc-system", "cstorvolume/"+volume)
+	if got := c.replicaNodes(t, volume); strings.Join(got, " ") != "real-1 real-2 real-3" {
+		t.Fatalf("replicas of %s on %v, want one on each of real-1 real-2 real-3", volume, got)
+	}
+
+	// 40 loops of 32 MiB, each written and verified (~1 min here): long enough that real-2
+	// is lost while fio writes, and that the loss is noticed (node lease, 40 s) before it ends.
+	c.apply(t, fioPod("fio-writer", a.name, append(fioArgs, "--loops=40")))
+	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Running", "pod/fio-writer")
+	// Data reached real-2's replica over the network: the loss is mid-run.
+	c.poll(t, 2*time.Minute, "fio's writes on real-2's replica", func() (bool, string) {
+		n := c.allocated(t, b, volume)
+		return n >= 8<<20, fmt.Sprintf("%d bytes allocated", n)
+	})
+	phase("3-replica volume, fio writing from real-1")
+	run(t, time.Minute, nil, "hack/realnode.sh", "kill", "--dir", b.dir())
+	if p := c.kubectl(t, "get", "pod", "fio-writer", "-o", "jsonpath={.status.phase}"); p != "Running" {
+		t.Fatalf("fio-writer %s when real-2 was lost: the loss must come mid-run (make the run longer)", p)
+	}
+	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Degraded", "-n", "crdipc-system", "cstorvolume/"+volume)
+	degradedWhileWriting := c.kubectl(t, "get", "pod", "fio-writer", "-o", "jsonpath={.status.phase}") == "Running"
+	t.Logf("volume Degraded while fio still wrote: %v", degradedWhileWriting)
+	c.wait(t, 5*time.Minute, "--for=jsonpath={.status.phase}=Succeeded", "pod/fio-writer")
+	written := c.fioResult(t, "fio-writer")
+	phase("real-2 lost mid-run; fio: every block verified")
+
+	// The node lifecycle controller notices the lost kubelet.
+	c.wait(t, 2*time.Minute, "--for=condition=Ready=Unknown", "node/"+b.name)
+	c.poll(t, time.Minute, "node real-2 tainted unreachable:NoExecute", func() (bool, string) {
+		taints := c.kubectl(t, "get", "node", b.name, "-o", `jsonpath={range .spec.taints[*]}{.key}:{.effect}{" "}{end}`)
+		return strings.Contains(taints, "node.kubernetes.io/unreachable:NoExecute"), taints
+	})
+
+	// A fourth node joins: the pool claim gives it a pool, the operator the lost replica's
+	// replacement, rebuilt from the healthy ones.
+	c.join(t, d)
+	c.poll(t, 4*time.Minute, "a rebuilt replica on real-4 and the volume Healthy", func() (bool, string) {
+		nodes := c.replicaNodes(t, volume)
+		vol := c.kubectl(t, "get", "-n", "crdipc-system", "cstorvolume", volume, "-o", "jsonpath={.status.phase} {.status.readyReplicas}")
+		healthy := c.kubectl(t, "get", "-n", "crdipc-system", "cstorvolumereplicas", "--field-selector", "spec.nodeName="+d.name,
+			"-o", "jsonpath={range .items[*]}{.spec.volume}={.status.phase}{\" \"}{end}")
+		return vol == "Healthy 3" && strings.Contains(healthy, volume+"=Healthy"), fmt.Sprintf("replicas on %v, volume %s, real-4: %s", nodes, vol, healthy)
+	})
+	phase("real-4 joined, its replica rebuilt")
+
+	// The writer gone and the volume detached from real-1, nothing writes: every healthy
+	// replica holds the same bytes.
+	c.kubectl(t, "delete", "pod", "fio-writer", "--wait=true")
+	c.poll(t, 2*time.Minute, "the volume detached from real-1", func() (bool, string) {
+		out := c.kubectl(t, "get", "volumeattachments", "-o", "jsonpath={range .items[*]}{.spec.source.persistentVolumeName}{\" \"}{end}")
+		return !strings.Contains(out, volume), out
+	})
+	sums := map[string]string{}
+	for _, n := range []realNode{a, nc, d} {
+		sums[n.name] = c.replicaSum(t, n, volume)
+	}
+	if sums[a.name] != sums[nc.name] || sums[a.name] != sums[d.name] {
+		t.Errorf("replica files differ (sha256 by node): %v", sums)
+	}
+
+	// A pod on real-3 verifies every block fio wrote and hashes the file.
+	c.apply(t, fioPod("fio-reader", nc.name, append(fioArgs, "--verify_only=1")))
+	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Succeeded", "pod/fio-reader")
+	if read := c.fioResult(t, "fio-reader"); read != written {
+		t.Errorf("real-3 read a file with sha256 %s; real-1 wrote %s", read, written)
+	}
+	c.kubectl(t, "delete", "pod", "fio-reader", "--wait=true")
+	phase("real-3 read every byte back")
+}
+
+// fioPod runs fio on node with the claim "replicated" at /data, then prints the file's
+// sha256 (busybox's sha256sum, in the fio image).
+func fioPod(name, node string, args []string) string {
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = fmt.Sprintf("%q", a)
+	}
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default}
+spec:
+  nodeName: %s
+  restartPolicy: Never
+  containers:
+    - name: fio
+      image: docker.io/library/fio:latest
+      imagePullPolicy: Never
+      command: ["sh", "-c", "\"$@\" && sha256sum /data/fio.dat", "fio-then-sha256", %s]
+      volumeMounts: [{name: data, mountPath: /data}]
+  volumes:
+    - name: data
+      persistentVolumeClaim: {claimName: replicated}
+`, name, node, strings.Join(quoted, ", "))
+}
+
+// fioResult checks that fio in pod name exited 0 with no error, and returns the file's
+// sha256 the pod printed last.
+func (c *cluster) fioResult(t *testing.T, pod string) string {
+	t.Helper()
+	logs := c.kubectl(t, "logs", pod)
+	code := c.kubectl(t, "get", "pod", pod, "-o", "jsonpath={.status.containerStatuses[0].state.terminated.exitCode}")
+	if code != "0" || !strings.Contains(logs, "err= 0") {
+		t.Fatalf("%s: exit code %s\n%s", pod, code, tail(logs, 40))
+	}
+	lines := strings.Split(strings.TrimSpace(logs), "\n")
+	f := strings.Fields(lines[len(lines)-1])
+	if len(f) != 2 || f[1] != "/data/fio.dat" || len(f[0]) != 64 {
+		t.Fatalf("%s: no sha256 line at the end of its output:\n%s", pod, tail(logs, 5))
+	}
+	return f[0]
+}
+
+// replicaNodes lists the nodes of volume's replicas, sorted.
+func (c *cluster) replicaNodes(t *testing.T, volume string) []string {
+	t.Helper()
+	out := c.kubectl(t, "get", "-n", "crdipc-system", "cstorvolumereplicas", "--field-selector", "spec.volume="+volume,
+		"-o", "jsonpath={range .items[*]}{.spec.nodeName}{\" \"}{end}")
+	nodes := strings.Fields(out)
+	sort.Strings(nodes)
+	return nodes
+}
+
+// replicaFile is the path, on this machine, of volume's replica on node n: the agent
+// reports it as seen in the node's mount namespace, where the harness binds n.dir()/crdipc
+// on /var/lib/crdipc.
+func (c *cluster) replicaFile(t *testing.T, n realNode, volume string) string {
+	t.Helper()
+	loc := c.kubectl(t, "get", "-n", "crdipc-system", "cstorvolumereplicas",
+		"--field-selector", "spec.volume="+volume+",spec.nodeName="+n.name, "-o", "jsonpath={.items[0].status.location}")
+	rel, ok := strings.CutPrefix(loc, "/var/lib/crdipc/")
+	if !ok {
+		t.Fatalf("replica of %s on %s at %q, not under /var/lib/crdipc", volume, n.name, loc)
+	}
+	return filepath.Join(n.dir(), "crdipc", rel)
+}
+
+// allocated is how many bytes of volume's replica file on n hold data (it is sparse).
+func (c *cluster) allocated(t *testing.T, n realNode, volume string) int64 {
+	t.Helper()
+	out := run(t, time.Minute, nil, "stat", "-c", "%b %B", c.replicaFile(t, n, volume))
+	var blocks, size int64
+	if _, err := fmt.Sscan(out, &blocks, &size); err != nil {
+		t.Fatalf("stat: %q: %v", out, err)
+	}
+	return blocks * size
+}
+
+func (c *cluster) replicaSum(t *testing.T, n realNode, volume string) string {
+	t.Helper()
+	f, err := os.Open(c.replicaFile(t, n, volume))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
