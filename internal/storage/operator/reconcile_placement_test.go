@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -147,5 +148,36 @@ func TestUsageSaturates(t *testing.T) {
 	used := map[string]int64{"a": addBytes(7<<60, 7<<60)}
 	if picks := choosePools([]storagev1alpha1.CStorPool{p}, nil, used, gi, 1); len(picks) != 0 {
 		t.Fatalf("an overfull pool was picked: %v", names(picks))
+	}
+}
+
+// A pool on a node that is not Ready still says Healthy (its agent went down with the node):
+// a replica placed there would only be Offline, and the replacement of a lost replica must
+// never go back to the lost node's pool.
+func TestPlaceableOnlyOnReadyNodes(t *testing.T) {
+	node := func(name string, ready corev1.ConditionStatus) corev1.Node {
+		n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if ready != "" {
+			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: ready}}
+		}
+		return n
+	}
+	pools := []storagev1alpha1.CStorPool{
+		pool("a", "node-a", storagev1alpha1.PoolPhaseHealthy),
+		pool("b", "node-b", storagev1alpha1.PoolPhaseHealthy), // its node lost: Unknown
+		pool("c", "node-c", storagev1alpha1.PoolPhaseHealthy), // its node NotReady
+		pool("d", "node-d", storagev1alpha1.PoolPhaseHealthy), // its node gone
+		pool("e", "node-e", storagev1alpha1.PoolPhaseHealthy), // its node never reported
+	}
+	v := newPlacement(pools, []corev1.Node{
+		node("node-a", corev1.ConditionTrue), node("node-b", corev1.ConditionUnknown),
+		node("node-c", corev1.ConditionFalse), node("node-e", ""),
+	})
+	var got []string
+	for _, p := range v.placeable(pools) {
+		got = append(got, p.Name)
+	}
+	if !slices.Equal(got, []string{"a"}) {
+		t.Errorf("placeable pools %v, want [a]", got)
 	}
 }

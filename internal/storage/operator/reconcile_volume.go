@@ -226,6 +226,14 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 		return ipc.Result{}, fmt.Errorf("listing nodes: %w", err)
 	}
 	byName := newPlacement(pools.Items, nodes.Items)
+	// Replicas being deleted still hold their pool: a replacement must go elsewhere (on the
+	// same pool it would take the name of the one going, whose node may never come back).
+	var leaving []storagev1alpha1.CStorVolumeReplica
+	for _, r := range replicas {
+		if !r.DeletionTimestamp.IsZero() {
+			leaving = append(leaving, r)
+		}
+	}
 	replicas, again, err := h.replaceLost(ctx, vol, replicas, byName)
 	if err != nil {
 		return ipc.Result{}, err
@@ -266,7 +274,7 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 			return ipc.Result{}, err
 		}
 		// The replicas are independent: create them at once, one write latency for all.
-		picks := choosePools(pools.Items, replicas, used, size, rf-len(replicas))
+		picks := choosePools(byName.placeable(pools.Items), append(slices.Clone(replicas), leaving...), used, size, rf-len(replicas))
 		created := make([]*storagev1alpha1.CStorVolumeReplica, len(picks))
 		errs := make([]error, len(picks))
 		var wg sync.WaitGroup
@@ -427,6 +435,19 @@ func newPlacement(pools []storagev1alpha1.CStorPool, nodes []corev1.Node) placem
 		p.nodes[nodes[i].Name] = &nodes[i]
 	}
 	return p
+}
+
+// placeable are the pools a new replica may go to: on a node that is Ready. A pool on a node
+// that is not still says Healthy (its agent is down with the node and cannot say otherwise),
+// and a replica placed there would only be Offline.
+func (v placement) placeable(pools []storagev1alpha1.CStorPool) []storagev1alpha1.CStorPool {
+	var out []storagev1alpha1.CStorPool
+	for _, p := range pools {
+		if n := v.nodes[p.Spec.NodeName]; n != nil && nodeIsReady(n) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // replicaPhase is a replica's phase as the volume counts it: a replica reported Healthy on
