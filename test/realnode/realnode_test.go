@@ -244,8 +244,12 @@ func TestRealNode(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	// Last: it loses a node and joins a fourth.
+	// Last: they lose nodes.
 	t.Run("replicated volume and a lost node", func(t *testing.T) { c.testReplicated(t, phase) })
+	if t.Failed() {
+		return
+	}
+	t.Run("the target's node lost", func(t *testing.T) { c.testTargetLost(t, phase) })
 }
 
 // server is the API server's address for the nodes: up's port on the advertise address

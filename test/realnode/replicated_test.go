@@ -1,14 +1,18 @@
 package realnode
 
 import (
+	"bufio"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -76,6 +80,10 @@ spec:
 		taints := c.kubectl(t, "get", "node", b.name, "-o", `jsonpath={range .spec.taints[*]}{.key}:{.effect}{" "}{end}`)
 		return strings.Contains(taints, "node.kubernetes.io/unreachable:NoExecute"), taints
 	})
+	// real-2 is gone for good, and the user says so: its pods, crdipc's own among them, are
+	// deleted and started again on the nodes left (otherwise they wait out their 300 s
+	// toleration of unreachable).
+	c.kubectl(t, "taint", "node", b.name, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute")
 
 	// A fourth node joins: the pool claim gives it a pool, the operator the lost replica's
 	// replacement, rebuilt from the healthy ones.
@@ -203,4 +211,121 @@ func (c *cluster) replicaSum(t *testing.T, n realNode, volume string) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// testTargetLost: the node that runs the volume's target (where its pod writes) is lost
+// mid-write. As on any cluster, the user says the node is gone for good (the out-of-service
+// taint): its pod is deleted, the volume detached without waiting for an unmount that will
+// never come, and a pod on another node gets it from the freshest replicas, with every write
+// acknowledged before the loss. The dead target's sessions on the replicas end when their
+// connections are found dead (replica.KeepAlive): it can no longer write (fenced).
+func (c *cluster) testTargetLost(t *testing.T, phase func(string)) {
+	lost, other := nodeN(3), nodeN(1)
+	volume := c.kubectl(t, "get", "pvc", "replicated", "-o", "jsonpath={.spec.volumeName}")
+	// Fixed-size records, each written with fsync and then reported: a record reported is
+	// one whose write the storage acknowledged.
+	c.apply(t, busyboxPod("acker", lost.name, `i=0
+while [ $i -lt 1000000 ]; do
+  printf 'record %08d\n' $i | dd of=/data/records bs=16 seek=$i count=1 conv=notrunc,fsync 2>/dev/null || exit 1
+  echo "acked $i"
+  i=$((i+1))
+done`))
+	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Running", "pod/acker")
+	acked := c.follow(t, "acker", "acked ")
+	c.poll(t, 2*time.Minute, "records acknowledged on real-3", func() (bool, string) {
+		n := acked()
+		return n >= 100, fmt.Sprintf("%d acknowledged", n)
+	})
+	phase("a pod on real-3 writing records")
+	run(t, time.Minute, nil, "hack/realnode.sh", "kill", "--dir", lost.dir())
+	// Reported after each write returned: nothing reported later can come from a dead node.
+	last := acked()
+
+	c.wait(t, 2*time.Minute, "--for=condition=Ready=Unknown", "node/"+lost.name)
+	c.kubectl(t, "taint", "node", lost.name, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute")
+	c.wait(t, 3*time.Minute, "--for=delete", "pod/acker")
+	c.poll(t, 3*time.Minute, "the volume detached from the lost node", func() (bool, string) {
+		out := c.kubectl(t, "get", "volumeattachments", "-o", "jsonpath={range .items[*]}{.spec.source.persistentVolumeName}@{.spec.nodeName}{\" \"}{end}")
+		return !strings.Contains(out, volume+"@"+lost.name), out
+	})
+	if n := acked(); n > last {
+		last = n
+	}
+	phase(fmt.Sprintf("real-3 lost after %d acknowledged records; detached", last+1))
+
+	// Every acknowledged record, byte for byte, on real-1.
+	size := 16 * (last + 1)
+	c.apply(t, busyboxPod("checker", other.name, fmt.Sprintf(`i=0
+while [ $i -le %d ]; do printf 'record %%08d\n' $i; i=$((i+1)); done > /tmp/expected
+cmp -n %d /data/records /tmp/expected && echo "records 0-%d intact"`, last, size, last)))
+	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Succeeded", "pod/checker")
+	if logs := c.kubectl(t, "logs", "checker"); !strings.Contains(logs, fmt.Sprintf("records 0-%d intact", last)) {
+		t.Errorf("checker on real-1: %s", logs)
+	}
+	c.kubectl(t, "delete", "pod", "checker", "--wait=true")
+	phase("real-1 read every acknowledged record")
+}
+
+// busyboxPod runs script on node with the claim "replicated" at /data.
+func busyboxPod(name, node, script string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default}
+spec:
+  nodeName: %s
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c
+      image: busybox
+      imagePullPolicy: Never
+      command: ["sh", "-c", %q]
+      volumeMounts: [{name: data, mountPath: /data}]
+  volumes:
+    - name: data
+      persistentVolumeClaim: {claimName: replicated}
+`, name, node, script)
+}
+
+// follow streams pod's output (kubectl logs -f) and returns the highest number seen after
+// prefix at the start of a line so far (-1 before any).
+func (c *cluster) follow(t *testing.T, pod, prefix string) func() int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, "kubectl", "logs", "-f", pod)
+	cmd.Env = append(os.Environ(), c.env()...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	highest := -1
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			var n int
+			if rest, ok := strings.CutPrefix(sc.Text(), prefix); ok {
+				if _, err := fmt.Sscan(rest, &n); err == nil {
+					mu.Lock()
+					highest = max(highest, n)
+					mu.Unlock()
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		_ = cmd.Wait()
+		<-done
+	})
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return highest
+	}
 }

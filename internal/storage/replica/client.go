@@ -11,6 +11,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 )
 
 // Conn is one pipelined, mutually authenticated connection to a replica server. Any number
@@ -63,7 +64,10 @@ func Dial(ctx context.Context, addr string, tlsConf *tls.Config) (*Conn, error) 
 	conf := tlsConf.Clone()
 	conf.NextProtos = []string{ALPN}
 	conf.MinVersion = max(conf.MinVersion, tls.VersionTLS13)
-	d := tls.Dialer{Config: conf}
+	// A replica server that vanished is found as a server finds a vanished client.
+	d := tls.Dialer{Config: conf, NetDialer: &net.Dialer{KeepAliveConfig: KeepAlive, Control: func(_, _ string, c syscall.RawConn) error {
+		return setUserTimeout(c)
+	}}}
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("dialing replica server %s: %w", addr, err)
