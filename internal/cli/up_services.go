@@ -103,7 +103,10 @@ func upListener(o upOptions) func(name, addr string) (net.Listener, error) {
 	}
 }
 
-func startServices(ctx context.Context, admin *rest.Config, o upOptions, ids *upIdentities) (_ *upServices, err error) {
+// startServices starts the selected services and up's own servers. No service acts as up's
+// admin: each as its own ServiceAccount, the simulated nodes each as its kubelet, with the
+// config kubelet returns.
+func startServices(ctx context.Context, admin *rest.Config, kubelet func(node string) (*rest.Config, error), o upOptions, ids *upIdentities) (_ *upServices, err error) {
 	entries, err := services.Select(o.services, o.disable)
 	if err != nil {
 		return nil, err
@@ -148,11 +151,6 @@ func startServices(ctx context.Context, admin *rest.Config, o upOptions, ids *up
 
 	keeper, namespaces, configs, idDir := ids.keeper, ids.namespaces, ids.configs, ids.dir
 	configFor := func(service string) (*rest.Config, error) {
-		if service == "nodes" {
-			// The simulated nodes are the cluster's nodes, not a crdipc service: they act
-			// with up's own credentials, as kubelets act as system:node:<name>.
-			return rest.CopyConfig(admin), nil
-		}
 		cfg, ok := configs[service]
 		if !ok {
 			return nil, fmt.Errorf("no identity for service %q", service)
@@ -176,7 +174,8 @@ func startServices(ctx context.Context, admin *rest.Config, o upOptions, ids *up
 			services.Unthrottle(cfg)
 			return cfg, nil
 		},
-		Say: func(l string) { svc.lines = append(svc.lines, l) },
+		KubeletConfig: kubelet,
+		Say:           func(l string) { svc.lines = append(svc.lines, l) },
 	}
 	for _, e := range entries {
 		cfg, err := configFor(e.Name)
@@ -234,9 +233,7 @@ type upIdentities struct {
 func installCluster(ctx context.Context, admin *rest.Config, o upOptions) (*upIdentities, error) {
 	var accounts []string
 	for _, e := range services.Table() {
-		if e.Name != "nodes" {
-			accounts = append(accounts, e.Name)
-		}
+		accounts = append(accounts, e.Name)
 	}
 	// The simulated nodes' CSI node plugins, which are no service of their own.
 	accounts = append(accounts, "csi-node")

@@ -131,6 +131,20 @@ func TestShippedRolesAllowOnlyWhatEachServiceNeeds(t *testing.T) {
 			{verb: "update", resource: "configmaps", namespace: "scm", name: "other"},
 			{verb: "get", resource: "configmaps", namespace: "default", name: "crdipc-metrics-agent-checkpoint"},
 		},
+		// The simulated nodes' watch, and the pool agents' supervisor: what a node writes
+		// about itself and its pods goes as system:node:<name>, not as this account.
+		"nodes": {
+			{verb: "watch", resource: "pods", allowed: true},
+			{verb: "list", resource: "nodes", allowed: true},
+			{verb: "update", group: "storage.crdipc.io", resource: "cstorpools", subresource: "status", allowed: true},
+			{verb: "create", resource: "nodes"},
+			{verb: "update", resource: "nodes", subresource: "status"},
+			{verb: "update", resource: "pods", subresource: "status", namespace: "default"},
+			{verb: "delete", resource: "pods", namespace: "default"},
+			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"},
+			{verb: "get", resource: "secrets", namespace: "default"},
+			{verb: "update", group: "storage.crdipc.io", resource: "cstorpools"},
+		},
 	}
 	for _, svc := range services {
 		if cases[svc] == nil {
