@@ -175,7 +175,7 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	}()
 
 	t := time.Now()
-	svc, err := startServices(ctx, cp.RESTConfig, cp.NodeConfig, o, ids)
+	svc, err := startServices(ctx, cp.NodeConfig, o, ids)
 	if err != nil {
 		return err
 	}

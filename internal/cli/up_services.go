@@ -103,10 +103,10 @@ func upListener(o upOptions) func(name, addr string) (net.Listener, error) {
 	}
 }
 
-// startServices starts the selected services and up's own servers. No service acts as up's
-// admin: each as its own ServiceAccount, the simulated nodes each as its kubelet, with the
-// config kubelet returns.
-func startServices(ctx context.Context, admin *rest.Config, kubelet func(node string) (*rest.Config, error), o upOptions, ids *upIdentities) (_ *upServices, err error) {
+// startServices starts the selected services and up's own servers. None of them acts as
+// up's admin: each service and the console as its own ServiceAccount, the simulated nodes
+// each as its kubelet, with the config kubelet returns.
+func startServices(ctx context.Context, kubelet func(node string) (*rest.Config, error), o upOptions, ids *upIdentities) (_ *upServices, err error) {
 	entries, err := services.Select(o.services, o.disable)
 	if err != nil {
 		return nil, err
@@ -203,7 +203,11 @@ func startServices(ctx context.Context, admin *rest.Config, kubelet func(node st
 		}
 	}
 
-	if err := startConsole(bgCtx, admin, o, svc); err != nil {
+	consoleCfg, err := configFor("console")
+	if err != nil {
+		return nil, err
+	}
+	if err := startConsole(bgCtx, consoleCfg, o, svc); err != nil {
 		return nil, err
 	}
 	for _, r := range svc.running {
@@ -228,15 +232,16 @@ type upIdentities struct {
 
 // installCluster is what up installs into the cluster besides the CRDs: every service's
 // identity, selected or not (a service left out of up can run as a process of its own with
-// the kubeconfig up keeps for it), and the StorageClass. The control plane runs it while the
-// API server finishes its first-start bootstrap.
+// the kubeconfig up keeps for it), the console's, and the StorageClass. The control plane
+// runs it while the API server finishes its first-start bootstrap.
 func installCluster(ctx context.Context, admin *rest.Config, o upOptions) (*upIdentities, error) {
 	var accounts []string
 	for _, e := range services.Table() {
 		accounts = append(accounts, e.Name)
 	}
-	// The simulated nodes' CSI node plugins, which are no service of their own.
-	accounts = append(accounts, "csi-node")
+	// The simulated nodes' CSI node plugins, which are no service of their own, and the
+	// console, which only reads.
+	accounts = append(accounts, "csi-node", "console")
 	namespaces, err := identity.Apply(ctx, admin, accounts, identity.ApplyOptions{BindIn: map[string]string{
 		"webhook-listener": o.scmNamespace,
 		"metrics-agent":    o.scmNamespace,

@@ -145,6 +145,17 @@ func TestShippedRolesAllowOnlyWhatEachServiceNeeds(t *testing.T) {
 			{verb: "get", resource: "secrets", namespace: "default"},
 			{verb: "update", group: "storage.crdipc.io", resource: "cstorpools"},
 		},
+		// up's console reads what its page shows and writes nothing.
+		"console": {
+			{verb: "list", resource: "nodes", allowed: true},
+			{verb: "watch", resource: "events", namespace: "scm", allowed: true},
+			{verb: "list", group: "library.crdipc.io", resource: "books", allowed: true},
+			{verb: "watch", group: "bitcoin.crdipc.io", resource: "bitcoinnetworks", namespace: "default", allowed: true},
+			{verb: "create", group: "library.crdipc.io", resource: "books", namespace: "default"},
+			{verb: "delete", resource: "pods", namespace: "default"},
+			{verb: "update", group: "storage.crdipc.io", resource: "cstorpools"},
+			{verb: "get", resource: "secrets", namespace: sys},
+		},
 	}
 	for _, svc := range services {
 		if cases[svc] == nil {
