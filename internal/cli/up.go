@@ -159,8 +159,8 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	}
 	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: o.dataDir, Port: o.port, Progress: step, CRDs: true,
 		Controllers: controlplane.ClusterControllers, Scheduler: true, AdvertiseAddress: advertise,
-		Install: func(ctx context.Context, admin *rest.Config) (err error) {
-			ids, err = installCluster(ctx, admin, o)
+		Install: func(ctx context.Context, admin *rest.Config, issue func(string, ...string) (*rest.Config, error)) (err error) {
+			ids, err = installCluster(ctx, admin, issue, o)
 			return err
 		}})
 	if err != nil {

@@ -233,8 +233,10 @@ type upIdentities struct {
 // installCluster is what up installs into the cluster besides the CRDs: every service's
 // identity, selected or not (a service left out of up can run as a process of its own with
 // the kubeconfig up keeps for it), the console's, and the StorageClass. The control plane
-// runs it while the API server finishes its first-start bootstrap.
-func installCluster(ctx context.Context, admin *rest.Config, o upOptions) (*upIdentities, error) {
+// runs it while the API server finishes its first-start bootstrap. The token keeper, which
+// runs as long as up, acts as identity.KeeperUser (credentials from issue), allowed only to
+// request these accounts' tokens.
+func installCluster(ctx context.Context, admin *rest.Config, issue func(string, ...string) (*rest.Config, error), o upOptions) (*upIdentities, error) {
 	var accounts []string
 	for _, e := range services.Table() {
 		accounts = append(accounts, e.Name)
@@ -249,8 +251,15 @@ func installCluster(ctx context.Context, admin *rest.Config, o upOptions) (*upId
 	if err != nil {
 		return nil, err
 	}
+	if err := identity.GrantKeeper(ctx, admin, identity.KeeperUser, namespaces); err != nil {
+		return nil, err
+	}
+	keeperCfg, err := issue(identity.KeeperUser)
+	if err != nil {
+		return nil, err
+	}
 	idDir := filepath.Join(o.dataDir, "identities")
-	keeper, err := identity.NewKeeper(admin, idDir)
+	keeper, err := identity.NewKeeper(keeperCfg, idDir)
 	if err != nil {
 		return nil, err
 	}

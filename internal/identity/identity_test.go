@@ -299,3 +299,56 @@ func TestPoolAgentNodeRestriction(t *testing.T) {
 		t.Errorf("admin patching a pool: %v", err)
 	}
 }
+
+// TestGrantedKeeper: a Keeper acting as the user GrantKeeper granted (up's token keeper)
+// requests the granted accounts' tokens, bound to a Node too, and is refused any other
+// account's token and what only an admin may do.
+func TestGrantedKeeper(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	// Accounts in two namespaces, as up's: each namespace has a Role of the same name.
+	namespaces, err := identity.Apply(ctx, env.Config, []string{"books", "pool-agent", "webhook-listener"}, identity.ApplyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if namespaces["books"] == namespaces["webhook-listener"] {
+		t.Fatalf("books and webhook-listener share namespace %s: the test needs two", namespaces["books"])
+	}
+	const user = "identity-test:keeper"
+	granted := namespaces
+	if err := identity.GrantKeeper(ctx, env.Config, user, granted); err != nil {
+		t.Fatal(err)
+	}
+	node := "keeper-node"
+	if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
+	})
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
+	k, err := identity.NewKeeper(cfg, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Config(ctx, namespaces["books"], identity.ServiceAccount("books")); err != nil {
+		t.Errorf("a granted account's token: %v", err)
+	}
+	if _, err := k.Config(ctx, namespaces["webhook-listener"], identity.ServiceAccount("webhook-listener")); err != nil {
+		t.Errorf("a granted account's token in another namespace: %v", err)
+	}
+	if _, err := k.NodeConfig(ctx, namespaces["pool-agent"], identity.ServiceAccount("pool-agent"), node); err != nil {
+		t.Errorf("a granted account's token bound to a Node: %v", err)
+	}
+	if _, err := k.Config(ctx, namespaces["books"], "default"); !apierrors.IsForbidden(err) {
+		t.Errorf("another account's token: %v, want Forbidden", err)
+	}
+	if _, err := k.Config(ctx, "kube-system", "default"); !apierrors.IsForbidden(err) {
+		t.Errorf("a kube-system account's token: %v, want Forbidden", err)
+	}
+	as := kubernetes.NewForConfigOrDie(cfg)
+	if _, err := as.CoreV1().Secrets(namespaces["books"]).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("listing Secrets as the keeper: %v, want Forbidden", err)
+	}
+}
