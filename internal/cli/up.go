@@ -60,7 +60,9 @@ some out; 'none' starts the control plane alone) and runs exactly as its own
 subcommand would, on a manager of its own, as its own ServiceAccount with only the
 role shipped in config/rbac: a token for each account is kept fresh under
 <data-dir>/identities, next to a kubeconfig that uses it, so a service left out can
-run as a process of its own:
+run as a process of its own. The simulated nodes act as their kubelets would, each as
+system:node:<name>; the console reads as crdipc-console; up's admin credentials serve
+only its own bootstrap:
 
   crdipc up --services=none
   crdipc books --kubeconfig .crdipc/identities/crdipc-system/crdipc-books.kubeconfig
