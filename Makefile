@@ -25,6 +25,10 @@ generate: ## Regenerate deepcopy functions and CRD manifests from api/.
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-snapshot-controller paths=./internal/csi/snapshotcontroller/... output:rbac:artifacts:config=config/rbac/snapshot-controller
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-webhook-listener paths=./internal/scm/webhook/... output:rbac:artifacts:config=config/rbac/webhook-listener
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-metrics-agent paths=./internal/scm/metricsagent/... output:rbac:artifacts:config=config/rbac/metrics-agent
+	@# The simulated nodes' watch and pool agent supervisor (up only: each node writes as
+	@# system:node:<name>) and up's console.
+	$(CONTROLLER_GEN) rbac:roleName=crdipc-nodes paths="./internal/simnode/...;./internal/podsim/...;./internal/services" output:rbac:artifacts:config=config/rbac/nodes
+	$(CONTROLLER_GEN) rbac:roleName=crdipc-console paths=./internal/console/... output:rbac:artifacts:config=config/rbac/console
 
 .PHONY: verify
 verify: generate ## Fail if generated files are stale or untracked, code is unformatted, or vet complains.

@@ -60,7 +60,9 @@ some out; 'none' starts the control plane alone) and runs exactly as its own
 subcommand would, on a manager of its own, as its own ServiceAccount with only the
 role shipped in config/rbac: a token for each account is kept fresh under
 <data-dir>/identities, next to a kubeconfig that uses it, so a service left out can
-run as a process of its own:
+run as a process of its own. The simulated nodes act as their kubelets would, each as
+system:node:<name>; the console reads as crdipc-console; up's admin credentials serve
+only its own bootstrap:
 
   crdipc up --services=none
   crdipc books --kubeconfig .crdipc/identities/crdipc-system/crdipc-books.kubeconfig
@@ -159,8 +161,8 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	}
 	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: o.dataDir, Port: o.port, Progress: step, CRDs: true,
 		Controllers: controlplane.ClusterControllers, Scheduler: true, AdvertiseAddress: advertise,
-		Install: func(ctx context.Context, admin *rest.Config) (err error) {
-			ids, err = installCluster(ctx, admin, o)
+		Install: func(ctx context.Context, admin *rest.Config, issue func(string, ...string) (*rest.Config, error)) (err error) {
+			ids, err = installCluster(ctx, admin, issue, o)
 			return err
 		}})
 	if err != nil {
@@ -175,7 +177,7 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	}()
 
 	t := time.Now()
-	svc, err := startServices(ctx, cp.RESTConfig, o, ids)
+	svc, err := startServices(ctx, cp.NodeConfig, o, ids)
 	if err != nil {
 		return err
 	}

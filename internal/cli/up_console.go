@@ -18,7 +18,9 @@ import (
 const defaultConsoleAddr = "127.0.0.1:8070"
 
 // startConsole serves up's live console (internal/console) on o.consoleAddr and adds its
-// address line. It reads with cfg, up's admin config: the console is up's own UI.
+// address line. It reads with cfg, the console's own read-only ServiceAccount
+// (config/rbac/console): a web page on a port anyone on the host may open must not hold
+// up's admin credentials.
 func startConsole(ctx context.Context, cfg *rest.Config, o upOptions, svc *upServices) error {
 	ln, err := listenOrAny("console", o.consoleAddr, o.explicit["console-addr"])
 	if err != nil {

@@ -103,7 +103,10 @@ func upListener(o upOptions) func(name, addr string) (net.Listener, error) {
 	}
 }
 
-func startServices(ctx context.Context, admin *rest.Config, o upOptions, ids *upIdentities) (_ *upServices, err error) {
+// startServices starts the selected services and up's own servers. None of them acts as
+// up's admin: each service and the console as its own ServiceAccount, the simulated nodes
+// each as its kubelet, with the config kubelet returns.
+func startServices(ctx context.Context, kubelet func(node string) (*rest.Config, error), o upOptions, ids *upIdentities) (_ *upServices, err error) {
 	entries, err := services.Select(o.services, o.disable)
 	if err != nil {
 		return nil, err
@@ -148,11 +151,6 @@ func startServices(ctx context.Context, admin *rest.Config, o upOptions, ids *up
 
 	keeper, namespaces, configs, idDir := ids.keeper, ids.namespaces, ids.configs, ids.dir
 	configFor := func(service string) (*rest.Config, error) {
-		if service == "nodes" {
-			// The simulated nodes are the cluster's nodes, not a crdipc service: they act
-			// with up's own credentials, as kubelets act as system:node:<name>.
-			return rest.CopyConfig(admin), nil
-		}
 		cfg, ok := configs[service]
 		if !ok {
 			return nil, fmt.Errorf("no identity for service %q", service)
@@ -176,7 +174,8 @@ func startServices(ctx context.Context, admin *rest.Config, o upOptions, ids *up
 			services.Unthrottle(cfg)
 			return cfg, nil
 		},
-		Say: func(l string) { svc.lines = append(svc.lines, l) },
+		KubeletConfig: kubelet,
+		Say:           func(l string) { svc.lines = append(svc.lines, l) },
 	}
 	for _, e := range entries {
 		cfg, err := configFor(e.Name)
@@ -204,7 +203,11 @@ func startServices(ctx context.Context, admin *rest.Config, o upOptions, ids *up
 		}
 	}
 
-	if err := startConsole(bgCtx, admin, o, svc); err != nil {
+	consoleCfg, err := configFor("console")
+	if err != nil {
+		return nil, err
+	}
+	if err := startConsole(bgCtx, consoleCfg, o, svc); err != nil {
 		return nil, err
 	}
 	for _, r := range svc.running {
@@ -229,17 +232,18 @@ type upIdentities struct {
 
 // installCluster is what up installs into the cluster besides the CRDs: every service's
 // identity, selected or not (a service left out of up can run as a process of its own with
-// the kubeconfig up keeps for it), and the StorageClass. The control plane runs it while the
-// API server finishes its first-start bootstrap.
-func installCluster(ctx context.Context, admin *rest.Config, o upOptions) (*upIdentities, error) {
+// the kubeconfig up keeps for it), the console's, and the StorageClass. The control plane
+// runs it while the API server finishes its first-start bootstrap. The token keeper, which
+// runs as long as up, acts as identity.KeeperUser (credentials from issue), allowed only to
+// request these accounts' tokens.
+func installCluster(ctx context.Context, admin *rest.Config, issue func(string, ...string) (*rest.Config, error), o upOptions) (*upIdentities, error) {
 	var accounts []string
 	for _, e := range services.Table() {
-		if e.Name != "nodes" {
-			accounts = append(accounts, e.Name)
-		}
+		accounts = append(accounts, e.Name)
 	}
-	// The simulated nodes' CSI node plugins, which are no service of their own.
-	accounts = append(accounts, "csi-node")
+	// The simulated nodes' CSI node plugins, which are no service of their own, and the
+	// console, which only reads.
+	accounts = append(accounts, "csi-node", "console")
 	namespaces, err := identity.Apply(ctx, admin, accounts, identity.ApplyOptions{BindIn: map[string]string{
 		"webhook-listener": o.scmNamespace,
 		"metrics-agent":    o.scmNamespace,
@@ -247,8 +251,15 @@ func installCluster(ctx context.Context, admin *rest.Config, o upOptions) (*upId
 	if err != nil {
 		return nil, err
 	}
+	if err := identity.GrantKeeper(ctx, admin, identity.KeeperUser, namespaces); err != nil {
+		return nil, err
+	}
+	keeperCfg, err := issue(identity.KeeperUser)
+	if err != nil {
+		return nil, err
+	}
 	idDir := filepath.Join(o.dataDir, "identities")
-	keeper, err := identity.NewKeeper(admin, idDir)
+	keeper, err := identity.NewKeeper(keeperCfg, idDir)
 	if err != nil {
 		return nil, err
 	}

@@ -12,4 +12,12 @@
 //
 // The page (index.html, console.js, console.css) is plain HTML, CSS and JavaScript embedded
 // with go:embed: no framework, font or CDN is fetched, so it works on an offline machine.
+//
+// It only reads, and only what the page shows: in `crdipc up` it runs as the ServiceAccount
+// crdipc-console (config/rbac/console), never as up's admin.
+// +kubebuilder:rbac:groups="",resources=nodes;pods;persistentvolumeclaims;events,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools;cstorvolumereplicas;cstorvolumes;storagepoolclaims,verbs=get;list;watch
+// +kubebuilder:rbac:groups=library.crdipc.io,resources=books,verbs=get;list;watch
+// +kubebuilder:rbac:groups=scm.crdipc.io,resources=pullrequests;branches,verbs=get;list;watch
+// +kubebuilder:rbac:groups=bitcoin.crdipc.io,resources=bitcoinnetworks,verbs=get;list;watch
 package console

@@ -106,7 +106,8 @@ type Config struct {
 	// Install, when set, installs what else the caller needs in the cluster before Start
 	// returns (identities, configuration). It runs after the CRDs, as cluster admin, while
 	// the API server finishes the bootstrap of a first start, which it does not depend on.
-	Install func(ctx context.Context, admin *rest.Config) error
+	// issue is ClientConfig: credentials for whom the install grants less than admin.
+	Install func(ctx context.Context, admin *rest.Config, issue func(user string, groups ...string) (*rest.Config, error)) error
 }
 
 // ControlPlane is a running control plane.
@@ -280,7 +281,7 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	if cfg.Install != nil {
-		g.Go(func() error { return cfg.Install(gctx, rest.CopyConfig(cp.RESTConfig)) })
+		g.Go(func() error { return cfg.Install(gctx, rest.CopyConfig(cp.RESTConfig), cp.ClientConfig) })
 	}
 	g.Go(func() error { return waitReady(gctx, client, api) })
 	if err := g.Wait(); err != nil {

@@ -170,6 +170,38 @@ func TestNodeCredentials(t *testing.T) {
 	}
 }
 
+// TestNodeConfig: the node credentials the control plane issues itself, from its CA (what
+// `crdipc up` gives each simulated node), authenticate as system:node:<name> in
+// system:nodes, so the Node authorizer and NodeRestriction confine them to their own Node.
+func TestNodeConfig(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	ns := env.Namespace(t)
+	own, other := "issued-"+ns, "issued-other-"+ns
+	readyNode(t, env.Client, other, nil)
+	node, err := kubernetes.NewForConfig(env.AsNode(t, own))
+	if err != nil {
+		t.Fatal(err)
+	}
+	review, err := node.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := review.Status.UserInfo; u.Username != "system:node:"+own || !slices.Contains(u.Groups, "system:nodes") {
+		t.Fatalf("the node's config authenticates as %q %v", u.Username, u.Groups)
+	}
+	if _, err := node.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: own}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the node registering itself: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Kube.CoreV1().Nodes().Delete(context.Background(), own, metav1.DeleteOptions{}) })
+	if _, err := node.CoreV1().Nodes().Get(ctx, other, metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("node %s reading node %s: got %v, want Forbidden", own, other, err)
+	}
+	if _, err := node.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "impostor-" + ns}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("node %s registering another node: got %v, want Forbidden", own, err)
+	}
+}
+
 func TestNodeCredentialsRefused(t *testing.T) {
 	env := testenv.Get(t)
 	ctx := context.Background()

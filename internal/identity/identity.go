@@ -219,7 +219,7 @@ const TokenTTL = time.Hour
 // <dir>/<namespace>/<account>.token, next to a kubeconfig, <account>.kubeconfig, that names
 // the token file (tokenFile: client-go reads it again as it changes).
 type Keeper struct {
-	admin  kubernetes.Interface
+	kube   kubernetes.Interface // requests the tokens
 	server *rest.Config
 	dir    string
 
@@ -241,16 +241,17 @@ func (a account) file() string {
 	return a.name
 }
 
-// NewKeeper returns a Keeper that requests tokens with admin and writes under dir.
-func NewKeeper(admin *rest.Config, dir string) (*Keeper, error) {
-	kube, err := kubernetes.NewForConfig(admin)
+// NewKeeper returns a Keeper that requests tokens with cfg, an identity GrantKeeper granted
+// (or an admin's), and writes under dir.
+func NewKeeper(cfg *rest.Config, dir string) (*Keeper, error) {
+	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("identities: %w", err)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("identities: %w", err)
 	}
-	return &Keeper{admin: kube, server: admin, dir: dir, accounts: map[account]bool{}}, nil
+	return &Keeper{kube: kube, server: cfg, dir: dir, accounts: map[account]bool{}}, nil
 }
 
 // Config writes a fresh token of the ServiceAccount namespace/name and its kubeconfig,
@@ -321,13 +322,13 @@ func (k *Keeper) Run(ctx context.Context) {
 func (k *Keeper) renew(ctx context.Context, key account) error {
 	spec := authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(TokenTTL.Seconds()))}
 	if key.node != "" {
-		node, err := k.admin.CoreV1().Nodes().Get(ctx, key.node, metav1.GetOptions{})
+		node, err := k.kube.CoreV1().Nodes().Get(ctx, key.node, metav1.GetOptions{})
 		if err != nil {
 			return fmt.Errorf("identities: a token of %s/%s bound to node %s: %w", key.namespace, key.name, key.node, err)
 		}
 		spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Node", APIVersion: "v1", Name: node.Name, UID: node.UID}
 	}
-	tr, err := k.admin.CoreV1().ServiceAccounts(key.namespace).CreateToken(ctx, key.name, &authenticationv1.TokenRequest{Spec: spec}, metav1.CreateOptions{})
+	tr, err := k.kube.CoreV1().ServiceAccounts(key.namespace).CreateToken(ctx, key.name, &authenticationv1.TokenRequest{Spec: spec}, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("identities: requesting a token of %s/%s: %w", key.namespace, key.name, err)
 	}

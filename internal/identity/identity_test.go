@@ -131,6 +131,31 @@ func TestShippedRolesAllowOnlyWhatEachServiceNeeds(t *testing.T) {
 			{verb: "update", resource: "configmaps", namespace: "scm", name: "other"},
 			{verb: "get", resource: "configmaps", namespace: "default", name: "crdipc-metrics-agent-checkpoint"},
 		},
+		// The simulated nodes' watch, and the pool agents' supervisor: what a node writes
+		// about itself and its pods goes as system:node:<name>, not as this account.
+		"nodes": {
+			{verb: "watch", resource: "pods", allowed: true},
+			{verb: "list", resource: "nodes", allowed: true},
+			{verb: "update", group: "storage.crdipc.io", resource: "cstorpools", subresource: "status", allowed: true},
+			{verb: "create", resource: "nodes"},
+			{verb: "update", resource: "nodes", subresource: "status"},
+			{verb: "update", resource: "pods", subresource: "status", namespace: "default"},
+			{verb: "delete", resource: "pods", namespace: "default"},
+			{verb: "create", group: "coordination.k8s.io", resource: "leases", namespace: "kube-node-lease"},
+			{verb: "get", resource: "secrets", namespace: "default"},
+			{verb: "update", group: "storage.crdipc.io", resource: "cstorpools"},
+		},
+		// up's console reads what its page shows and writes nothing.
+		"console": {
+			{verb: "list", resource: "nodes", allowed: true},
+			{verb: "watch", resource: "events", namespace: "scm", allowed: true},
+			{verb: "list", group: "library.crdipc.io", resource: "books", allowed: true},
+			{verb: "watch", group: "bitcoin.crdipc.io", resource: "bitcoinnetworks", namespace: "default", allowed: true},
+			{verb: "create", group: "library.crdipc.io", resource: "books", namespace: "default"},
+			{verb: "delete", resource: "pods", namespace: "default"},
+			{verb: "update", group: "storage.crdipc.io", resource: "cstorpools"},
+			{verb: "get", resource: "secrets", namespace: sys},
+		},
 	}
 	for _, svc := range services {
 		if cases[svc] == nil {
@@ -272,5 +297,58 @@ func TestPoolAgentNodeRestriction(t *testing.T) {
 	// Others are not concerned: the admin may still write any node's pool.
 	if err := patchPool(env.Config, nodes[1]); err != nil {
 		t.Errorf("admin patching a pool: %v", err)
+	}
+}
+
+// TestGrantedKeeper: a Keeper acting as the user GrantKeeper granted (up's token keeper)
+// requests the granted accounts' tokens, bound to a Node too, and is refused any other
+// account's token and what only an admin may do.
+func TestGrantedKeeper(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	// Accounts in two namespaces, as up's: each namespace has a Role of the same name.
+	namespaces, err := identity.Apply(ctx, env.Config, []string{"books", "pool-agent", "webhook-listener"}, identity.ApplyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if namespaces["books"] == namespaces["webhook-listener"] {
+		t.Fatalf("books and webhook-listener share namespace %s: the test needs two", namespaces["books"])
+	}
+	const user = "identity-test:keeper"
+	granted := namespaces
+	if err := identity.GrantKeeper(ctx, env.Config, user, granted); err != nil {
+		t.Fatal(err)
+	}
+	node := "keeper-node"
+	if err := env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
+	})
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
+	k, err := identity.NewKeeper(cfg, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Config(ctx, namespaces["books"], identity.ServiceAccount("books")); err != nil {
+		t.Errorf("a granted account's token: %v", err)
+	}
+	if _, err := k.Config(ctx, namespaces["webhook-listener"], identity.ServiceAccount("webhook-listener")); err != nil {
+		t.Errorf("a granted account's token in another namespace: %v", err)
+	}
+	if _, err := k.NodeConfig(ctx, namespaces["pool-agent"], identity.ServiceAccount("pool-agent"), node); err != nil {
+		t.Errorf("a granted account's token bound to a Node: %v", err)
+	}
+	if _, err := k.Config(ctx, namespaces["books"], "default"); !apierrors.IsForbidden(err) {
+		t.Errorf("another account's token: %v, want Forbidden", err)
+	}
+	if _, err := k.Config(ctx, "kube-system", "default"); !apierrors.IsForbidden(err) {
+		t.Errorf("a kube-system account's token: %v, want Forbidden", err)
+	}
+	as := kubernetes.NewForConfigOrDie(cfg)
+	if _, err := as.CoreV1().Secrets(namespaces["books"]).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("listing Secrets as the keeper: %v, want Forbidden", err)
 	}
 }

@@ -116,4 +116,16 @@
 // Resource requests and limits count only for kube-scheduler's fit against the node's
 // reported capacity; nothing enforces them. hostNetwork pods get a loopback IP like every
 // other pod.
+//
+// # Identity
+//
+// What the runtime writes about a node's pods (their status, their final deletion, their
+// claims' status, their Events) and what it reads for them (Secrets, ConfigMaps, claims and
+// their volumes) goes as that node's kubelet (Options.Kubelet; in `crdipc up`,
+// system:node:<name>), so the Node authorizer and NodeRestriction admission hold each
+// simulated node to its own pods as they hold a real kubelet. Watching the pods of every
+// simulated node, and the claims it may have to expand, is one cache for all of them: it
+// runs as the service's own read-only identity (crdipc-nodes, config/rbac/nodes), since a
+// kubelet may watch only the pods of its one node:
+// +kubebuilder:rbac:groups="",resources=pods;nodes;persistentvolumeclaims;persistentvolumes,verbs=get;list;watch
 package podsim

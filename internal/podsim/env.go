@@ -15,10 +15,10 @@ import (
 )
 
 // envResolver computes containers' environments. Its one dependency is where it reads the
-// Secrets and ConfigMaps that env and envFrom refer to: the runtime passes the API server
-// itself, not its cache.
+// Secrets and ConfigMaps that env and envFrom refer to: the API server itself, not a cache,
+// as the pod's node, which the Node authorizer lets get exactly what its pods reference.
 type envResolver struct {
-	reader client.Reader
+	as func(node string) (client.Client, error)
 }
 
 // containerEnv is a container's environment as kubelet computes it: envFrom first, then
@@ -26,6 +26,10 @@ type envResolver struct {
 // valueFrom resolved. Service links (KUBERNETES_SERVICE_HOST, …) are not added: no
 // Service is reachable from a simulated pod.
 func (er envResolver) containerEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container, ip string, node *corev1.Node) (map[string]string, error) {
+	reader, err := er.as(pod.Spec.NodeName)
+	if err != nil {
+		return nil, err
+	}
 	env := map[string]string{}
 	secrets := map[string]*corev1.Secret{}
 	configMaps := map[string]*corev1.ConfigMap{}
@@ -34,7 +38,7 @@ func (er envResolver) containerEnv(ctx context.Context, pod *corev1.Pod, c *core
 			return s, nil
 		}
 		s := &corev1.Secret{}
-		if err := er.reader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, s); err != nil {
+		if err := reader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, s); err != nil {
 			return nil, err
 		}
 		secrets[name] = s
@@ -45,7 +49,7 @@ func (er envResolver) containerEnv(ctx context.Context, pod *corev1.Pod, c *core
 			return cm, nil
 		}
 		cm := &corev1.ConfigMap{}
-		if err := er.reader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, cm); err != nil {
+		if err := reader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, cm); err != nil {
 			return nil, err
 		}
 		configMaps[name] = cm

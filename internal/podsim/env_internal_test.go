@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 )
 
@@ -15,10 +16,11 @@ import (
 // each kind of valueFrom, and optional references to what does not exist.
 func TestContainerEnv(t *testing.T) {
 	optional := true
-	er := envResolver{reader: fake.NewClientBuilder().WithObjects(
+	fc := fake.NewClientBuilder().WithObjects(
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "cm"}, Data: map[string]string{"K": "from-cm"}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s"}, Data: map[string][]byte{"K": []byte("from-secret")}},
-	).Build()}
+	).Build()
+	er := envResolver{as: func(string) (client.Client, error) { return fc, nil }}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p"},
 		Spec:       corev1.PodSpec{NodeName: "n1"},

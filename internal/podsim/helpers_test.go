@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -187,6 +188,8 @@ type sim struct {
 	id   string
 	root string
 	opts podsim.Options
+	// as, when set, is whom the runtime's manager acts as; the admin otherwise.
+	as *rest.Config
 }
 
 func newSim(t *testing.T, nodes ...string) *sim {
@@ -266,7 +269,11 @@ type runtime struct {
 // at the end, the test's pods are removed first.
 func (s *sim) start() *runtime {
 	s.t.Helper()
-	mgr := testenv.NewManager(s.t, s.env.Config)
+	cfg := s.env.Config
+	if s.as != nil {
+		cfg = s.as
+	}
+	mgr := testenv.NewManager(s.t, cfg)
 	if err := podsim.Add(mgr, s.opts); err != nil {
 		s.t.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/crdipc/crdipc/internal/simnode"
@@ -65,6 +67,22 @@ type Options struct {
 	// with a PersistentVolumeClaim waits in ContainerCreating.
 	CSI       func(node string) (csi.NodeClient, error)
 	CSIDriver string
+
+	// Kubelet, when set, returns what acts for one node, as its kubelet does: with the
+	// node's own credentials (system:node:<name>), so that the Node authorizer and
+	// NodeRestriction admission hold it to the pods bound to that node and what they
+	// reference. Without it, every node acts with the manager's credentials.
+	Kubelet func(node string) (Kubelet, error)
+}
+
+// Kubelet is what acts for one node.
+type Kubelet struct {
+	// Client writes the status of the node's pods, their final deletion and the status of
+	// their claims, and reads the Secrets, ConfigMaps, claims and volumes they use. It
+	// must not be cached: a kubelet may get those objects, not list or watch them.
+	Client client.Client
+	// Events records the Events of the node's pods.
+	Events events.EventRecorder
 }
 
 const (

@@ -212,7 +212,7 @@ func (r *runtime) reap(ps *podState, pod *corev1.Pod, t time.Time) {
 		}
 		c.exited(pod, ex, t.Add(backoff), backoff)
 		if c.wait != nil {
-			r.rec.Eventf(pod, nil, corev1.EventTypeWarning, "BackOff", "Restart",
+			r.events(pod).Eventf(pod, nil, corev1.EventTypeWarning, "BackOff", "Restart",
 				"Back-off restarting failed container %s in pod %s_%s(%s)", c.name, pod.Name, pod.Namespace, pod.UID)
 		}
 	}
@@ -349,7 +349,7 @@ func (r *runtime) sync(ctx context.Context, ps *podState, pod *corev1.Pod, node 
 			if next.IsZero() || c.notBefore.Before(next) {
 				next = c.notBefore
 			}
-			r.rec.Eventf(pod, nil, corev1.EventTypeWarning, "Failed", "Start", "Error: %s", waiting.Message)
+			r.events(pod).Eventf(pod, nil, corev1.EventTypeWarning, "Failed", "Start", "Error: %s", waiting.Message)
 		} else if c.sidecar {
 			// A started sidecar lets the next init container start: look again at once.
 			next = t

@@ -236,7 +236,7 @@ func (r *runtime) launchProcess(ps *podState, c *ctr, p *prepared, pod *corev1.P
 	}
 	r.wg.Add(1)
 	go r.wait(ps.key, run, cancel, p.fwds)
-	r.rec.Eventf(pod, nil, corev1.EventTypeNormal, "Started", "Start", "Started container %s (pid %d)", c.name, run.pid)
+	r.events(pod).Eventf(pod, nil, corev1.EventTypeNormal, "Started", "Start", "Started container %s (pid %d)", c.name, run.pid)
 	return nil
 }
 

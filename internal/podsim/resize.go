@@ -165,8 +165,9 @@ func (r *runtime) mountOf(ns, claim, handle string) (mountedClaim, bool) {
 // outcome on the claim and the pod.
 func (r *runtime) expandVolume(ctx context.Context, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, m mountedClaim) error {
 	size := pv.Spec.Capacity[corev1.ResourceStorage]
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: m.pod.Namespace, Name: m.pod.Name, UID: m.podUID}}
-	if err := r.patchClaimStatus(ctx, pvc, func(s *corev1.PersistentVolumeClaimStatus) {
+	// The node names whose kubelet records the pod's Events.
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: m.pod.Namespace, Name: m.pod.Name, UID: m.podUID}, Spec: corev1.PodSpec{NodeName: m.node}}
+	if err := r.patchClaimStatus(ctx, m.node, pvc, func(s *corev1.PersistentVolumeClaimStatus) {
 		claimresize.SetStatus(s, corev1.PersistentVolumeClaimNodeResizeInProgress)
 	}); err != nil {
 		return err
@@ -182,7 +183,7 @@ func (r *runtime) expandVolume(ctx context.Context, pvc *corev1.PersistentVolume
 	}
 	if err != nil {
 		msg := fmt.Sprintf("MountVolume.NodeExpandVolume failed for volume %q (%s) on %s: %v", m.volume, pv.Name, m.node, err)
-		r.rec.Eventf(pod, nil, corev1.EventTypeWarning, eventFSResizeFailed, "NodeExpandVolume", "%s", msg)
+		r.events(pod).Eventf(pod, nil, corev1.EventTypeWarning, eventFSResizeFailed, "NodeExpandVolume", "%s", msg)
 		final, inUse := false, false
 		switch status.Code(err) {
 		case codes.InvalidArgument, codes.OutOfRange, codes.NotFound:
@@ -199,7 +200,7 @@ func (r *runtime) expandVolume(ctx context.Context, pvc *corev1.PersistentVolume
 			r.expandInUse[m.node+"/"+pv.Spec.CSI.VolumeHandle] = true
 			r.mu.Unlock()
 		}
-		if perr := r.patchClaimStatus(ctx, pvc, func(s *corev1.PersistentVolumeClaimStatus) {
+		if perr := r.patchClaimStatus(ctx, m.node, pvc, func(s *corev1.PersistentVolumeClaimStatus) {
 			s.Conditions = claimresize.MergeConditions(s.Conditions, corev1.PersistentVolumeClaimCondition{
 				Type: corev1.PersistentVolumeClaimNodeResizeError, Status: corev1.ConditionTrue, Message: msg,
 			})
@@ -216,7 +217,7 @@ func (r *runtime) expandVolume(ctx context.Context, pvc *corev1.PersistentVolume
 		}
 		return fmt.Errorf("%s", msg)
 	}
-	if err := r.patchClaimStatus(ctx, pvc, func(s *corev1.PersistentVolumeClaimStatus) {
+	if err := r.patchClaimStatus(ctx, m.node, pvc, func(s *corev1.PersistentVolumeClaimStatus) {
 		if s.Capacity == nil {
 			s.Capacity = corev1.ResourceList{}
 		}
@@ -226,17 +227,23 @@ func (r *runtime) expandVolume(ctx context.Context, pvc *corev1.PersistentVolume
 	}); err != nil {
 		return err
 	}
-	r.rec.Eventf(pod, nil, corev1.EventTypeNormal, eventFSResizeSuccessful, "NodeExpandVolume",
+	r.events(pod).Eventf(pod, nil, corev1.EventTypeNormal, eventFSResizeSuccessful, "NodeExpandVolume",
 		"MountVolume.NodeExpandVolume succeeded for volume %q (%s) on %s: %s", m.volume, pv.Name, m.node, size.String())
 	return nil
 }
 
 // patchClaimStatus applies change to the claim's status, guarded by its resourceVersion: a
 // claim the resizer changed meanwhile is read again and retried.
-func (r *runtime) patchClaimStatus(ctx context.Context, pvc *corev1.PersistentVolumeClaim, change func(*corev1.PersistentVolumeClaimStatus)) error {
+// It writes as node, which mounts the claim: the Node authorizer lets a node update the
+// status of its pods' claims.
+func (r *runtime) patchClaimStatus(ctx context.Context, node string, pvc *corev1.PersistentVolumeClaim, change func(*corev1.PersistentVolumeClaimStatus)) error {
+	kc, err := r.as(node)
+	if err != nil {
+		return err
+	}
 	patch := client.MergeFromWithOptions(pvc.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	change(&pvc.Status)
-	if err := r.c.Status().Patch(ctx, pvc, patch); err != nil {
+	if err := kc.Status().Patch(ctx, pvc, patch); err != nil {
 		return fmt.Errorf("updating the status of PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, err)
 	}
 	return nil

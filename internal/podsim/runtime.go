@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -33,15 +34,14 @@ const hostIP = "127.0.0.1"
 // It runs with one worker; background goroutines (process waiters, probers,
 // forwarders) only record what happened under mu and enqueue the pod.
 type runtime struct {
-	c      client.Client
-	reader client.Reader // the API server itself: Secrets, ConfigMaps, fresh pods
+	c      client.Client // the manager's: it watches the pods and Nodes
+	reader client.Reader // the API server itself, as the manager: fresh pods
 	cache  cache.Cache
 	env    envResolver
 	o      Options
 	images map[string]Image // by repository()
 	names  []string         // configured image names, for messages
 	nodes  labels.Selector
-	rec    events.EventRecorder
 	log    logr.Logger
 
 	mu sync.Mutex
@@ -74,6 +74,15 @@ type runtime struct {
 }
 
 func addRuntime(mgr manager.Manager, o Options, nodes labels.Selector, images map[string]Image, names []string) error {
+	if o.Kubelet == nil {
+		// Uncached: a Secret read must not start an informer on every Secret.
+		c, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper()})
+		if err != nil {
+			return fmt.Errorf("podsim: %w", err)
+		}
+		k := Kubelet{Client: c, Events: mgr.GetEventRecorder("podsim-kubelet")}
+		o.Kubelet = func(string) (Kubelet, error) { return k, nil }
+	}
 	r := &runtime{
 		c:      mgr.GetClient(),
 		reader: mgr.GetAPIReader(),
@@ -82,11 +91,10 @@ func addRuntime(mgr manager.Manager, o Options, nodes labels.Selector, images ma
 		images: images,
 		names:  names,
 		nodes:  nodes,
-		rec:    mgr.GetEventRecorder("podsim-kubelet"),
 		log:    mgr.GetLogger().WithName("podsim-kubelet"),
 		pods:   map[types.UID]*podState{},
 	}
-	r.env = envResolver{reader: r.reader}
+	r.env = envResolver{as: r.as}
 	r.ips = newIPAllocator(r.ipReported)
 	r.volCtx, r.volCancel = context.WithCancel(context.Background())
 	if err := mgr.Add(r); err != nil {
@@ -159,6 +167,31 @@ func (r *runtime) podsOfNode(ctx context.Context, node client.Object) []reconcil
 	}
 	return reqs
 }
+
+// as is the client of the kubelet of node: what the runtime writes about a node's pods, and
+// reads of what they reference, go as that node.
+func (r *runtime) as(node string) (client.Client, error) {
+	k, err := r.o.Kubelet(node)
+	if err != nil {
+		return nil, fmt.Errorf("acting as node %s: %w", node, err)
+	}
+	return k.Client, nil
+}
+
+// events is the recorder of the kubelet of pod's node.
+func (r *runtime) events(pod *corev1.Pod) events.EventRecorder {
+	k, err := r.o.Kubelet(pod.Spec.NodeName)
+	if err != nil {
+		r.log.Error(err, "no event recorder for node", "node", pod.Spec.NodeName)
+		return discard{}
+	}
+	return k.Events
+}
+
+// discard drops Events: a node without credentials cannot record them.
+type discard struct{}
+
+func (discard) Eventf(_, _ kruntime.Object, _, _, _, _ string, _ ...any) {}
 
 // enqueue asks for key to be reconciled; safe from any goroutine, also after stop.
 func (r *runtime) enqueue(key types.NamespacedName) {
@@ -261,7 +294,7 @@ func (r *runtime) terminate(ctx context.Context, ps *podState, pod *corev1.Pod) 
 			for _, c := range ps.all() {
 				if c.run != nil && c.run.exit == nil {
 					c.run.signal(sigTerm)
-					r.rec.Eventf(pod, nil, corev1.EventTypeNormal, "Killing", "Kill", "Stopping container %s", c.name)
+					r.events(pod).Eventf(pod, nil, corev1.EventTypeNormal, "Killing", "Kill", "Stopping container %s", c.name)
 				}
 			}
 		}
@@ -289,7 +322,11 @@ func (r *runtime) terminate(ctx context.Context, ps *podState, pod *corev1.Pod) 
 		return res, nil // the teardown enqueues the pod when it is done
 	}
 	r.mu.Unlock()
-	err := r.c.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
+	kc, err := r.as(pod.Spec.NodeName)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	err = kc.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return reconcile.Result{}, fmt.Errorf("deleting terminated pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
@@ -309,6 +346,12 @@ func (r *runtime) nodeLost(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	r.forgetUID(pod.UID, true)
+	// As the lost node: its credentials outlive its Node object, and NodeRestriction lets a
+	// node fail and delete the pods bound to it.
+	kc, err := r.as(pod.Spec.NodeName)
+	if err != nil {
+		return err
+	}
 	if pod.DeletionTimestamp == nil && !terminal(pod.Status.Phase) {
 		p := pod.DeepCopy()
 		p.Status.Phase = corev1.PodFailed
@@ -316,11 +359,11 @@ func (r *runtime) nodeLost(ctx context.Context, pod *corev1.Pod) error {
 			Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "DeletionByPodGC",
 			Message: fmt.Sprintf("PodGC: node %s no longer exists", pod.Spec.NodeName),
 		})
-		if err := r.c.Status().Update(ctx, p); err != nil && !apierrors.IsNotFound(err) {
+		if err := kc.Status().Update(ctx, p); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("marking pod %s/%s of lost node failed: %w", pod.Namespace, pod.Name, err)
 		}
 	}
-	err := r.c.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
+	err = kc.Delete(ctx, pod, client.GracePeriodSeconds(0), client.Preconditions{UID: &pod.UID})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return fmt.Errorf("deleting pod %s/%s of lost node: %w", pod.Namespace, pod.Name, err)
 	}

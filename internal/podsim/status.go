@@ -17,6 +17,10 @@ import (
 // writeStatus reports the pod's state through the status subresource when it differs
 // from what the pod says; on a conflict it reads the pod again and retries.
 func (r *runtime) writeStatus(ctx context.Context, ps *podState, pod *corev1.Pod) error {
+	kc, err := r.as(pod.Spec.NodeName)
+	if err != nil {
+		return err
+	}
 	for attempt := 0; ; attempt++ {
 		r.mu.Lock()
 		st := r.podStatus(ps, pod)
@@ -26,7 +30,7 @@ func (r *runtime) writeStatus(ctx context.Context, ps *podState, pod *corev1.Pod
 		}
 		p := pod.DeepCopy()
 		p.Status = *st
-		err := r.c.Status().Update(ctx, p)
+		err := kc.Status().Update(ctx, p)
 		switch {
 		case err == nil || apierrors.IsNotFound(err):
 			return nil

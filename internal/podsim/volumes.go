@@ -136,7 +136,7 @@ func (r *runtime) mountVolumes(ps *podState, pod *corev1.Pod) {
 	}
 	r.mu.Unlock()
 	if event != "" {
-		r.rec.Eventf(pod, nil, corev1.EventTypeWarning, "FailedMount", "MountVolume", "%s", event)
+		r.events(pod).Eventf(pod, nil, corev1.EventTypeWarning, "FailedMount", "MountVolume", "%s", event)
 	}
 	// A claim grown while no pod mounted it is expanded on the node now.
 	r.expandLater(pod.Namespace, claims)
@@ -175,8 +175,13 @@ func (r *runtime) setUpVolumes(ctx context.Context, ps *podState, pod *corev1.Po
 // mountClaim stages and publishes the PersistentVolume bound to a claim of the pod.
 func (r *runtime) mountClaim(ctx context.Context, ps *podState, pod *corev1.Pod, vol *corev1.Volume) (volPath, error) {
 	name := vol.PersistentVolumeClaim.ClaimName
+	// As the node: it may get the claims of its pods and their volumes.
+	kc, err := r.as(pod.Spec.NodeName)
+	if err != nil {
+		return volPath{}, err
+	}
 	var pvc corev1.PersistentVolumeClaim
-	err := r.reader.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, &pvc)
+	err = kc.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: name}, &pvc)
 	switch {
 	case apierrors.IsNotFound(err):
 		return volPath{}, &waitError{fmt.Sprintf("waiting for PersistentVolumeClaim %q: persistentvolumeclaim %q not found", name, name)}
@@ -188,7 +193,7 @@ func (r *runtime) mountClaim(ctx context.Context, ps *podState, pod *corev1.Pod,
 		return volPath{}, &waitError{fmt.Sprintf("waiting for PersistentVolumeClaim %q to be bound", name)}
 	}
 	var pv corev1.PersistentVolume
-	err = r.reader.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &pv)
+	err = kc.Get(ctx, client.ObjectKey{Name: pvc.Spec.VolumeName}, &pv)
 	switch {
 	case apierrors.IsNotFound(err):
 		return volPath{}, &waitError{fmt.Sprintf("waiting for PersistentVolume %q of claim %q", pvc.Spec.VolumeName, name)}
@@ -342,7 +347,7 @@ func (r *runtime) unmountLater(ps *podState, pod *corev1.Pod) {
 		r.mu.Unlock()
 		if err != nil {
 			r.log.Error(err, "unmounting volumes", "pod", ps.key)
-			r.rec.Eventf(pod, nil, corev1.EventTypeWarning, "FailedUnmount", "UnmountVolume", "%s", err.Error())
+			r.events(pod).Eventf(pod, nil, corev1.EventTypeWarning, "FailedUnmount", "UnmountVolume", "%s", err.Error())
 		}
 		r.enqueue(ps.key)
 	}()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
@@ -35,10 +36,18 @@ each node's CSI node plugin (NodeStage, then NodePublish), which it runs on
 namespace. This needs root (mounts, FUSE, loop devices). --root is the kubelets'
 root directory: the node plugins stage and publish only inside it.
 
-It acts as the cluster's nodes, with the kubeconfig's credentials (a real kubelet
-acts as system:node:<name>); the CSI node plugins act with those of
---csi-kubeconfig (default: the same), as the node plugin's ServiceAccount
-(crdipc-csi-node, read-only) would.
+Credentials. In crdipc up, each node acts as its own kubelet would, as
+system:node:<name> (group system:nodes, a client certificate up issues from the
+cluster's CA at every start): it registers its own Node, reports its status,
+renews its own Lease in kube-node-lease, writes its pods' status, Events and
+final deletion, and reads the Secrets, ConfigMaps and claims its pods use, so
+the Node authorizer and NodeRestriction admission keep it from any other node's
+objects. Finding the labelled Nodes and watching their pods, which no single
+kubelet may do, runs as the ServiceAccount crdipc-nodes, read-only
+(config/rbac/nodes). Run on its own, it does all of that with the kubeconfig's
+credentials. The CSI node plugins act with those of --csi-kubeconfig (default:
+the same), as the node plugin's ServiceAccount (crdipc-csi-node, read-only)
+would.
 The pool agents of the nodes are a service of their own (crdipc pool-agent).`,
 		Example: `  crdipc nodes --count 3 --root /var/lib/crdipc/pods --csi-dir /var/lib/crdipc/csi`,
 		Kind:    Server,
@@ -53,6 +62,7 @@ type nodesService struct {
 	root, csiDir, csiKubecfg string
 	csiExtraRoots            []string
 	csi                      *nodeservice.Set
+	kubelets                 *kubelets
 }
 
 func (s *nodesService) AddFlags(fs *pflag.FlagSet) {
@@ -84,7 +94,13 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 	if err := Absolute(&root); err != nil {
 		return err
 	}
-	if err := simnode.Add(mgr, simnode.Options{Nodes: count}); err != nil {
+	var asNode func(string) (client.Client, error)
+	var asKubelet func(string) (podsim.Kubelet, error)
+	if env.Local != nil && env.Local.KubeletConfig != nil {
+		s.kubelets = newKubelets(env.Local.KubeletConfig, mgr.GetScheme(), mgr.GetRESTMapper())
+		asNode, asKubelet = s.kubelets.client, s.kubelets.kubelet
+	}
+	if err := simnode.Add(mgr, simnode.Options{Nodes: count, Kubelet: asNode}); err != nil {
 		return err
 	}
 	if s.csi, err = nodeservice.New(nodeservice.Options{Config: rest.CopyConfig(csiCfg), Dir: csiDir, KubeletRoot: root, ExtraRoots: extra}); err != nil {
@@ -105,6 +121,7 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 		StopTimeout: 2 * time.Second,
 		CSI:         s.csi.Client,
 		CSIDriver:   driver.Name,
+		Kubelet:     asKubelet,
 	}); err != nil {
 		return err
 	}
@@ -122,5 +139,8 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 func (s *nodesService) Stop() {
 	if s.csi != nil {
 		s.csi.Stop()
+	}
+	if s.kubelets != nil {
+		s.kubelets.stop()
 	}
 }

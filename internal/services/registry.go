@@ -72,6 +72,11 @@ type Local struct {
 	// NodeConfig is Config with a token bound to a node, for a service that runs once
 	// per node (the pool agents); nil: Config's.
 	NodeConfig func(service, node string) (*rest.Config, error)
+	// KubeletConfig returns the client config of a simulated node's kubelet,
+	// system:node:<node>: each node writes about itself, its Lease and its pods as itself,
+	// which the Node authorizer and NodeRestriction admission check as for a real kubelet.
+	// nil: the simulated nodes act with the service's own config.
+	KubeletConfig func(node string) (*rest.Config, error)
 	// Say adds a line to what up prints about its services: addresses, secrets.
 	Say func(line string)
 }

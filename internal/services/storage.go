@@ -109,6 +109,13 @@ func (s *poolAgentService) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.o.HealthAddr, "health-probe-bind-address", ":8081", "address for /healthz and /readyz ('0' disables)")
 }
 
+// In up, the pool agents run under a supervisor that starts one per simulated node. The
+// supervisor is the cluster's part, not the agents': it runs as the simulated nodes'
+// identity (crdipc-nodes, config/rbac/nodes), which watches Nodes and reports a deleted
+// node's pools and replicas Offline:
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools;cstorvolumereplicas,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools/status;cstorvolumereplicas/status,verbs=update
+
 func (s *poolAgentService) Setup(mgr manager.Manager, env Env) error {
 	if env.Local != nil {
 		// One agent per simulated node, each with the node's pools under the data dir.

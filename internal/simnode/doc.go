@@ -15,8 +15,12 @@
 // Unknown and is tainted), and reports the node's capacity (this machine's cores and
 // memory, 110 pods), which kube-scheduler fits pods against.
 //
-// The permissions it needs:
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups="",resources=nodes/status,verbs=get;update
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;create;update
+// Each node writes as itself (Options.Kubelet; in `crdipc up`, system:node:<name>, whose
+// certificate up issues from the cluster's CA): it registers its own Node, reports its
+// status, relabels it and renews its own Lease, all of which the Node authorizer and
+// NodeRestriction admission allow a kubelet for its own node and for no other. A kubelet
+// cannot list Nodes, though, and finding the labelled ones is what lets a Node added with
+// kubectl join, so the watch runs as the service's own read-only identity (crdipc-nodes,
+// config/rbac/nodes):
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 package simnode

@@ -58,11 +58,15 @@ func (n *nodes) heartbeat(ctx context.Context) {
 }
 
 // renew creates or renews node's Lease, owned by the Node as a kubelet's is, so that it
-// goes with it.
+// goes with it. The node does it itself: a node may only touch its own Lease.
 func (n *nodes) renew(ctx context.Context, node *corev1.Node) error {
+	c, err := n.o.Kubelet(node.Name)
+	if err != nil {
+		return fmt.Errorf("renewing lease of node %s: %w", node.Name, err)
+	}
 	now := metav1.NewMicroTime(time.Now())
 	var lease coordinationv1.Lease
-	err := n.live.Get(ctx, client.ObjectKey{Namespace: leaseNamespace, Name: node.Name}, &lease)
+	err = c.Get(ctx, client.ObjectKey{Namespace: leaseNamespace, Name: node.Name}, &lease)
 	if apierrors.IsNotFound(err) {
 		lease = coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Namespace: leaseNamespace, Name: node.Name, OwnerReferences: []metav1.OwnerReference{{
@@ -74,7 +78,7 @@ func (n *nodes) renew(ctx context.Context, node *corev1.Node) error {
 				RenewTime:            &now,
 			},
 		}
-		if err := n.c.Create(ctx, &lease); err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := c.Create(ctx, &lease); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating lease of node %s: %w", node.Name, err)
 		}
 		return nil
@@ -88,7 +92,7 @@ func (n *nodes) renew(ctx context.Context, node *corev1.Node) error {
 	lease.Spec.HolderIdentity = ptr.To(node.Name)
 	lease.Spec.LeaseDurationSeconds = ptr.To(int32(leaseDuration / time.Second))
 	lease.Spec.RenewTime = &now
-	if err := n.c.Update(ctx, &lease); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+	if err := c.Update(ctx, &lease); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("renewing lease of node %s: %w", node.Name, err)
 	}
 	return nil

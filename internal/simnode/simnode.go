@@ -32,6 +32,11 @@ type Options struct {
 	// exist yet. Nodes that exist already, from an earlier run or from kubectl, are served
 	// as well.
 	Nodes int
+	// Kubelet, when set, returns the client that acts for one node, as its kubelet does:
+	// with the node's own credentials (system:node:<name>), so that the Node authorizer
+	// and NodeRestriction admission let it register and report only its own Node and renew
+	// only its own Lease. Without it, every node acts with the manager's credentials.
+	Kubelet func(node string) (client.Client, error)
 }
 
 // NodeName is the name of the i-th simulated node created at start (i ≥ 1).
@@ -64,10 +69,9 @@ func servedOrLegacy(o client.Object) bool {
 // nodes reports simulated Nodes Ready. It is both a Node controller and a runnable: the
 // runnable creates the initial Nodes and, when the manager stops, reports Unknown.
 type nodes struct {
-	c    client.Client
-	live client.Reader
-	o    Options
-	log  logr.Logger
+	c   client.Client // the manager's: it watches the simulated Nodes
+	o   Options
+	log logr.Logger
 
 	// stopMu guards stopped. A reconcile reports Ready under the read lock, so no Ready=True
 	// lands after the Unknown written at stop.
@@ -86,7 +90,16 @@ func Add(mgr manager.Manager, o Options) error {
 	if o.Nodes < 0 {
 		return fmt.Errorf("simulated nodes: %d nodes: must not be negative", o.Nodes)
 	}
-	n := &nodes{c: mgr.GetClient(), live: mgr.GetAPIReader(), o: o, log: mgr.GetLogger().WithName("simulated-nodes"), served: map[string]bool{}}
+	if o.Kubelet == nil {
+		// Uncached, as a kubelet's own client is: the Ready=Unknown at stop reads the Node
+		// after the manager's cache has stopped.
+		c, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper()})
+		if err != nil {
+			return fmt.Errorf("simulated nodes: %w", err)
+		}
+		o.Kubelet = func(string) (client.Client, error) { return c, nil }
+	}
+	n := &nodes{c: mgr.GetClient(), o: o, log: mgr.GetLogger().WithName("simulated-nodes"), served: map[string]bool{}}
 	if err := mgr.Add(n); err != nil {
 		return err
 	}
@@ -109,7 +122,12 @@ func (n *nodes) Start(ctx context.Context) error {
 		}}
 		// A Node's status may be set on create: it is Ready from its first event.
 		node.Status.Conditions = []corev1.NodeCondition{readyCondition(corev1.ConditionTrue, "simulated node created by crdipc up")}
-		if err := n.c.Create(ctx, node); err != nil && !apierrors.IsAlreadyExists(err) {
+		// The node registers itself, as a kubelet does: a node may create its own Node.
+		c, err := n.o.Kubelet(name)
+		if err != nil {
+			return fmt.Errorf("simulated node %s: %w", name, err)
+		}
+		if err := c.Create(ctx, node); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating simulated node %s: %w", name, err)
 		}
 	}
@@ -175,23 +193,32 @@ func (n *nodes) forget(name string) {
 // relabel moves node from the legacy label to Label, keeping the value; a Label already
 // there wins.
 func (n *nodes) relabel(ctx context.Context, node *corev1.Node) error {
+	c, err := n.o.Kubelet(node.Name)
+	if err != nil {
+		return fmt.Errorf("relabelling node %s: %w", node.Name, err)
+	}
 	base := node.DeepCopy()
 	if _, ok := node.Labels[Label]; !ok {
 		node.Labels[Label] = node.Labels[legacyLabel]
 	}
 	delete(node.Labels, legacyLabel)
-	if err := n.c.Patch(ctx, node, client.MergeFrom(base)); err != nil {
+	// Neither label is one NodeRestriction keeps from a node: the node relabels itself.
+	if err := c.Patch(ctx, node, client.MergeFrom(base)); err != nil {
 		return client.IgnoreNotFound(fmt.Errorf("relabelling node %s %s → %s: %w", node.Name, legacyLabel, Label, err))
 	}
 	n.log.Info("relabelled simulated node", "node", node.Name, "from", legacyLabel, "to", Label)
 	return nil
 }
 
-// setReady sets node name's Ready condition. It reads the Node from the API server, not
-// the cache, which may already be stopped when it runs at stop.
+// setReady sets node name's Ready condition, as the node. It reads the Node from the API
+// server, not the cache, which may already be stopped when it runs at stop.
 func (n *nodes) setReady(ctx context.Context, name string, status corev1.ConditionStatus, msg string) error {
+	kc, err := n.o.Kubelet(name)
+	if err != nil {
+		return fmt.Errorf("updating node %s status: %w", name, err)
+	}
 	var node corev1.Node
-	if err := n.live.Get(ctx, client.ObjectKey{Name: name}, &node); err != nil {
+	if err := kc.Get(ctx, client.ObjectKey{Name: name}, &node); err != nil {
 		return client.IgnoreNotFound(err)
 	}
 	c := readyCondition(status, msg)
@@ -207,7 +234,7 @@ func (n *nodes) setReady(ctx context.Context, name string, status corev1.Conditi
 	} else {
 		node.Status.Conditions = append(node.Status.Conditions, c)
 	}
-	if err := n.c.Status().Update(ctx, &node); err != nil && !apierrors.IsNotFound(err) {
+	if err := kc.Status().Update(ctx, &node); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("updating node %s status: %w", name, err)
 	}
 	return nil

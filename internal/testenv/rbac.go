@@ -43,3 +43,15 @@ func (e *Env) AsPoolAgent(t testing.TB, node string) *rest.Config {
 	cfg.Impersonate.Extra = map[string][]string{NodeNameExtra: {node}}
 	return cfg
 }
+
+// AsNode is a config that acts as node's kubelet, system:node:<node> in group system:nodes,
+// with a client certificate from the cluster's CA, as `crdipc up` gives each simulated
+// node: the Node authorizer and NodeRestriction admission judge what it does.
+func (e *Env) AsNode(t testing.TB, node string) *rest.Config {
+	t.Helper()
+	cfg, err := e.cp.NodeConfig(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
