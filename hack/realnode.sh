@@ -934,7 +934,10 @@ cmd_join() {
 
 # --- kill ------------------------------------------------------------------------------------
 
-cmd_kill() {
+# Parses the only flag of kill and down: --dir DIR.
+dir_flag() {
+  local cmd=$1
+  shift
   while [ $# -gt 0 ]; do
     case $1 in
     --dir) set_dir "${2:-}" ;;
@@ -943,8 +946,12 @@ cmd_kill() {
     [ $# -ge 2 ] || usage
     shift 2
   done
-  [ -n "$dir" ] || die "kill: --dir is required"
-  need_root kill
+  [ -n "$dir" ] || die "$cmd: --dir is required"
+  need_root "$cmd"
+}
+
+cmd_kill() {
+  dir_flag kill "$@"
   [ -e "$state/marker" ] || die "kill: $dir holds no node"
   local name
   name=$(read_state node)
@@ -1098,16 +1105,7 @@ unmount_all() {
 }
 
 cmd_down() {
-  while [ $# -gt 0 ]; do
-    case $1 in
-    --dir) set_dir "${2:-}" ;;
-    *) usage ;;
-    esac
-    [ $# -ge 2 ] || usage
-    shift 2
-  done
-  [ -n "$dir" ] || die "down: --dir is required"
-  need_root down
+  dir_flag down "$@"
   if [ ! -e "$state/marker" ]; then
     if [ -e "$dir" ] && [ -n "$(ls -A "$dir" 2>/dev/null)" ]; then
       die "down: $dir was not made by hack/realnode.sh join (no state/marker): not touching it"

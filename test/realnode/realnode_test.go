@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -523,23 +524,7 @@ spec:
   resources: {requests: {storage: 64Mi}}
 `)
 	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Bound", "pvc/data")
-	pod := func(name, script string) string {
-		return fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: default}
-spec:
-  restartPolicy: Never
-  containers:
-    - name: c
-      image: busybox
-      imagePullPolicy: Never
-      command: ["sh", "-c", %q]
-      volumeMounts: [{name: data, mountPath: /data}]
-  volumes:
-    - name: data
-      persistentVolumeClaim: {claimName: data}
-`, name, script)
-	}
+	pod := func(name, script string) string { return podWithClaim(name, "", "busybox", "data", "sh", "-c", script) }
 	c.apply(t, pod("writer", "dd if=/dev/urandom of=/data/blob bs=1M count=8 2>/dev/null && sha256sum /data/blob && sync"))
 	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Succeeded", "pod/writer")
 	written := strings.Fields(c.kubectl(t, "logs", "writer"))
@@ -620,4 +605,33 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// podWithClaim is a pod that runs command in image on node ("": kube-scheduler chooses)
+// once, with the claim mounted at /data.
+func podWithClaim(name, node, image, claim string, command ...string) string {
+	cmd, err := json.Marshal(command) // a JSON array is YAML too
+	if err != nil {
+		panic(err)
+	}
+	placement := ""
+	if node != "" {
+		placement = "\n  nodeName: " + node
+	}
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default}
+spec:%s
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c
+      image: %s
+      imagePullPolicy: Never
+      command: %s
+      volumeMounts: [{name: data, mountPath: /data}]
+  volumes:
+    - name: data
+      persistentVolumeClaim: {claimName: %s}
+`, name, placement, image, cmd, claim)
 }

@@ -125,26 +125,8 @@ spec:
 // fioPod runs fio on node with the claim "replicated" at /data, then prints the file's
 // sha256 (busybox's sha256sum, in the fio image).
 func fioPod(name, node string, args []string) string {
-	quoted := make([]string, len(args))
-	for i, a := range args {
-		quoted[i] = fmt.Sprintf("%q", a)
-	}
-	return fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: default}
-spec:
-  nodeName: %s
-  restartPolicy: Never
-  containers:
-    - name: fio
-      image: docker.io/library/fio:latest
-      imagePullPolicy: Never
-      command: ["sh", "-c", "\"$@\" && sha256sum /data/fio.dat", "fio-then-sha256", %s]
-      volumeMounts: [{name: data, mountPath: /data}]
-  volumes:
-    - name: data
-      persistentVolumeClaim: {claimName: replicated}
-`, name, node, strings.Join(quoted, ", "))
+	return podWithClaim(name, node, "docker.io/library/fio:latest", "replicated",
+		append([]string{"sh", "-c", `"$@" && sha256sum /data/fio.dat`, "fio-then-sha256"}, args...)...)
 }
 
 // fioResult checks that fio in pod name exited 0 with no error, and returns the file's
@@ -268,23 +250,7 @@ cmp -n %d /data/records /tmp/expected && echo "records 0-%d intact"`, last, size
 
 // busyboxPod runs script on node with the claim "replicated" at /data.
 func busyboxPod(name, node, script string) string {
-	return fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: default}
-spec:
-  nodeName: %s
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: c
-      image: busybox
-      imagePullPolicy: Never
-      command: ["sh", "-c", %q]
-      volumeMounts: [{name: data, mountPath: /data}]
-  volumes:
-    - name: data
-      persistentVolumeClaim: {claimName: replicated}
-`, name, node, script)
+	return podWithClaim(name, node, "busybox", "replicated", "sh", "-c", script)
 }
 
 // follow streams pod's output (kubectl logs -f) and returns the highest number seen after
@@ -327,5 +293,43 @@ func (c *cluster) follow(t *testing.T, pod, prefix string) func() int {
 		mu.Lock()
 		defer mu.Unlock()
 		return highest
+	}
+}
+
+// testDataPathIdentities: the data path's certificates come through the API, as
+// CertificateSigningRequests for crdipc.io/storage-data that the storage operator approved
+// for the requester's own node and signed; no node-side account can read the CA's key.
+func (c *cluster) testDataPathIdentities(t *testing.T, nodes ...realNode) {
+	out := c.kubectl(t, "get", "csr", "-o", `jsonpath={range .items[?(@.spec.signerName=="crdipc.io/storage-data")]}`+
+		`{.spec.username}|{.spec.extra.authentication\.kubernetes\.io/node-name[0]}|{.status.conditions[?(@.type=="Approved")].status}|{.status.certificate}{"\n"}{end}`)
+	issued := map[string]int{} // node → signed requests of its own
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Split(line, "|")
+		if len(f) != 4 {
+			continue
+		}
+		if f[2] == "True" && f[3] != "" {
+			issued[f[1]]++
+		}
+	}
+	for _, n := range nodes {
+		if issued[n.name] == 0 {
+			t.Errorf("no approved and signed crdipc.io/storage-data request from node %s; requests (user|node|approved|cert):\n%s", n.name, out)
+		}
+	}
+	t.Logf("kubectl get csr (crdipc.io/storage-data):\n%s", c.kubectl(t, "get", "csr", "--sort-by=.metadata.creationTimestamp"))
+	for _, sa := range []string{"crdipc-pool-agent", "crdipc-csi-node"} {
+		out, _ := runErr(time.Minute, c.env(), "kubectl", "auth", "can-i", "get", "secret/crdipc-storage-data-ca", "-n", "crdipc-system",
+			"--as=system:serviceaccount:crdipc-system:"+sa)
+		if strings.TrimSpace(out) != "no" {
+			t.Errorf("%s may read the data CA's Secret: kubectl auth can-i says %q", sa, out)
+		}
+	}
+	// Nor do the node plugins' pods hold it: they mount no Secret at all.
+	vols := c.kubectl(t, "get", "daemonsets", "-n", "crdipc-system", "-o", `jsonpath={range .items[*]}{.metadata.name}:{range .spec.template.spec.volumes[*]}{.secret.secretName}{end}{"\n"}{end}`)
+	for _, line := range strings.Fields(vols) {
+		if name, secrets, _ := strings.Cut(line, ":"); secrets != "" {
+			t.Errorf("daemonset %s mounts the Secret(s) %s", name, secrets)
+		}
 	}
 }
