@@ -125,22 +125,8 @@ func TestNodeCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	review, err := node.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if u := review.Status.UserInfo; u.Username != "system:node:"+own || !slices.Contains(u.Groups, "system:nodes") {
-		t.Fatalf("the node's kubeconfig authenticates as %q %v", u.Username, u.Groups)
-	}
-	// A kubelet registers its own Node ...
-	if _, err := node.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: own}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("the node registering itself: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Kube.CoreV1().Nodes().Delete(context.Background(), own, metav1.DeleteOptions{}) })
-	// ... and may neither read another's ...
-	if _, err := node.CoreV1().Nodes().Get(ctx, other, metav1.GetOptions{}); !apierrors.IsForbidden(err) {
-		t.Fatalf("node %s reading node %s: got %v, want Forbidden", own, other, err)
-	}
+	// A kubelet registers its own Node and may neither read another's ...
+	actsAsNode(t, env, node, own, other)
 	// ... nor write it.
 	o, err := env.Kube.CoreV1().Nodes().Get(ctx, other, metav1.GetOptions{})
 	if err != nil {
@@ -183,12 +169,23 @@ func TestNodeConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	actsAsNode(t, env, node, own, other)
+	if _, err := node.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "impostor-" + ns}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("node %s registering another node: got %v, want Forbidden", own, err)
+	}
+}
+
+// actsAsNode checks that node authenticates as system:node:<own> in system:nodes, may
+// register its own Node and may not read node other.
+func actsAsNode(t *testing.T, env *testenv.Env, node kubernetes.Interface, own, other string) {
+	t.Helper()
+	ctx := context.Background()
 	review, err := node.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if u := review.Status.UserInfo; u.Username != "system:node:"+own || !slices.Contains(u.Groups, "system:nodes") {
-		t.Fatalf("the node's config authenticates as %q %v", u.Username, u.Groups)
+		t.Fatalf("the node's credentials authenticate as %q %v", u.Username, u.Groups)
 	}
 	if _, err := node.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: own}}, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("the node registering itself: %v", err)
@@ -196,9 +193,6 @@ func TestNodeConfig(t *testing.T) {
 	t.Cleanup(func() { _ = env.Kube.CoreV1().Nodes().Delete(context.Background(), own, metav1.DeleteOptions{}) })
 	if _, err := node.CoreV1().Nodes().Get(ctx, other, metav1.GetOptions{}); !apierrors.IsForbidden(err) {
 		t.Fatalf("node %s reading node %s: got %v, want Forbidden", own, other, err)
-	}
-	if _, err := node.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "impostor-" + ns}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
-		t.Fatalf("node %s registering another node: got %v, want Forbidden", own, err)
 	}
 }
 
