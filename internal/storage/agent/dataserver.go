@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
@@ -21,8 +22,10 @@ import (
 	"github.com/crdipc/crdipc/internal/storage/replica"
 )
 
-// The agent reads the data-path CA, and only that Secret, to issue its certificate.
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
+// The agent trusts the published data-path CA certificate and requests its own certificate
+// (package dataca): it never sees the CA key.
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
+// +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=create;get;list;watch
 
 // dataServer runs the node's replica data service (package replica) while the agent holds
 // the node Lease: two agents of one node never serve the same files. It binds when the
@@ -33,8 +36,8 @@ type dataServer struct {
 	ln        net.Listener
 	endpoint  string
 	namespace string
-	cache     client.Reader // the agent's cache: its own node's replicas and pools
-	live      client.Reader // the API server: the CA Secret is not cached
+	cache     client.Reader        // the agent's cache: its own node's replicas and pools
+	kube      kubernetes.Interface // requests the node's certificate
 	backends  func(storagev1alpha1.Backend) (backend.Backend, error)
 	log       logr.Logger
 
@@ -65,7 +68,7 @@ func (d *dataServer) setCurrent(uid types.UID) {
 
 // newDataServer binds addr. A listen address with no host (":9500") is advertised with
 // advertiseHost, which is then required.
-func newDataServer(node, addr, advertiseHost, namespace string, cache, live client.Reader, backends func(storagev1alpha1.Backend) (backend.Backend, error), log logr.Logger) (*dataServer, error) {
+func newDataServer(node, addr, advertiseHost, namespace string, cache client.Reader, kube kubernetes.Interface, backends func(storagev1alpha1.Backend) (backend.Backend, error), log logr.Logger) (*dataServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("replica data service: %w", err)
@@ -80,7 +83,7 @@ func newDataServer(node, addr, advertiseHost, namespace string, cache, live clie
 	}
 	return &dataServer{
 		node: node, ln: ln, endpoint: net.JoinHostPort(host, port), namespace: namespace,
-		cache: cache, live: live, backends: backends, log: log.WithName("replica-data"),
+		cache: cache, kube: kube, backends: backends, log: log.WithName("replica-data"),
 		ready: make(chan struct{}), conns: map[string]*replica.Conn{},
 	}, nil
 }
@@ -88,21 +91,20 @@ func newDataServer(node, addr, advertiseHost, namespace string, cache, live clie
 // NeedLeaderElection implements manager.LeaderElectionRunnable: only the Lease holder serves.
 func (d *dataServer) NeedLeaderElection() bool { return true }
 
-// Start implements manager.Runnable: it waits for the data CA, issues the node's
-// certificate and serves until ctx ends.
+// Start implements manager.Runnable: it obtains the node's certificate (for the address it
+// advertises), serves until ctx ends and renews the certificate meanwhile.
 func (d *dataServer) Start(ctx context.Context) error {
 	defer d.closeConns()
-	ca, err := d.waitCA(ctx)
+	host, _, _ := net.SplitHostPort(d.endpoint)
+	id, err := dataca.Obtain(ctx, d.kube, dataca.Request{
+		Role: dataca.RoleNode, Node: d.node, IPs: []net.IP{net.ParseIP(host)}, Namespace: d.namespace, Logger: d.log,
+	})
 	if err != nil {
 		d.ln.Close()
 		return nil // ctx ended
 	}
-	host, _, _ := net.SplitHostPort(d.endpoint)
-	serverTLS, clientTLS, err := dataca.Identity(ca, "node:"+d.node, host)
-	if err != nil {
-		d.ln.Close()
-		return err
-	}
+	go id.Run(ctx)
+	serverTLS, clientTLS := id.ServerTLS(), id.ClientTLS()
 	d.mu.Lock()
 	d.clientTLS = clientTLS
 	close(d.ready)
@@ -129,28 +131,6 @@ func (d *dataServer) resize(id string, size int64) error {
 		return err
 	}
 	return nil
-}
-
-// waitCA loads the data CA, waiting for the operator to create it.
-func (d *dataServer) waitCA(ctx context.Context) (replica.CA, error) {
-	delay := 100 * time.Millisecond
-	logged := false
-	for {
-		ca, err := dataca.Load(ctx, d.live, d.namespace)
-		if err == nil {
-			return ca, nil
-		}
-		if !logged || !errors.Is(err, dataca.ErrNotCreated) {
-			d.log.Info("waiting for the storage data CA", "reason", err.Error())
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			return replica.CA{}, ctx.Err()
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 5*time.Second)
-	}
 }
 
 // lookup maps a replica id (namespace/name) to its files: only this node's replicas on
