@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"strings"
 )
 
@@ -53,6 +54,20 @@ const DataCAConfigMap = "crdipc-storage-data-ca"
 
 // DataCAKey is the key of the CA certificate (PEM) in DataCAConfigMap.
 const DataCAKey = "ca.crt"
+
+// AnnotationPublished, on a CStorVolume, records the nodes the volume is published to (CSI
+// ControllerPublish), as a JSON object node → "rw" | "ro": where its target may run. The
+// replica data services serve a volume's replicas to the CSI node services of those nodes.
+const AnnotationPublished = "csi.crdipc.io/published"
+
+// PublishedNodes returns the nodes AnnotationPublished names, node → "rw" | "ro".
+func PublishedNodes(vol *CStorVolume) map[string]string {
+	m := map[string]string{}
+	if s := vol.Annotations[AnnotationPublished]; s != "" {
+		_ = json.Unmarshal([]byte(s), &m)
+	}
+	return m
+}
 
 // DataSigner is the signerName of the CertificateSigningRequests for data-path identities;
 // the storage operator approves (a node asking for its own identity) and signs them.

@@ -48,7 +48,7 @@ const (
 	AnnotationName = "csi.crdipc.io/name"
 	// AnnotationPublished records the nodes the volume is ControllerPublished to, as a JSON
 	// object node → "rw" | "ro". DeleteVolume refuses while it is not empty.
-	AnnotationPublished = "csi.crdipc.io/published"
+	AnnotationPublished = storagev1alpha1.AnnotationPublished
 	// AnnotationContentSource is the content source the volume was created from, as CSI
 	// named it: "snapshot:<snapshot id>" or "volume:<volume id>" (a clone). A retried
 	// CreateVolume must ask for the same.

@@ -213,7 +213,7 @@ func (a *Agent) newManager(log logr.Logger) (manager.Manager, *dataServer, error
 		if err != nil {
 			return nil, nil, fmt.Errorf("replica data service: %w", err)
 		}
-		data, err = newDataServer(a.o.Node, a.o.DataAddr, a.o.DataAdvertiseHost, install.SystemNamespace, mgr.GetClient(), kube, a.backend, log)
+		data, err = newDataServer(a.o.Node, a.o.DataAddr, a.o.DataAdvertiseHost, install.SystemNamespace, mgr.GetClient(), mgr.GetAPIReader(), kube, a.backend, log)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -5,8 +5,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -26,6 +28,8 @@ import (
 // (package dataca): it never sees the CA key.
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
 // +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=create;get;list;watch
+// It reads a replica's volume to tell its members from other nodes (authorize).
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumes,verbs=get
 
 // dataServer runs the node's replica data service (package replica) while the agent holds
 // the node Lease: two agents of one node never serve the same files. It binds when the
@@ -38,6 +42,7 @@ type dataServer struct {
 	namespace string
 	cache     client.Reader        // the agent's cache: its own node's replicas and pools
 	kube      kubernetes.Interface // requests the node's certificate
+	live      client.Reader        // the API server: volumes are not cached
 	backends  func(storagev1alpha1.Backend) (backend.Backend, error)
 	log       logr.Logger
 
@@ -68,7 +73,7 @@ func (d *dataServer) setCurrent(uid types.UID) {
 
 // newDataServer binds addr. A listen address with no host (":9500") is advertised with
 // advertiseHost, which is then required.
-func newDataServer(node, addr, advertiseHost, namespace string, cache client.Reader, kube kubernetes.Interface, backends func(storagev1alpha1.Backend) (backend.Backend, error), log logr.Logger) (*dataServer, error) {
+func newDataServer(node, addr, advertiseHost, namespace string, cache, live client.Reader, kube kubernetes.Interface, backends func(storagev1alpha1.Backend) (backend.Backend, error), log logr.Logger) (*dataServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("replica data service: %w", err)
@@ -83,7 +88,7 @@ func newDataServer(node, addr, advertiseHost, namespace string, cache client.Rea
 	}
 	return &dataServer{
 		node: node, ln: ln, endpoint: net.JoinHostPort(host, port), namespace: namespace,
-		cache: cache, kube: kube, backends: backends, log: log.WithName("replica-data"),
+		cache: cache, live: live, kube: kube, backends: backends, log: log.WithName("replica-data"),
 		ready: make(chan struct{}), conns: map[string]*replica.Conn{},
 	}, nil
 }
@@ -109,7 +114,7 @@ func (d *dataServer) Start(ctx context.Context) error {
 	d.clientTLS = clientTLS
 	close(d.ready)
 	d.mu.Unlock()
-	srv := replica.NewServer(replica.ServerOptions{Node: d.node, Lookup: d.lookup, TLS: serverTLS, ClientTLS: clientTLS, Logger: d.log})
+	srv := replica.NewServer(replica.ServerOptions{Node: d.node, Lookup: d.lookup, Authorize: d.authorize, TLS: serverTLS, ClientTLS: clientTLS, Logger: d.log})
 	d.mu.Lock()
 	d.srv = srv
 	d.mu.Unlock()
@@ -175,6 +180,45 @@ func (d *dataServer) lookup(id string) (replica.Location, error) {
 		size = fi.Size()
 	}
 	return replica.Location{Data: path, Meta: path + backend.MetaSuffix, Size: size}, nil
+}
+
+// authorize lets peer use replica id only if it is a member of the replica's volume: the
+// agent of a node holding one of the volume's replicas (they rebuild from each other), or
+// the CSI node service of a node the volume is published to (where its target runs). A
+// volume published nowhere has no known target yet: any node's CSI node service may be it
+// (a tool or test that stages without ControllerPublish).
+func (d *dataServer) authorize(peer, id string) error {
+	role, node, err := dataca.ParseCommonName(peer)
+	if err != nil {
+		return err
+	}
+	ns, name, ok := strings.Cut(id, "/")
+	if !ok {
+		return fmt.Errorf("replica id %q is not namespace/name", id)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var r storagev1alpha1.CStorVolumeReplica
+	if err := d.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &r); err != nil {
+		return fmt.Errorf("replica %s: %w", id, err)
+	}
+	var vol storagev1alpha1.CStorVolume
+	if err := d.live.Get(ctx, client.ObjectKey{Namespace: ns, Name: r.Spec.Volume}, &vol); err != nil {
+		return fmt.Errorf("volume %s/%s of replica %s: %w", ns, r.Spec.Volume, id, err)
+	}
+	switch role {
+	case dataca.RoleNode:
+		if node == d.node || slices.ContainsFunc(vol.Status.Replicas, func(s storagev1alpha1.VolumeReplicaStatus) bool { return s.Node == node }) {
+			return nil
+		}
+		return fmt.Errorf("node %s holds no replica of volume %s/%s", node, ns, vol.Name)
+	default:
+		published := storagev1alpha1.PublishedNodes(&vol)
+		if _, ok := published[node]; ok || len(published) == 0 {
+			return nil
+		}
+		return fmt.Errorf("volume %s/%s is published to %v, not to node %s", ns, vol.Name, slices.Sorted(maps.Keys(published)), node)
+	}
 }
 
 // client returns a client for replica id on the data service at addr (this node's or a
