@@ -23,6 +23,7 @@ import (
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/storage/dataca"
+	"github.com/crdipc/crdipc/internal/storage/operator"
 	"github.com/crdipc/crdipc/internal/testenv"
 )
 
@@ -147,5 +148,34 @@ func TestCSRDenied(t *testing.T) {
 	// The node's own address is fine.
 	if _, err := request(t, agentB, "node:"+b, net.ParseIP("10.9.0.2")); err != nil {
 		t.Errorf("node B's own address: %v", err)
+	}
+
+	// So is the pod IP of the pool agent's own pod on the node, which its token is bound to
+	// (an agent off the host network serves there); another node's pod's is not.
+	podOn := func(name, node, ip string) *rest.Config {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: install.SystemNamespace, Name: name},
+			Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "crdipc-pool-agent",
+				Containers: []corev1.Container{{Name: "agent", Image: "crdipc"}}},
+		}
+		if err := c.c.Create(context.Background(), pod); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.c.Delete(context.Background(), pod, client.GracePeriodSeconds(0)) })
+		pod.Status.PodIP, pod.Status.PodIPs = ip, []corev1.PodIP{{IP: ip}}
+		if err := c.c.Status().Update(context.Background(), pod); err != nil {
+			t.Fatal(err)
+		}
+		cfg := rest.CopyConfig(agentB)
+		cfg.Impersonate.Extra = map[string][]string{
+			operator.NodeNameExtra: {b}, operator.PodNameExtra: {pod.Name}, operator.PodUIDExtra: {string(pod.UID)},
+		}
+		return cfg
+	}
+	if _, err := request(t, podOn(c.id+"-agent-b", b, "10.244.1.5"), "node:"+b, net.ParseIP("10.244.1.5")); err != nil {
+		t.Errorf("the agent's own pod IP: %v", err)
+	}
+	if _, err := request(t, podOn(c.id+"-agent-a", a, "10.244.2.5"), "node:"+b, net.ParseIP("10.244.2.5")); err == nil || !strings.Contains(err.Error(), "not an address of node "+b) {
+		t.Errorf("the pod IP of a pod on another node: %v, want denied", err)
 	}
 }

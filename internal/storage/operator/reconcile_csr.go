@@ -30,10 +30,16 @@ import (
 // +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=get;list;watch
 // +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests/approval;certificatesigningrequests/status,verbs=update
 // +kubebuilder:rbac:groups=certificates.k8s.io,resources=signers,verbs=approve;sign,resourceNames=crdipc.io/storage-data
+// The pod a requester's token is bound to may name its own pod IPs (addressOf).
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get,namespace=crdipc-system
 
-// NodeNameExtra is the user extra the API server sets from a token bound to a Pod or a Node:
-// the node it was issued for.
-const NodeNameExtra = "authentication.kubernetes.io/node-name"
+// User extras the API server sets from a token bound to a Pod or a Node: the node it was
+// issued for, and the pod.
+const (
+	NodeNameExtra = "authentication.kubernetes.io/node-name"
+	PodNameExtra  = "authentication.kubernetes.io/pod-name"
+	PodUIDExtra   = "authentication.kubernetes.io/pod-uid"
+)
 
 // Condition reasons the operator writes on the requests it judges.
 const (
@@ -146,12 +152,36 @@ func (h *csrHandler) judge(ctx context.Context, csr *certificatesv1.CertificateS
 	} else if err != nil {
 		return false, "", fmt.Errorf("reading node %s: %w", node, err)
 	}
+	pod, err := h.requesterPod(ctx, csr.Spec, node)
+	if err != nil {
+		return false, "", err
+	}
 	for _, ip := range c.Request.IPAddresses {
-		if why := addressOf(&n, ip); why != "" {
+		if why := addressOf(&n, pod, ip); why != "" {
 			return true, why, nil
 		}
 	}
 	return true, "", nil
+}
+
+// requesterPod is the running Pod on node that the requester's token is bound to, or nil:
+// a pool agent that is not on the host network serves on its pod IP.
+func (h *csrHandler) requesterPod(ctx context.Context, spec certificatesv1.CertificateSigningRequestSpec, node string) (*corev1.Pod, error) {
+	name, uid := spec.Extra[PodNameExtra], spec.Extra[PodUIDExtra]
+	ns, _, ok := strings.Cut(strings.TrimPrefix(spec.Username, "system:serviceaccount:"), ":")
+	if len(name) != 1 || len(uid) != 1 || !ok || !strings.HasPrefix(spec.Username, "system:serviceaccount:") {
+		return nil, nil
+	}
+	var pod corev1.Pod
+	if err := h.live.Get(ctx, client.ObjectKey{Namespace: ns, Name: name[0]}, &pod); apierrors.IsNotFound(err) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("reading the requester's pod %s/%s: %w", ns, name[0], err)
+	}
+	if string(pod.UID) != uid[0] || pod.Spec.NodeName != node {
+		return nil, nil
+	}
+	return &pod, nil
 }
 
 // requester names the node whose identities the requester of spec may have, and which.
@@ -179,10 +209,18 @@ func requester(spec certificatesv1.CertificateSigningRequestSpec) (node string, 
 }
 
 // addressOf says why ip may not be in node's certificate, or "" if it may: it must be one of
-// the addresses the Node reports. A Node that reports none is one of crdipc up's simulated
-// nodes (or a test's), whose agents all listen on this machine's loopback: such a node may
-// name loopback addresses, which no other machine can dial anyway.
-func addressOf(n *corev1.Node, ip net.IP) string {
+// the addresses the Node reports, or of the requester's own pod on the node (pod, if any).
+// A Node that reports none is one of crdipc up's simulated nodes (or a test's), whose agents
+// all listen on this machine's loopback: such a node may name loopback addresses, which no
+// other machine can dial anyway.
+func addressOf(n *corev1.Node, pod *corev1.Pod, ip net.IP) string {
+	if pod != nil {
+		for _, a := range pod.Status.PodIPs {
+			if ip.Equal(net.ParseIP(a.IP)) {
+				return ""
+			}
+		}
+	}
 	if len(n.Status.Addresses) == 0 {
 		if ip.IsLoopback() {
 			return ""
@@ -194,7 +232,7 @@ func addressOf(n *corev1.Node, ip net.IP) string {
 			return ""
 		}
 	}
-	return fmt.Sprintf("%s is not an address of node %s", ip, n.Name)
+	return fmt.Sprintf("%s is not an address of node %s, nor of the requester's pod", ip, n.Name)
 }
 
 func hasCondition(csr *certificatesv1.CertificateSigningRequest, t certificatesv1.RequestConditionType) bool {
