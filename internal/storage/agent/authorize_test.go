@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
@@ -49,5 +52,31 @@ func TestDataServiceRefusesNonMembers(t *testing.T) {
 		} else if err != nil {
 			t.Logf("%s refused: %v", cn, err)
 		}
+	}
+
+	// A snapshot of the replica is read, too, by the agent of a node whose replica of
+	// another volume is restored from it; not by other nodes.
+	snap := &storagev1alpha1.CStorVolumeSnapshot{
+		ObjectMeta: metav1.ObjectMeta{Namespace: a.r.Namespace, Name: "snap"},
+		Spec:       storagev1alpha1.CStorVolumeSnapshotSpec{Volume: a.vol.Name},
+	}
+	restored := &storagev1alpha1.CStorVolumeReplica{
+		ObjectMeta: metav1.ObjectMeta{Namespace: a.r.Namespace, Name: "restored-on-restorer"},
+		Spec: storagev1alpha1.CStorVolumeReplicaSpec{Volume: "restored", Pool: "claim-restorer", NodeName: "restorer",
+			Capacity: resource.MustParse("4Mi"), Source: &storagev1alpha1.ReplicaSource{Snapshot: snap.Name}},
+	}
+	for _, o := range []client.Object{snap, restored} {
+		if err := a.c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = a.c.Delete(context.Background(), o) })
+	}
+	id := storagev1alpha1.SnapshotDataID(a.r.Namespace, a.r.Name, string(snap.UID))
+	// The snapshot was never taken: a reader that may read it finds none.
+	if _, err := a.connAs(t, dataca.CommonName(dataca.RoleNode, "restorer")).Replica(id).Info(ctx); !errors.Is(err, replica.ErrNotFound) {
+		t.Errorf("the restoring node reading the snapshot: %v, want ErrNotFound", err)
+	}
+	if _, err := a.connAs(t, dataca.CommonName(dataca.RoleNode, "stranger")).Replica(id).Info(ctx); !errors.Is(err, replica.ErrForbidden) {
+		t.Errorf("another node reading the snapshot: %v, want ErrForbidden", err)
 	}
 }

@@ -186,12 +186,14 @@ func (d *dataServer) lookup(id string) (replica.Location, error) {
 // agent of a node holding one of the volume's replicas (they rebuild from each other), or
 // the CSI node service of a node the volume is published to (where its target runs). A
 // volume published nowhere has no known target yet: any node's CSI node service may be it
-// (a tool or test that stages without ControllerPublish).
+// (a tool or test that stages without ControllerPublish). A snapshot of the replica may
+// also be read by the agent of a node holding a replica restored from it.
 func (d *dataServer) authorize(peer, id string) error {
 	role, node, err := dataca.ParseCommonName(peer)
 	if err != nil {
 		return err
 	}
+	id, snapUID, isSnap := replica.SplitSnapshotID(id)
 	ns, name, ok := strings.Cut(id, "/")
 	if !ok {
 		return fmt.Errorf("replica id %q is not namespace/name", id)
@@ -211,6 +213,12 @@ func (d *dataServer) authorize(peer, id string) error {
 		if node == d.node || slices.ContainsFunc(vol.Status.Replicas, func(s storagev1alpha1.VolumeReplicaStatus) bool { return s.Node == node }) {
 			return nil
 		}
+		if isSnap {
+			restoring, err := d.restoring(ctx, node, ns, snapUID)
+			if err != nil || restoring {
+				return err
+			}
+		}
 		return fmt.Errorf("node %s holds no replica of volume %s/%s", node, ns, vol.Name)
 	default:
 		published := storagev1alpha1.PublishedNodes(&vol)
@@ -219,6 +227,28 @@ func (d *dataServer) authorize(peer, id string) error {
 		}
 		return fmt.Errorf("volume %s/%s is published to %v, not to node %s", ns, vol.Name, slices.Sorted(maps.Keys(published)), node)
 	}
+}
+
+// restoring reports whether node holds a replica in ns being filled from the snapshot whose
+// UID is snapUID (the snapshot part of a snapshot's data id).
+func (d *dataServer) restoring(ctx context.Context, node, ns, snapUID string) (bool, error) {
+	var list storagev1alpha1.CStorVolumeReplicaList
+	if err := d.live.List(ctx, &list, client.InNamespace(ns), client.MatchingFields{storagev1alpha1.FieldNodeName: node}); err != nil {
+		return false, fmt.Errorf("replicas of node %s: %w", node, err)
+	}
+	for _, r := range list.Items {
+		if r.Spec.Source == nil {
+			continue
+		}
+		var snap storagev1alpha1.CStorVolumeSnapshot
+		if err := d.live.Get(ctx, client.ObjectKey{Namespace: ns, Name: r.Spec.Source.Snapshot}, &snap); err != nil {
+			continue
+		}
+		if string(snap.UID) == snapUID {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // client returns a client for replica id on the data service at addr (this node's or a

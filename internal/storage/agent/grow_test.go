@@ -245,6 +245,13 @@ func (a *agentAndReplica) dial(t *testing.T) *replica.Client {
 // dialAs is dial with a certificate for common name cn, from the data CA.
 func (a *agentAndReplica) dialAs(t *testing.T, cn string) *replica.Client {
 	t.Helper()
+	return a.connAs(t, cn).Replica(storagev1alpha1.ReplicaDataID(a.r.Namespace, a.r.Name))
+}
+
+// connAs connects to the replica's data service with a certificate for common name cn, from
+// the data CA (closed with the test).
+func (a *agentAndReplica) connAs(t *testing.T, cn string) *replica.Conn {
+	t.Helper()
 	_, clientTLS, err := dataca.Issue(a.ca, cn)
 	if err != nil {
 		t.Fatal(err)
@@ -254,5 +261,5 @@ func (a *agentAndReplica) dialAs(t *testing.T, cn string) *replica.Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return conn.Replica(storagev1alpha1.ReplicaDataID(a.r.Namespace, a.r.Name))
+	return conn
 }

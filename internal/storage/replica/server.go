@@ -26,9 +26,10 @@ type ServerOptions struct {
 	// e.g. answered from an informer cache. Any error means "no such replica".
 	Lookup func(id string) (Location, error)
 	// Authorize, when set, says whether the peer named peer (the common name of its verified
-	// client certificate) may use replica id ("namespace/name"; its snapshots too): an
-	// error refuses it with ErrForbidden. It is called when a connection first uses the
-	// replica, so, like Lookup, it should be cheap.
+	// client certificate) may use replica id ("namespace/name"), or snapshot id
+	// ("namespace/name@snapshot", see SplitSnapshotID): an error refuses it with
+	// ErrForbidden. It is called when a connection first uses the replica or snapshot, so,
+	// like Lookup, it should be cheap.
 	Authorize func(peer, id string) error
 	// TLS is the server configuration, normally ServerTLSConfig(ca, cert). Client
 	// certificates are always required and verified against its ClientCAs.
@@ -534,9 +535,8 @@ func (c *serverConn) authorize(id string) error {
 	if c.s.o.Authorize == nil {
 		return nil
 	}
-	base, _, _ := SplitSnapshotID(id)
-	if err := c.s.o.Authorize(c.peer, base); err != nil {
-		return fmt.Errorf("%s may not use replica %s on node %s: %v: %w", c.peer, base, c.s.o.Node, err, ErrForbidden)
+	if err := c.s.o.Authorize(c.peer, id); err != nil {
+		return fmt.Errorf("%s may not use replica %s on node %s: %v: %w", c.peer, id, c.s.o.Node, err, ErrForbidden)
 	}
 	return nil
 }
