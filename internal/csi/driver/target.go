@@ -51,7 +51,8 @@ func (d *Driver) targetDir(id string) (string, error) {
 	return dir, nil
 }
 
-// dataTLS is the Node service's identity on the data path, csi-node:<node>. The first call
+// dataTLS is the driver's identity on the data path: csi-node:<node> for a Node service,
+// csi-controller for a controller only (it snapshots volumes staged nowhere). The first call
 // starts obtaining it (dataca.Obtain) in the background, for as long as the driver serves,
 // renewed before it expires: a request may wait for approval longer than a CSI call lasts,
 // and a retried call must not make another request. Calls wait for it within their context.
@@ -80,7 +81,11 @@ func (d *Driver) dataTLS(ctx context.Context) (*tls.Config, error) {
 		ready := make(chan struct{})
 		d.data.ready = ready
 		go func() {
-			id, err := dataca.Obtain(life, kube, dataca.Request{Role: dataca.RoleCSINode, Node: d.o.NodeID, Namespace: d.o.Namespace, Logger: d.log})
+			role := dataca.RoleCSINode
+			if d.o.NodeID == "" {
+				role = dataca.RoleController
+			}
+			id, err := dataca.Obtain(life, kube, dataca.Request{Role: role, Node: d.o.NodeID, Namespace: d.o.Namespace, Logger: d.log})
 			if err != nil {
 				return // the driver stopped serving
 			}
@@ -96,7 +101,7 @@ func (d *Driver) dataTLS(ctx context.Context) (*tls.Config, error) {
 	select {
 	case <-ready:
 	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting for the node's data-path certificate (csi-node:%s; see the CertificateSigningRequests for %s): %w", d.o.NodeID, storagev1alpha1.DataSigner, ctx.Err())
+		return nil, fmt.Errorf("waiting for the driver's data-path certificate (see the CertificateSigningRequests for %s): %w", storagev1alpha1.DataSigner, ctx.Err())
 	}
 	d.data.Lock()
 	defer d.data.Unlock()

@@ -41,6 +41,10 @@ const (
 	// RoleCSINode is a CSI node service: the target of the volumes staged on its node dials
 	// their replicas, so its certificate is a client one only.
 	RoleCSINode Role = "csi-node"
+	// RoleController is the CSI controller: it snapshots volumes staged nowhere and deletes
+	// snapshot copies, dialing replicas of any volume. It is no node's, so its common name
+	// is the role alone; only the CSI driver's ServiceAccount is approved for it.
+	RoleController Role = "csi-controller"
 )
 
 // DefaultValidity is the lifetime a data-path certificate is requested for (the request's
@@ -51,14 +55,22 @@ const DefaultValidity = 7 * 24 * time.Hour
 // MaxValidity caps the lifetime of the certificates the operator signs.
 const MaxValidity = 30 * 24 * time.Hour
 
-// CommonName is the common name of node's certificate in role.
-func CommonName(role Role, node string) string { return string(role) + ":" + node }
+// CommonName is the common name of node's certificate in role (RoleController: no node).
+func CommonName(role Role, node string) string {
+	if role == RoleController {
+		return string(role)
+	}
+	return string(role) + ":" + node
+}
 
 // ParseCommonName is the inverse of CommonName.
 func ParseCommonName(cn string) (Role, string, error) {
+	if cn == string(RoleController) {
+		return RoleController, "", nil
+	}
 	role, node, ok := strings.Cut(cn, ":")
 	if !ok || node == "" || (Role(role) != RoleNode && Role(role) != RoleCSINode) {
-		return "", "", fmt.Errorf("common name %q is not node:<node> or csi-node:<node>", cn)
+		return "", "", fmt.Errorf("common name %q is not node:<node>, csi-node:<node> or csi-controller", cn)
 	}
 	return Role(role), node, nil
 }
@@ -74,7 +86,8 @@ func Usages(role Role) []certificatesv1.KeyUsage {
 // Request describes the identity to obtain.
 type Request struct {
 	Role Role
-	// Node is the node the requester runs on, and the only one it may ask an identity for.
+	// Node is the node the requester runs on, and the only one it may ask an identity for
+	// (none for RoleController).
 	Node string
 	// IPs are the addresses peers dial (RoleNode).
 	IPs []net.IP

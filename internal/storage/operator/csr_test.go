@@ -137,6 +137,7 @@ func TestCSRDenied(t *testing.T) {
 		{"a pool agent token bound to no node", unbound, "node:" + a, nil, "is not bound to a node"},
 		{"an address node B does not report", agentB, "node:" + b, []net.IP{net.ParseIP("10.9.0.3")}, "10.9.0.3 is not an address of node " + b},
 		{"a loopback address on a node that reports addresses", agentB, "node:" + b, []net.IP{net.ParseIP("127.0.0.1")}, "127.0.0.1 is not an address of node " + b},
+		{"a node's agent asking for the CSI controller's identity", agentA, "csi-controller", nil, "may not request the CSI controller's identity"},
 	} {
 		t.Run(k.what, func(t *testing.T) {
 			crt, err := request(t, k.cfg, k.cn, k.ips...)
@@ -144,6 +145,10 @@ func TestCSRDenied(t *testing.T) {
 				t.Fatalf("got certificate %t, error %v; want denied: %q", crt != nil, err, k.want)
 			}
 		})
+	}
+	// The CSI controller, no node's, gets its identity as the CSI driver's ServiceAccount.
+	if _, err := request(t, c.env.AsServiceAccount(t, "csi-driver"), "csi-controller"); err != nil {
+		t.Errorf("the CSI controller's identity: %v", err)
 	}
 	// The node's own address is fine.
 	if _, err := request(t, agentB, "node:"+b, net.ParseIP("10.9.0.2")); err != nil {

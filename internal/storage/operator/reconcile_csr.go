@@ -129,6 +129,9 @@ func (h *csrHandler) sign(ctx context.Context, csr *certificatesv1.CertificateSi
 // judge decides a request: decided is false when the requester is not a node-side identity
 // (someone else approves or denies it); deny is why it is denied, empty when approved.
 func (h *csrHandler) judge(ctx context.Context, csr *certificatesv1.CertificateSigningRequest) (decided bool, deny string, err error) {
+	if decided, deny := judgeController(csr.Spec); decided {
+		return true, deny, nil
+	}
 	node, roles, deny, ours := requester(csr.Spec)
 	if !ours {
 		return false, "", nil
@@ -182,6 +185,23 @@ func (h *csrHandler) requesterPod(ctx context.Context, spec certificatesv1.Certi
 		return nil, nil
 	}
 	return &pod, nil
+}
+
+// judgeController decides the requests for the CSI controller's identity, and the CSI
+// driver's ServiceAccount's requests, which are for it unless bound to a node (the driver's
+// node plugin outside up): the controller is no node's, and no node may be it.
+func judgeController(spec certificatesv1.CertificateSigningRequestSpec) (decided bool, deny string) {
+	driver := spec.Username == identity.Username(install.SystemNamespace, "csi-driver")
+	c, err := dataca.CheckRequest(spec)
+	switch {
+	case err == nil && c.Role == dataca.RoleController && driver:
+		return true, ""
+	case err == nil && c.Role == dataca.RoleController:
+		if _, _, _, ours := requester(spec); ours {
+			return true, fmt.Sprintf("%s may not request the CSI controller's identity: only %s may", spec.Username, identity.Username(install.SystemNamespace, "csi-driver"))
+		}
+	}
+	return false, ""
 }
 
 // requester names the node whose identities the requester of spec may have, and which.
