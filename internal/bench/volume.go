@@ -15,6 +15,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -168,7 +169,7 @@ func MeasureVolume(ctx context.Context, cfg *rest.Config, o VolumeOptions) (v *V
 	if err != nil {
 		return nil, err
 	}
-	b := &volumeBench{o: o, fio: fio, c: c, cc: csi.NewControllerClient(conn), nc: csi.NewNodeClient(conn), work: work, suffix: strconv.FormatInt(time.Now().Unix(), 36)}
+	b := &volumeBench{o: o, fio: fio, cfg: cfg, c: c, cc: csi.NewControllerClient(conn), nc: csi.NewNodeClient(conn), work: work, suffix: strconv.FormatInt(time.Now().Unix(), 36)}
 	// Only once nothing is mounted under it any more: RemoveAll would descend into a mount.
 	defer func() {
 		if b.mounted == 0 {
@@ -232,6 +233,7 @@ func MeasureVolume(ctx context.Context, cfg *rest.Config, o VolumeOptions) (v *V
 type volumeBench struct {
 	o      VolumeOptions
 	fio    string
+	cfg    *rest.Config
 	c      client.Client
 	cc     csi.ControllerClient
 	nc     csi.NodeClient
@@ -546,14 +548,24 @@ func (b *volumeBench) rebuild(ctx context.Context) (r Rebuild, err error) {
 		return r, fmt.Errorf("volume %s has %d replicas with a data endpoint, a rebuild needs 2", id, len(reps))
 	}
 	src, dst := reps[0], reps[len(reps)-1]
-	ca, err := dataca.Load(ctx, b.c, install.SystemNamespace)
+	// The copy runs where the volume's target runs, with that node's CSI identity: the
+	// bench runs as an administrator, who may approve the request; the operator signs it.
+	ni, err := b.nc.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+	if err != nil {
+		return r, fmt.Errorf("the driver's node: %w", err)
+	}
+	node := ni.GetNodeId()
+	kube, err := kubernetes.NewForConfig(b.cfg)
 	if err != nil {
 		return r, err
 	}
-	_, tlsConf, err := dataca.Identity(ca, "bench")
+	idCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	ident, err := dataca.Obtain(idCtx, kube, dataca.Request{Role: dataca.RoleCSINode, Node: node, Namespace: install.SystemNamespace, Approve: true})
 	if err != nil {
-		return r, err
+		return r, fmt.Errorf("the data-path identity of csi-node:%s: %w", node, err)
 	}
+	tlsConf := ident.ClientTLS()
 	srcID, dstID := storagev1alpha1.ReplicaDataID(vol.Namespace, src.Name), storagev1alpha1.ReplicaDataID(vol.Namespace, dst.Name)
 	sc, err := replica.Dial(ctx, src.Endpoint, tlsConf)
 	if err != nil {

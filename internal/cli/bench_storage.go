@@ -8,11 +8,14 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/crdipc/crdipc/internal/bench"
 	"github.com/crdipc/crdipc/internal/services"
 	"github.com/crdipc/crdipc/internal/simnode"
+	"github.com/crdipc/crdipc/internal/storage/dataca"
 )
 
 func newBenchStorageCommand() *cobra.Command {
@@ -93,6 +96,18 @@ func startStorage(ctx context.Context, cfg *rest.Config, nodes int, root string)
 			cleanup()
 			return nil, err
 		}
+	}
+	// The agents request their data-path certificates as this one identity, which the
+	// operator does not judge (it is no node's): approve our own requests, as the
+	// administrator may.
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error { return dataca.ApproveOwn(ctx, kube) })); err != nil {
+		cleanup()
+		return nil, err
 	}
 	stopMgr, err := services.Start(ctx, "storage", mgr)
 	if err != nil {

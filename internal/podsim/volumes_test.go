@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -53,8 +54,12 @@ func TestPodVolumes(t *testing.T) {
 	t.Cleanup(func() { _ = os.RemoveAll(csiDir) })
 	targets := filepath.Join(csiDir, "targets")
 
-	// The CSI driver (controller, and node-1's Node service) on a socket, as in up.
-	d, err := driver.New(driver.Options{Config: env.Config, NodeID: "node-1", TargetDir: filepath.Join(targets, "node-1"), KubeletRoot: podRoot})
+	// The CSI driver (controller, and node-1's Node service) on a socket, as in up; each
+	// node's Node service requests its data-path certificate as the node plugin's
+	// ServiceAccount with a token bound to its node, as in up.
+	csiNode := env.AsServiceAccount(t, "csi-node")
+	boundTo := func(node string) (*rest.Config, error) { return testenv.BoundTo(csiNode, node), nil }
+	d, err := driver.New(driver.Options{Config: env.Config, DataConfig: func() (*rest.Config, error) { return boundTo("node-1") }, NodeID: "node-1", TargetDir: filepath.Join(targets, "node-1"), KubeletRoot: podRoot})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +69,7 @@ func TestPodVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Start(t, "csi driver", func(ctx context.Context) error { return d.ServeListener(ctx, l) })
-	nodes, err := nodeservice.New(nodeservice.Options{Config: env.Config, Dir: csiDir, KubeletRoot: podRoot, Drivers: map[string]*driver.Driver{"node-1": d}})
+	nodes, err := nodeservice.New(nodeservice.Options{Config: env.Config, NodeConfig: boundTo, Dir: csiDir, KubeletRoot: podRoot, Drivers: map[string]*driver.Driver{"node-1": d}})
 	if err != nil {
 		t.Fatal(err)
 	}

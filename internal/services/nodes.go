@@ -76,6 +76,7 @@ func (s *nodesService) AddFlags(fs *pflag.FlagSet) {
 func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 	count, root, csiDir, extra := s.count, s.root, s.csiDir, s.csiExtraRoots
 	csiCfg := env.Config
+	var csiNodeCfg func(node string) (*rest.Config, error)
 	var err error
 	switch {
 	case env.Local != nil:
@@ -85,6 +86,11 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 		extra = []string{os.TempDir()}
 		if csiCfg, err = env.Local.Config("csi-node"); err != nil {
 			return err
+		}
+		if env.Local.NodeConfig != nil {
+			// Each node's plugin requests its data-path certificate with a token bound to
+			// its node, as a DaemonSet pod's token is: the operator approves nothing else.
+			csiNodeCfg = func(node string) (*rest.Config, error) { return env.Local.NodeConfig("csi-node", node) }
 		}
 	case s.csiKubecfg != "":
 		if csiCfg, err = (&ClusterFlags{Kubeconfig: s.csiKubecfg}).Config(); err != nil {
@@ -103,7 +109,7 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 	if err := simnode.Add(mgr, simnode.Options{Nodes: count, Kubelet: asNode}); err != nil {
 		return err
 	}
-	if s.csi, err = nodeservice.New(nodeservice.Options{Config: rest.CopyConfig(csiCfg), Dir: csiDir, KubeletRoot: root, ExtraRoots: extra}); err != nil {
+	if s.csi, err = nodeservice.New(nodeservice.Options{Config: rest.CopyConfig(csiCfg), NodeConfig: csiNodeCfg, Dir: csiDir, KubeletRoot: root, ExtraRoots: extra}); err != nil {
 		return err
 	}
 	// Every node's plugin serves from the start, as a DaemonSet's pod would, not only once

@@ -39,7 +39,14 @@ const NodeNameExtra = "authentication.kubernetes.io/node-name"
 // (config/rbac/pool-agent/node_restriction.yaml) checks.
 func (e *Env) AsPoolAgent(t testing.TB, node string) *rest.Config {
 	t.Helper()
-	cfg := e.AsServiceAccount(t, "pool-agent")
+	return BoundTo(e.AsServiceAccount(t, "pool-agent"), node)
+}
+
+// BoundTo is cfg, a config from AsServiceAccount, acting as the holder of a token of that
+// ServiceAccount bound to node: what the storage operator asks of a node's data-path
+// certificate request. It calls no API, so it may run where a test may not fail.
+func BoundTo(cfg *rest.Config, node string) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
 	cfg.Impersonate.Extra = map[string][]string{NodeNameExtra: {node}}
 	return cfg
 }

@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"strings"
 )
 
@@ -42,10 +43,35 @@ func joinName(parts ...string) string {
 }
 
 // DataCASecret is the Secret, in the crdipc system namespace, holding the certificate
-// authority of the storage data path (tls.crt, tls.key). The operator creates it; the node
-// agents and the CSI node service issue their own certificates from it, and every replica
-// data connection is mutual TLS under it.
+// authority of the storage data path (tls.crt, tls.key). Only the storage operator reads
+// it: it signs the data-path certificates the node agents and CSI node services request
+// (DataSigner), and every replica data connection is mutual TLS under it.
 const DataCASecret = "crdipc-storage-data-ca"
+
+// DataCAConfigMap is the ConfigMap, in the crdipc system namespace, publishing the data-path
+// CA's certificate (key DataCAKey) and nothing else: what the data-path parts trust.
+const DataCAConfigMap = "crdipc-storage-data-ca"
+
+// DataCAKey is the key of the CA certificate (PEM) in DataCAConfigMap.
+const DataCAKey = "ca.crt"
+
+// AnnotationPublished, on a CStorVolume, records the nodes the volume is published to (CSI
+// ControllerPublish), as a JSON object node → "rw" | "ro": where its target may run. The
+// replica data services serve a volume's replicas to the CSI node services of those nodes.
+const AnnotationPublished = "csi.crdipc.io/published"
+
+// PublishedNodes returns the nodes AnnotationPublished names, node → "rw" | "ro".
+func PublishedNodes(vol *CStorVolume) map[string]string {
+	m := map[string]string{}
+	if s := vol.Annotations[AnnotationPublished]; s != "" {
+		_ = json.Unmarshal([]byte(s), &m)
+	}
+	return m
+}
+
+// DataSigner is the signerName of the CertificateSigningRequests for data-path identities;
+// the storage operator approves (a node asking for its own identity) and signs them.
+const DataSigner = "crdipc.io/storage-data"
 
 // AgentFinalizer is the pool agent's finalizer on CStorPools and CStorVolumeReplicas: the
 // object stays until the agent on its node has destroyed its data. The operator puts it on

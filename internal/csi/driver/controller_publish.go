@@ -18,11 +18,7 @@ import (
 
 // published returns the nodes the volume is published to, node → "rw" | "ro".
 func published(vol *storagev1alpha1.CStorVolume) map[string]string {
-	m := map[string]string{}
-	if s := vol.Annotations[AnnotationPublished]; s != "" {
-		_ = json.Unmarshal([]byte(s), &m)
-	}
-	return m
+	return storagev1alpha1.PublishedNodes(vol)
 }
 
 func sortedKeys(m map[string]string) []string {

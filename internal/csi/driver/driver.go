@@ -48,7 +48,7 @@ const (
 	AnnotationName = "csi.crdipc.io/name"
 	// AnnotationPublished records the nodes the volume is ControllerPublished to, as a JSON
 	// object node → "rw" | "ro". DeleteVolume refuses while it is not empty.
-	AnnotationPublished = "csi.crdipc.io/published"
+	AnnotationPublished = storagev1alpha1.AnnotationPublished
 	// AnnotationContentSource is the content source the volume was created from, as CSI
 	// named it: "snapshot:<snapshot id>" or "volume:<volume id>" (a clone). A retried
 	// CreateVolume must ask for the same.
@@ -67,8 +67,14 @@ const (
 type Options struct {
 	// Client talks to the API server; when nil one is built from Config.
 	Client client.WithWatch
-	// Config is used when Client is nil.
+	// Config is used when Client is nil, and to request the Node service's data-path
+	// certificate unless DataConfig is set.
 	Config *rest.Config
+	// DataConfig, when set, returns the config the Node service requests its data-path
+	// certificate with: the operator approves only a requester bound to NodeID, such as a
+	// ServiceAccount token bound to the node. It is called when the certificate is first
+	// needed (a node-bound token needs its Node).
+	DataConfig func() (*rest.Config, error)
 	// Namespace holds the CStorVolumes the driver creates; default crdipc-system.
 	Namespace string
 	// NodeID is the node this process serves for the Node service (NodeGetInfo, NodeStage,
@@ -134,6 +140,8 @@ type Driver struct {
 	data struct {
 		sync.Mutex
 		tls    *tls.Config
+		ready  chan struct{}   // closed once tls is set; nil until dataTLS is first called
+		life   context.Context // ServeListener's: the data identity is kept while it serves
 		staged map[string]*staged
 	}
 
@@ -212,6 +220,11 @@ func (d *Driver) Serve(ctx context.Context, endpoint string) error {
 
 // ServeListener is Serve on a listener the caller opened.
 func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
+	d.data.Lock()
+	if d.data.life == nil {
+		d.data.life = ctx
+	}
+	d.data.Unlock()
 	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
 	csi.RegisterIdentityServer(srv, d)
 	csi.RegisterControllerServer(srv, d)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
@@ -22,8 +23,10 @@ import (
 	"github.com/crdipc/crdipc/internal/storage/target"
 )
 
-// The Node service reads the data-path CA, and only that Secret, to dial replicas.
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
+// The Node service trusts the published data-path CA certificate and requests its own
+// certificate to dial replicas (package dataca): it never sees the CA key.
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
+// +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=create;get;list;watch
 
 // membershipPoll is how often a staged volume's target looks at its CStorVolume for
 // replicas that were placed (a node joined) or moved (a replica was replaced).
@@ -48,23 +51,61 @@ func (d *Driver) targetDir(id string) (string, error) {
 	return dir, nil
 }
 
-// dataTLS is the Node service's identity on the data path, issued from the data CA once.
+// dataTLS is the driver's identity on the data path: csi-node:<node> for a Node service,
+// csi-controller for a controller only (it snapshots volumes staged nowhere). The first call
+// starts obtaining it (dataca.Obtain) in the background, for as long as the driver serves,
+// renewed before it expires: a request may wait for approval longer than a CSI call lasts,
+// and a retried call must not make another request. Calls wait for it within their context.
 func (d *Driver) dataTLS(ctx context.Context) (*tls.Config, error) {
 	d.data.Lock()
+	if d.data.ready == nil {
+		cfg, err := d.o.Config, error(nil)
+		if d.o.DataConfig != nil {
+			cfg, err = d.o.DataConfig()
+		}
+		if err == nil && cfg == nil {
+			err = errors.New("no rest config")
+		}
+		var kube kubernetes.Interface
+		if err == nil {
+			kube, err = kubernetes.NewForConfig(cfg)
+		}
+		if err != nil {
+			d.data.Unlock()
+			return nil, fmt.Errorf("requesting the node's data-path certificate: %w", err)
+		}
+		life := d.data.life
+		if life == nil {
+			life = context.Background()
+		}
+		ready := make(chan struct{})
+		d.data.ready = ready
+		go func() {
+			role := dataca.RoleCSINode
+			if d.o.NodeID == "" {
+				role = dataca.RoleController
+			}
+			id, err := dataca.Obtain(life, kube, dataca.Request{Role: role, Node: d.o.NodeID, Namespace: d.o.Namespace, Logger: d.log})
+			if err != nil {
+				return // the driver stopped serving
+			}
+			d.data.Lock()
+			d.data.tls = id.ClientTLS()
+			d.data.Unlock()
+			close(ready)
+			id.Run(life)
+		}()
+	}
+	ready := d.data.ready
+	d.data.Unlock()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for the driver's data-path certificate (see the CertificateSigningRequests for %s): %w", storagev1alpha1.DataSigner, ctx.Err())
+	}
+	d.data.Lock()
 	defer d.data.Unlock()
-	if d.data.tls != nil {
-		return d.data.tls, nil
-	}
-	ca, err := dataca.Load(ctx, d.c, d.o.Namespace)
-	if err != nil {
-		return nil, err
-	}
-	_, c, err := dataca.Identity(ca, "csi-node:"+d.o.NodeID)
-	if err != nil {
-		return nil, err
-	}
-	d.data.tls = c
-	return c, nil
+	return d.data.tls, nil
 }
 
 // startTarget runs volume id's engine on the node and exports it as a loop device: every

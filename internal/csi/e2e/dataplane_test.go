@@ -43,7 +43,7 @@ func (w *world) startNodePlugin(t *testing.T, node string) *nodePlugin {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(sock) })
 	endpoint := "unix://" + filepath.Join(sock, "csi.sock")
-	d, err := driver.New(driver.Options{Config: impersonate(w.env.Config, driverSA), NodeID: node, TargetDir: filepath.Join(w.root, "targets", node), KubeletRoot: os.TempDir()})
+	d, err := driver.New(driver.Options{Config: impersonate(w.env.Config, driverSA), DataConfig: boundTo(node), NodeID: node, TargetDir: filepath.Join(w.root, "targets", node), KubeletRoot: os.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -164,7 +164,7 @@ func newWorld(t *testing.T) *world {
 // startDriver runs the driver as its ServiceAccount on w.socket, serving node-1.
 func (w *world) startDriver() {
 	// The scenarios stage and publish in temporary directories: the kubelet root is theirs.
-	d, err := driver.New(driver.Options{Config: impersonate(w.env.Config, driverSA), NodeID: "node-1", TargetDir: filepath.Join(w.root, "targets", "node-1"), KubeletRoot: os.TempDir()})
+	d, err := driver.New(driver.Options{Config: impersonate(w.env.Config, driverSA), DataConfig: boundTo("node-1"), NodeID: "node-1", TargetDir: filepath.Join(w.root, "targets", "node-1"), KubeletRoot: os.TempDir()})
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -193,6 +193,14 @@ func freeAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// boundTo is the driver's DataConfig on node: the driver's ServiceAccount with a token bound
+// to the node, as the node plugin's pod has.
+func boundTo(node string) func() (*rest.Config, error) {
+	return func() (*rest.Config, error) {
+		return testenv.BoundTo(impersonate(testenv.Current().Config, driverSA), node), nil
+	}
 }
 
 func impersonate(cfg *rest.Config, user string) *rest.Config {

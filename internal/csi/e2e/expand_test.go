@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -376,7 +377,8 @@ func (w *world) testPodExpansion(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(csiDir) })
-	nodes, err := nodeservice.New(nodeservice.Options{Config: w.env.AsServiceAccount(t, "csi-node"), Dir: csiDir, KubeletRoot: podRoot})
+	csiNode := w.env.AsServiceAccount(t, "csi-node")
+	nodes, err := nodeservice.New(nodeservice.Options{Config: csiNode, NodeConfig: func(node string) (*rest.Config, error) { return testenv.BoundTo(csiNode, node), nil }, Dir: csiDir, KubeletRoot: podRoot})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -38,7 +39,8 @@ func (w *world) startKubelet(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(csiDir) })
-	nodes, err := nodeservice.New(nodeservice.Options{Config: w.env.AsServiceAccount(t, "csi-node"), Dir: csiDir, KubeletRoot: podRoot})
+	csiNode := w.env.AsServiceAccount(t, "csi-node")
+	nodes, err := nodeservice.New(nodeservice.Options{Config: csiNode, NodeConfig: func(node string) (*rest.Config, error) { return testenv.BoundTo(csiNode, node), nil }, Dir: csiDir, KubeletRoot: podRoot})
 	if err != nil {
 		t.Fatal(err)
 	}

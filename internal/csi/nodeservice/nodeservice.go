@@ -22,20 +22,24 @@ import (
 )
 
 // The node plugin's permissions (config/rbac/csi-node), read-only: it reads the CStorVolume
-// it stages (get; list for the CSI Probe) and the data-path CA, which issues its certificate
-// for the replicas' data services. Creating and deleting volumes is the controller's
+// it stages (get; list for the CSI Probe) and the published data-path CA certificate, and
+// requests its own certificate for the replicas' data services. Creating and deleting volumes is the controller's
 // (config/rbac/csi-driver): a node, which runs pods, cannot.
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumes,verbs=get;list,namespace=crdipc-system
 // Snapshots of the volumes published to the node are taken there, by its target.
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumesnapshots,verbs=get;list;watch,namespace=crdipc-system
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumesnapshots/status,verbs=get;update;patch,namespace=crdipc-system
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
+// +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=create;get;list;watch
 
 // Options configure a Set.
 type Options struct {
 	// Config is the API server the drivers use (their only Kubernetes access is the
 	// storage kinds).
 	Config *rest.Config
+	// NodeConfig, when set, returns the config node's driver requests its data-path
+	// certificate with (driver.Options.DataConfig): in up, a token bound to the node.
+	NodeConfig func(node string) (*rest.Config, error)
 	// Dir holds node N's socket, Dir/nodes/N/csi.sock, and its volume targets' FUSE
 	// mounts, Dir/targets/N.
 	Dir string
@@ -107,7 +111,11 @@ func (s *Set) Client(nodeName string) (csi.NodeClient, error) {
 	d := s.o.Drivers[nodeName]
 	if d == nil {
 		var err error
-		d, err = driver.New(driver.Options{Config: s.o.Config, NodeID: nodeName, TargetDir: filepath.Join(s.o.Dir, "targets", nodeName), KubeletRoot: s.o.KubeletRoot, ExtraRoots: s.o.ExtraRoots})
+		o := driver.Options{Config: s.o.Config, NodeID: nodeName, TargetDir: filepath.Join(s.o.Dir, "targets", nodeName), KubeletRoot: s.o.KubeletRoot, ExtraRoots: s.o.ExtraRoots}
+		if s.o.NodeConfig != nil {
+			o.DataConfig = func() (*rest.Config, error) { return s.o.NodeConfig(nodeName) }
+		}
+		d, err = driver.New(o)
 		if err != nil {
 			return nil, fmt.Errorf("csi node service of %s: %w", nodeName, err)
 		}

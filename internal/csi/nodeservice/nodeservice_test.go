@@ -25,9 +25,9 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// The node plugin's identity (config/rbac/csi-node) reads the volumes it stages and the data
-// CA Secret, and nothing more: creating, changing or deleting a CStorVolume is refused, as is
-// any other Secret.
+// The node plugin's identity (config/rbac/csi-node) reads the volumes it stages and the
+// published data CA certificate, and nothing more: creating, changing or deleting a
+// CStorVolume is refused, as is every Secret, the data CA's (its key) first.
 func TestNodePluginIdentityIsReadOnly(t *testing.T) {
 	env := testenv.Get(t)
 	ctx := context.Background()
@@ -56,8 +56,12 @@ func TestNodePluginIdentityIsReadOnly(t *testing.T) {
 	if err := as.List(ctx, &storagev1alpha1.CStorVolumeList{}, client.InNamespace(install.SystemNamespace)); err != nil {
 		t.Errorf("listing CStorVolumes (the CSI Probe): %v", err)
 	}
-	if err := as.Get(ctx, client.ObjectKey{Namespace: install.SystemNamespace, Name: storagev1alpha1.DataCASecret}, &corev1.Secret{}); err != nil {
-		t.Errorf("getting the data CA Secret: %v", err)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: install.SystemNamespace, Name: storagev1alpha1.DataCAConfigMap}}
+	if err := env.Client.Create(ctx, cm); client.IgnoreAlreadyExists(err) != nil {
+		t.Fatal(err)
+	}
+	if err := as.Get(ctx, client.ObjectKeyFromObject(cm), &corev1.ConfigMap{}); err != nil {
+		t.Errorf("getting the published data CA certificate: %v", err)
 	}
 
 	forbidden := map[string]error{
@@ -67,6 +71,7 @@ func TestNodePluginIdentityIsReadOnly(t *testing.T) {
 		}),
 		"deleting a CStorVolume":          as.Delete(ctx, vol.DeepCopy()),
 		"patching a CStorVolume":          as.Patch(ctx, vol.DeepCopy(), client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"labels":{"x":"y"}}}`))),
+		"getting the data CA Secret":      as.Get(ctx, client.ObjectKey{Namespace: install.SystemNamespace, Name: storagev1alpha1.DataCASecret}, &corev1.Secret{}),
 		"getting another Secret":          as.Get(ctx, client.ObjectKey{Namespace: install.SystemNamespace, Name: "other"}, &corev1.Secret{}),
 		"listing Secrets":                 as.List(ctx, &corev1.SecretList{}, client.InNamespace(install.SystemNamespace)),
 		"getting a CStorVolume elsewhere": as.Get(ctx, client.ObjectKey{Namespace: "default", Name: vol.Name}, &storagev1alpha1.CStorVolume{}),

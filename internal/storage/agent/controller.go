@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/ptr"
@@ -208,7 +209,11 @@ func (a *Agent) newManager(log logr.Logger) (manager.Manager, *dataServer, error
 	}
 	var data *dataServer
 	if a.o.DataAddr != "" {
-		data, err = newDataServer(a.o.Node, a.o.DataAddr, a.o.DataAdvertiseHost, install.SystemNamespace, mgr.GetClient(), mgr.GetAPIReader(), a.backend, log)
+		kube, err := kubernetes.NewForConfig(a.cfg)
+		if err != nil {
+			return nil, nil, fmt.Errorf("replica data service: %w", err)
+		}
+		data, err = newDataServer(a.o.Node, a.o.DataAddr, a.o.DataAdvertiseHost, install.SystemNamespace, mgr.GetClient(), mgr.GetAPIReader(), kube, a.backend, log)
 		if err != nil {
 			return nil, nil, err
 		}

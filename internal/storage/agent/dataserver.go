@@ -5,14 +5,17 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
@@ -21,8 +24,12 @@ import (
 	"github.com/crdipc/crdipc/internal/storage/replica"
 )
 
-// The agent reads the data-path CA, and only that Secret, to issue its certificate.
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
+// The agent trusts the published data-path CA certificate and requests its own certificate
+// (package dataca): it never sees the CA key.
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
+// +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=create;get;list;watch
+// It reads a replica's volume to tell its members from other nodes (authorize).
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorvolumes,verbs=get
 
 // dataServer runs the node's replica data service (package replica) while the agent holds
 // the node Lease: two agents of one node never serve the same files. It binds when the
@@ -33,8 +40,9 @@ type dataServer struct {
 	ln        net.Listener
 	endpoint  string
 	namespace string
-	cache     client.Reader // the agent's cache: its own node's replicas and pools
-	live      client.Reader // the API server: the CA Secret is not cached
+	cache     client.Reader        // the agent's cache: its own node's replicas and pools
+	kube      kubernetes.Interface // requests the node's certificate
+	live      client.Reader        // the API server: volumes are not cached
 	backends  func(storagev1alpha1.Backend) (backend.Backend, error)
 	log       logr.Logger
 
@@ -65,7 +73,7 @@ func (d *dataServer) setCurrent(uid types.UID) {
 
 // newDataServer binds addr. A listen address with no host (":9500") is advertised with
 // advertiseHost, which is then required.
-func newDataServer(node, addr, advertiseHost, namespace string, cache, live client.Reader, backends func(storagev1alpha1.Backend) (backend.Backend, error), log logr.Logger) (*dataServer, error) {
+func newDataServer(node, addr, advertiseHost, namespace string, cache, live client.Reader, kube kubernetes.Interface, backends func(storagev1alpha1.Backend) (backend.Backend, error), log logr.Logger) (*dataServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("replica data service: %w", err)
@@ -80,7 +88,7 @@ func newDataServer(node, addr, advertiseHost, namespace string, cache, live clie
 	}
 	return &dataServer{
 		node: node, ln: ln, endpoint: net.JoinHostPort(host, port), namespace: namespace,
-		cache: cache, live: live, backends: backends, log: log.WithName("replica-data"),
+		cache: cache, live: live, kube: kube, backends: backends, log: log.WithName("replica-data"),
 		ready: make(chan struct{}), conns: map[string]*replica.Conn{},
 	}, nil
 }
@@ -88,26 +96,25 @@ func newDataServer(node, addr, advertiseHost, namespace string, cache, live clie
 // NeedLeaderElection implements manager.LeaderElectionRunnable: only the Lease holder serves.
 func (d *dataServer) NeedLeaderElection() bool { return true }
 
-// Start implements manager.Runnable: it waits for the data CA, issues the node's
-// certificate and serves until ctx ends.
+// Start implements manager.Runnable: it obtains the node's certificate (for the address it
+// advertises), serves until ctx ends and renews the certificate meanwhile.
 func (d *dataServer) Start(ctx context.Context) error {
 	defer d.closeConns()
-	ca, err := d.waitCA(ctx)
+	host, _, _ := net.SplitHostPort(d.endpoint)
+	id, err := dataca.Obtain(ctx, d.kube, dataca.Request{
+		Role: dataca.RoleNode, Node: d.node, IPs: []net.IP{net.ParseIP(host)}, Namespace: d.namespace, Logger: d.log,
+	})
 	if err != nil {
 		d.ln.Close()
 		return nil // ctx ended
 	}
-	host, _, _ := net.SplitHostPort(d.endpoint)
-	serverTLS, clientTLS, err := dataca.Identity(ca, "node:"+d.node, host)
-	if err != nil {
-		d.ln.Close()
-		return err
-	}
+	go id.Run(ctx)
+	serverTLS, clientTLS := id.ServerTLS(), id.ClientTLS()
 	d.mu.Lock()
 	d.clientTLS = clientTLS
 	close(d.ready)
 	d.mu.Unlock()
-	srv := replica.NewServer(replica.ServerOptions{Node: d.node, Lookup: d.lookup, TLS: serverTLS, ClientTLS: clientTLS, Logger: d.log})
+	srv := replica.NewServer(replica.ServerOptions{Node: d.node, Lookup: d.lookup, Authorize: d.authorize, TLS: serverTLS, ClientTLS: clientTLS, Logger: d.log})
 	d.mu.Lock()
 	d.srv = srv
 	d.mu.Unlock()
@@ -129,28 +136,6 @@ func (d *dataServer) resize(id string, size int64) error {
 		return err
 	}
 	return nil
-}
-
-// waitCA loads the data CA, waiting for the operator to create it.
-func (d *dataServer) waitCA(ctx context.Context) (replica.CA, error) {
-	delay := 100 * time.Millisecond
-	logged := false
-	for {
-		ca, err := dataca.Load(ctx, d.live, d.namespace)
-		if err == nil {
-			return ca, nil
-		}
-		if !logged || !errors.Is(err, dataca.ErrNotCreated) {
-			d.log.Info("waiting for the storage data CA", "reason", err.Error())
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			return replica.CA{}, ctx.Err()
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 5*time.Second)
-	}
 }
 
 // lookup maps a replica id (namespace/name) to its files: only this node's replicas on
@@ -195,6 +180,79 @@ func (d *dataServer) lookup(id string) (replica.Location, error) {
 		size = fi.Size()
 	}
 	return replica.Location{Data: path, Meta: path + backend.MetaSuffix, Size: size}, nil
+}
+
+// authorize lets peer use replica id only if it is a member of the replica's volume: the
+// agent of a node holding one of the volume's replicas (they rebuild from each other), or
+// the CSI node service of a node the volume is published to (where its target runs). A
+// volume published nowhere has no known target yet: any node's CSI node service may be it
+// (a tool or test that stages without ControllerPublish). A snapshot of the replica may
+// also be read by the agent of a node holding a replica restored from it.
+func (d *dataServer) authorize(peer, id string) error {
+	role, node, err := dataca.ParseCommonName(peer)
+	if err != nil {
+		return err
+	}
+	id, snapUID, isSnap := replica.SplitSnapshotID(id)
+	ns, name, ok := strings.Cut(id, "/")
+	if !ok {
+		return fmt.Errorf("replica id %q is not namespace/name", id)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var r storagev1alpha1.CStorVolumeReplica
+	if err := d.cache.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &r); err != nil {
+		return fmt.Errorf("replica %s: %w", id, err)
+	}
+	var vol storagev1alpha1.CStorVolume
+	if err := d.live.Get(ctx, client.ObjectKey{Namespace: ns, Name: r.Spec.Volume}, &vol); err != nil {
+		return fmt.Errorf("volume %s/%s of replica %s: %w", ns, r.Spec.Volume, id, err)
+	}
+	switch role {
+	case dataca.RoleController:
+		// It snapshots volumes staged nowhere and deletes snapshot copies; it can already
+		// make a volume of any snapshot through the API.
+		return nil
+	case dataca.RoleNode:
+		if node == d.node || slices.ContainsFunc(vol.Status.Replicas, func(s storagev1alpha1.VolumeReplicaStatus) bool { return s.Node == node }) {
+			return nil
+		}
+		if isSnap {
+			restoring, err := d.restoring(ctx, node, ns, snapUID)
+			if err != nil || restoring {
+				return err
+			}
+		}
+		return fmt.Errorf("node %s holds no replica of volume %s/%s", node, ns, vol.Name)
+	default:
+		published := storagev1alpha1.PublishedNodes(&vol)
+		if _, ok := published[node]; ok || len(published) == 0 {
+			return nil
+		}
+		return fmt.Errorf("volume %s/%s is published to %v, not to node %s", ns, vol.Name, slices.Sorted(maps.Keys(published)), node)
+	}
+}
+
+// restoring reports whether node holds a replica in ns being filled from the snapshot whose
+// UID is snapUID (the snapshot part of a snapshot's data id).
+func (d *dataServer) restoring(ctx context.Context, node, ns, snapUID string) (bool, error) {
+	var list storagev1alpha1.CStorVolumeReplicaList
+	if err := d.live.List(ctx, &list, client.InNamespace(ns), client.MatchingFields{storagev1alpha1.FieldNodeName: node}); err != nil {
+		return false, fmt.Errorf("replicas of node %s: %w", node, err)
+	}
+	for _, r := range list.Items {
+		if r.Spec.Source == nil {
+			continue
+		}
+		var snap storagev1alpha1.CStorVolumeSnapshot
+		if err := d.live.Get(ctx, client.ObjectKey{Namespace: ns, Name: r.Spec.Source.Snapshot}, &snap); err != nil {
+			continue
+		}
+		if string(snap.UID) == snapUID {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // client returns a client for replica id on the data service at addr (this node's or a

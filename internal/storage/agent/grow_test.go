@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crdipc/crdipc/api/conditions"
@@ -108,6 +111,7 @@ func TestReplicaGrowsWithItsSpec(t *testing.T) {
 type agentAndReplica struct {
 	c    client.Client
 	ca   replica.CA
+	vol  *storagev1alpha1.CStorVolume
 	pool *storagev1alpha1.CStorPool
 	r    *storagev1alpha1.CStorVolumeReplica
 	// ready waits until the agent reports r at its current generation with capacity total.
@@ -127,15 +131,23 @@ func startAgent(t *testing.T, prefix, poolSize, size string) *agentAndReplica {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := dataca.Publish(ctx, c, c, install.SystemNamespace, ca); err != nil {
+		t.Fatal(err)
+	}
+	signRequests(t, ca)
 	pool := &storagev1alpha1.CStorPool{
 		ObjectMeta: metav1.ObjectMeta{Name: "claim-" + node},
 		Spec:       storagev1alpha1.CStorPoolSpec{NodeName: node, Claim: "claim", Capacity: resource.MustParse(poolSize), Backend: storagev1alpha1.BackendFile},
+	}
+	vol := &storagev1alpha1.CStorVolume{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vol"},
+		Spec:       storagev1alpha1.CStorVolumeSpec{Capacity: resource.MustParse(size)},
 	}
 	r := &storagev1alpha1.CStorVolumeReplica{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vol-" + pool.Name},
 		Spec:       storagev1alpha1.CStorVolumeReplicaSpec{Volume: "vol", Pool: pool.Name, NodeName: node, Capacity: resource.MustParse(size)},
 	}
-	for _, o := range []client.Object{pool, r} {
+	for _, o := range []client.Object{vol, pool, r} {
 		if err := c.Create(ctx, o); err != nil {
 			t.Fatal(err)
 		}
@@ -143,7 +155,7 @@ func startAgent(t *testing.T, prefix, poolSize, size string) *agentAndReplica {
 	t.Cleanup(func() {
 		// The agent is stopped by then: release its finalizers so the objects go.
 		bg := context.Background()
-		for _, o := range []client.Object{r, pool} {
+		for _, o := range []client.Object{r, pool, vol} {
 			_ = c.Patch(bg, o, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`)))
 			_ = c.Delete(bg, o)
 		}
@@ -164,7 +176,7 @@ func startAgent(t *testing.T, prefix, poolSize, size string) *agentAndReplica {
 			t.Errorf("agent: %v", err)
 		}
 	})
-	return &agentAndReplica{c: c, ca: ca, pool: pool, r: r, ready: func(total string) {
+	return &agentAndReplica{c: c, ca: ca, vol: vol, pool: pool, r: r, ready: func(total string) {
 		t.Helper()
 		wait.Eventually(t, 60*time.Second, "replica Ready with capacity "+total, func(ctx context.Context) (bool, error) {
 			if err := c.Get(ctx, client.ObjectKeyFromObject(r), r); err != nil {
@@ -180,10 +192,67 @@ func startAgent(t *testing.T, prefix, poolSize, size string) *agentAndReplica {
 	}}
 }
 
+// signRequests stands in for the storage operator, which this package cannot import: it
+// approves and signs every data-path certificate request until the test ends.
+func signRequests(t *testing.T, ca replica.CA) {
+	t.Helper()
+	kube, err := kubernetes.NewForConfig(testenv.Get(t).Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csrs := kube.CertificatesV1().CertificateSigningRequests()
+	sign := func(ctx context.Context) error {
+		w, err := csrs.Watch(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			req, ok := ev.Object.(*certificatesv1.CertificateSigningRequest)
+			if !ok || req.Spec.SignerName != storagev1alpha1.DataSigner || len(req.Status.Certificate) > 0 || len(req.Status.Conditions) > 0 {
+				continue
+			}
+			req.Status.Conditions = []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "Test"}}
+			if req, err = csrs.UpdateApproval(ctx, req.Name, req, metav1.UpdateOptions{}); err != nil {
+				return client.IgnoreNotFound(err)
+			}
+			if req.Status.Certificate, err = dataca.Sign(ca, req.Spec, time.Now()); err != nil {
+				return err
+			}
+			if _, err := csrs.UpdateStatus(ctx, req, metav1.UpdateOptions{}); err != nil {
+				return client.IgnoreNotFound(err)
+			}
+		}
+		return nil
+	}
+	testenv.Start(t, "data-path signer", func(ctx context.Context) error {
+		// A watch may end before the test does: watch again.
+		for ctx.Err() == nil {
+			if err := sign(ctx); err != nil && ctx.Err() == nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // dial connects to the replica's data service as a target would (closed with the test).
 func (a *agentAndReplica) dial(t *testing.T) *replica.Client {
 	t.Helper()
-	_, clientTLS, err := dataca.Identity(a.ca, "test-target")
+	return a.dialAs(t, dataca.CommonName(dataca.RoleCSINode, "test-node"))
+}
+
+// dialAs is dial with a certificate for common name cn, from the data CA.
+func (a *agentAndReplica) dialAs(t *testing.T, cn string) *replica.Client {
+	t.Helper()
+	return a.connAs(t, cn).Replica(storagev1alpha1.ReplicaDataID(a.r.Namespace, a.r.Name))
+}
+
+// connAs connects to the replica's data service with a certificate for common name cn, from
+// the data CA (closed with the test).
+func (a *agentAndReplica) connAs(t *testing.T, cn string) *replica.Conn {
+	t.Helper()
+	_, clientTLS, err := dataca.Issue(a.ca, cn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,5 +261,5 @@ func (a *agentAndReplica) dial(t *testing.T) *replica.Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return conn.Replica(storagev1alpha1.ReplicaDataID(a.r.Namespace, a.r.Name))
+	return conn
 }

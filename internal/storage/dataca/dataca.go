@@ -3,6 +3,7 @@ package dataca
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -10,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
@@ -67,10 +70,65 @@ func Load(ctx context.Context, r client.Reader, namespace string) (replica.CA, e
 	return ca, nil
 }
 
-// Identity issues a certificate from ca for name, valid for the IPs and host names of
+// Publish writes ca's certificate, and nothing else, to the ConfigMap the data-path parts
+// trust (DataCAConfigMap in namespace), creating it or putting it back if it differs.
+// r should read from the API server, as for Ensure.
+func Publish(ctx context.Context, r client.Reader, w client.Writer, namespace string, ca replica.CA) error {
+	crt, err := cert.EncodeCertificates(ca.Cert)
+	if err != nil {
+		return fmt.Errorf("encoding the data CA certificate: %w", err)
+	}
+	key := client.ObjectKey{Namespace: namespace, Name: storagev1alpha1.DataCAConfigMap}
+	var cm corev1.ConfigMap
+	err = r.Get(ctx, key, &cm)
+	switch {
+	case apierrors.IsNotFound(err):
+		cm = corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: storagev1alpha1.DataCAConfigMap},
+			Data:       map[string]string{storagev1alpha1.DataCAKey: string(crt)},
+		}
+		if err := w.Create(ctx, &cm); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating configmap %s: %w", key, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading configmap %s: %w", key, err)
+	}
+	if len(cm.Data) == 1 && cm.Data[storagev1alpha1.DataCAKey] == string(crt) && len(cm.BinaryData) == 0 {
+		return nil
+	}
+	cm.Data, cm.BinaryData = map[string]string{storagev1alpha1.DataCAKey: string(crt)}, nil
+	if err := w.Update(ctx, &cm); err != nil {
+		return fmt.Errorf("updating configmap %s: %w", key, err)
+	}
+	return nil
+}
+
+// LoadTrust reads the published CA certificate (Publish); ErrNotCreated if there is none yet.
+func LoadTrust(ctx context.Context, kube kubernetes.Interface, namespace string) (*x509.CertPool, error) {
+	cm, err := kube.CoreV1().ConfigMaps(namespace).Get(ctx, storagev1alpha1.DataCAConfigMap, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("configmap %s/%s: %w", namespace, storagev1alpha1.DataCAConfigMap, ErrNotCreated)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading configmap %s/%s: %w", namespace, storagev1alpha1.DataCAConfigMap, err)
+	}
+	certs, err := cert.ParseCertsPEM([]byte(cm.Data[storagev1alpha1.DataCAKey]))
+	if err != nil {
+		return nil, fmt.Errorf("configmap %s/%s: %w", namespace, storagev1alpha1.DataCAConfigMap, err)
+	}
+	pool := x509.NewCertPool()
+	for _, c := range certs {
+		pool.AddCert(c)
+	}
+	return pool, nil
+}
+
+// Issue issues a certificate from ca for name, valid for the IPs and host names of
 // addr (a listen or advertised address; empty for a part that only dials), and returns
-// the server and client TLS configurations that use it.
-func Identity(ca replica.CA, name string, hosts ...string) (server, client *tls.Config, err error) {
+// the server and client TLS configurations that use it. Only a holder of the CA key (the
+// operator, and tests standing in for it) can; the data-path parts Obtain theirs.
+func Issue(ca replica.CA, name string, hosts ...string) (server, client *tls.Config, err error) {
 	var ips []net.IP
 	var dns []string
 	for _, h := range hosts {

@@ -1,11 +1,14 @@
-// Package dataca keeps the certificate authority of the storage data path in a Secret and
-// turns it into the TLS identities of the parts that move replica data.
+// Package dataca is the certificate authority of the storage data path, and how the parts
+// that move replica data obtain their TLS identities from it.
 //
 // Control goes through custom resources; data goes through each node's replica data
 // service, and only peers holding a certificate from this CA may read or write a replica.
-// The storage operator creates the CA once (Ensure); node agents and the CSI node service
-// read it (Load) and issue themselves a certificate for their own address (Identity). The CA
-// key is therefore shared by the data-path components, as Kubernetes' own components share
-// a cluster CA: whoever can read the Secret can join the data path, which is why the
-// shipped roles grant get on this one Secret by name and nothing else in the namespace.
+// The storage operator alone holds the CA key, in a Secret only it may read (Ensure, Load),
+// and publishes the CA certificate, without the key, in a ConfigMap (Publish, LoadTrust).
+// A node agent or CSI node service generates a key that never leaves its process and asks
+// for a certificate naming its own node through a CertificateSigningRequest for signer
+// DataSigner (Obtain); the operator approves a request only when the requester is that
+// node (its kubelet, or a node-side ServiceAccount whose token is bound to the node) and
+// signs approved ones. So a node can be no other node on the data path, and a replica
+// server can tell from a peer's certificate which node it is (ParseCommonName).
 package dataca

@@ -74,6 +74,9 @@ func Register(mgr manager.Manager, o Options) error {
 	if err := mgr.Add(&caKeeper{r: mgr.GetAPIReader(), w: mgr.GetClient(), log: mgr.GetLogger().WithName("storage-data-ca")}); err != nil {
 		return err
 	}
+	if err := addCSRController(mgr); err != nil {
+		return fmt.Errorf("storage data certificate controller: %w", err)
+	}
 	claims := &claimHandler{c: mgr.GetClient(), live: mgr.GetAPIReader()}
 	co := o.Receiver
 	co.Name, co.Finalizer = "storagepoolclaim", ClaimFinalizer

@@ -137,7 +137,7 @@ func TestDiskFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, tlsConf, err := dataca.Identity(ca, "test-target")
+	_, tlsConf, err := dataca.Issue(ca, dataca.CommonName(dataca.RoleCSINode, "test-node"))
 	if err != nil {
 		t.Fatal(err)
 	}

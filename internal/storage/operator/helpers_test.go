@@ -124,7 +124,9 @@ func (c *cluster) startAgent(node string, opts ...agentOption) *proc {
 	for _, f := range opts {
 		f(&o)
 	}
-	a, err := agent.New(k.wrap(c.env.Config), o)
+	// As the node's pool agent: the operator approves its data-path certificate request
+	// only from a token bound to the node.
+	a, err := agent.New(k.wrap(c.env.AsPoolAgent(c.t, node)), o)
 	if err != nil {
 		c.t.Fatal(err)
 	}

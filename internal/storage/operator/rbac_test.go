@@ -6,11 +6,16 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/install"
+	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/storage/agent"
 	"github.com/crdipc/crdipc/internal/storage/operator"
 	"github.com/crdipc/crdipc/internal/testenv"
@@ -82,4 +87,45 @@ func TestWithShippedRBAC(t *testing.T) {
 		}
 		return true, nil
 	})
+}
+
+// The data-path CA key signs every node's identity: the node-side identities (the pool
+// agent, the CSI node plugin and driver) may read the published CA certificate but not the
+// Secret holding the key; the operator may.
+func TestOnlyTheOperatorReadsTheDataCAKey(t *testing.T) {
+	env := testenv.Get(t)
+	ctx := context.Background()
+	for _, o := range []client.Object{
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: install.SystemNamespace, Name: storagev1alpha1.DataCASecret}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: install.SystemNamespace, Name: storagev1alpha1.DataCAConfigMap}},
+	} {
+		if err := env.Client.Create(ctx, o); client.IgnoreAlreadyExists(err) != nil {
+			t.Fatal(err)
+		}
+	}
+	as := func(cfg *rest.Config) client.Client {
+		c, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	secret := client.ObjectKey{Namespace: install.SystemNamespace, Name: storagev1alpha1.DataCASecret}
+	published := client.ObjectKey{Namespace: install.SystemNamespace, Name: storagev1alpha1.DataCAConfigMap}
+	for name, cfg := range map[string]*rest.Config{
+		"pool-agent": env.AsPoolAgent(t, "node-x"),
+		"csi-node":   env.AsServiceAccount(t, "csi-node"),
+		"csi-driver": env.AsServiceAccount(t, "csi-driver"),
+	} {
+		c := as(cfg)
+		if err := c.Get(ctx, secret, &corev1.Secret{}); !apierrors.IsForbidden(err) {
+			t.Errorf("%s getting the data CA Secret: %v, want Forbidden", name, err)
+		}
+		if err := c.Get(ctx, published, &corev1.ConfigMap{}); err != nil {
+			t.Errorf("%s getting the published CA certificate: %v", name, err)
+		}
+	}
+	if err := as(env.AsServiceAccount(t, "storage-operator")).Get(ctx, secret, &corev1.Secret{}); err != nil {
+		t.Errorf("storage-operator getting the data CA Secret: %v", err)
+	}
 }

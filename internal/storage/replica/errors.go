@@ -25,6 +25,8 @@ var (
 	ErrNoSpace = errors.New("no space left on the replica's file system (ENOSPC)")
 	// ErrClosed: the connection is closed; every call on it fails with this.
 	ErrClosed = errors.New("replica connection closed")
+	// ErrForbidden: the server's Authorize refused the peer this replica.
+	ErrForbidden = errors.New("forbidden")
 )
 
 // Wire status codes. Never renumber: they are the protocol.
@@ -37,6 +39,7 @@ const (
 	statusTooLarge  uint8 = 5
 	statusInvalid   uint8 = 6
 	statusNoSpace   uint8 = 7
+	statusForbidden uint8 = 8
 )
 
 var statusErrors = map[uint8]error{
@@ -46,6 +49,7 @@ var statusErrors = map[uint8]error{
 	statusTooLarge:  ErrTooLarge,
 	statusInvalid:   ErrInvalid,
 	statusNoSpace:   ErrNoSpace,
+	statusForbidden: ErrForbidden,
 }
 
 // noSpace marks a file system's "full" errors with ErrNoSpace, so they travel as such.

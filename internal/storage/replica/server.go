@@ -25,6 +25,12 @@ type ServerOptions struct {
 	// when a replica is first used by a connection (or a rebuild), so it should be cheap,
 	// e.g. answered from an informer cache. Any error means "no such replica".
 	Lookup func(id string) (Location, error)
+	// Authorize, when set, says whether the peer named peer (the common name of its verified
+	// client certificate) may use replica id ("namespace/name"), or snapshot id
+	// ("namespace/name@snapshot", see SplitSnapshotID): an error refuses it with
+	// ErrForbidden. It is called when a connection first uses the replica or snapshot, so,
+	// like Lookup, it should be cheap.
+	Authorize func(peer, id string) error
 	// TLS is the server configuration, normally ServerTLSConfig(ca, cert). Client
 	// certificates are always required and verified against its ClientCAs.
 	TLS *tls.Config
@@ -300,8 +306,9 @@ func (s *Server) release(r *replica) {
 // own goroutine (bounded by sem); responses go through out to a single writer goroutine,
 // which batches them into the buffered TLS stream.
 type serverConn struct {
-	s  *Server
-	nc net.Conn
+	s    *Server
+	nc   net.Conn
+	peer string // the common name of the client's certificate, once the handshake is done
 
 	out  chan outFrame
 	done chan struct{}
@@ -365,6 +372,7 @@ func (c *serverConn) serve() {
 	}
 	tc.SetDeadline(time.Time{})
 	peer := tc.ConnectionState().PeerCertificates[0].Subject.CommonName
+	c.peer = peer
 	log = log.WithValues("peerName", peer)
 	log.V(1).Info("connection accepted")
 
@@ -524,12 +532,27 @@ func (c *serverConn) replica(id string) (*replica, error) {
 	if c.replicas == nil {
 		return nil, ErrClosed
 	}
+	if err := c.authorize(id); err != nil {
+		return nil, err
+	}
 	r, err := c.s.acquire(id)
 	if err != nil {
 		return nil, err
 	}
 	c.replicas[id] = r
 	return r, nil
+}
+
+// authorize asks the server's Authorize whether this connection's peer may use replica id
+// (or the replica of snapshot id).
+func (c *serverConn) authorize(id string) error {
+	if c.s.o.Authorize == nil {
+		return nil
+	}
+	if err := c.s.o.Authorize(c.peer, id); err != nil {
+		return fmt.Errorf("%s may not use replica %s on node %s: %v: %w", c.peer, id, c.s.o.Node, err, ErrForbidden)
+	}
+	return nil
 }
 
 func (c *serverConn) handle(h reqHeader, id string, buf *[]byte) outFrame {
@@ -542,6 +565,9 @@ func (c *serverConn) handle(h reqHeader, id string, buf *[]byte) outFrame {
 		return outFrame{h: respHeader{id: h.id}}
 	}
 	if h.op == opDeleteSnapshot {
+		if err := c.authorize(id); err != nil {
+			return errorFrame(h.id, err)
+		}
 		// Needs no session, nor the replica's data file: its snapshots go with it.
 		if err := c.s.deleteSnapshot(id, string(payload)); err != nil {
 			return errorFrame(h.id, fmt.Errorf("replica %s on node %s: %w", id, c.s.o.Node, err))

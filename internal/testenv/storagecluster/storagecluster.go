@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
@@ -57,7 +58,11 @@ func Start(t *testing.T, o Options) *Cluster {
 	if err := simnode.Add(mgr, simnode.Options{Nodes: o.Nodes}); err != nil {
 		t.Fatal(err)
 	}
-	sup, err := agent.AddSupervisor(mgr, env.Config, agent.SupervisorOptions{Root: o.Root, Agent: o.Agent})
+	// Each agent as its node's pool agent, as in up: the operator approves the data-path
+	// certificate of a token bound to the node only.
+	poolAgent := env.AsServiceAccount(t, "pool-agent")
+	sup, err := agent.AddSupervisor(mgr, env.Config, agent.SupervisorOptions{Root: o.Root, Agent: o.Agent,
+		Config: func(node string) (*rest.Config, error) { return testenv.BoundTo(poolAgent, node), nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
