@@ -250,6 +250,7 @@ func TestRealNode(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+	t.Run("data-path identities", func(t *testing.T) { c.testDataPathIdentities(t, nodeN(1), nodeN(3), nodeN(4)) })
 	t.Run("the target's node lost", func(t *testing.T) { c.testTargetLost(t, phase) })
 }
 

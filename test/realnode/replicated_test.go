@@ -301,20 +301,21 @@ func (c *cluster) follow(t *testing.T, pod, prefix string) func() int {
 // for the requester's own node and signed; no node-side account can read the CA's key.
 func (c *cluster) testDataPathIdentities(t *testing.T, nodes ...realNode) {
 	out := c.kubectl(t, "get", "csr", "-o", `jsonpath={range .items[?(@.spec.signerName=="crdipc.io/storage-data")]}`+
-		`{.spec.username}|{.spec.extra.authentication\.kubernetes\.io/node-name[0]}|{.status.conditions[?(@.type=="Approved")].status}|{.status.certificate}{"\n"}{end}`)
+		`{.spec.username}|{.spec.extra.authentication\.kubernetes\.io/node-name[0]}|{.status.conditions[?(@.type=="Approved")].reason}|{.status.certificate}{"\n"}{end}`)
 	issued := map[string]int{} // node → signed requests of its own
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		f := strings.Split(line, "|")
 		if len(f) != 4 {
 			continue
 		}
-		if f[2] == "True" && f[3] != "" {
+		// Approved by the operator (its reason), for the requester's own node.
+		if f[2] == "NodeRequestsItsOwnIdentity" && f[3] != "" {
 			issued[f[1]]++
 		}
 	}
 	for _, n := range nodes {
 		if issued[n.name] == 0 {
-			t.Errorf("no approved and signed crdipc.io/storage-data request from node %s; requests (user|node|approved|cert):\n%s", n.name, out)
+			t.Errorf("no approved and signed crdipc.io/storage-data request from node %s; requests (user|node|approval reason|cert):\n%s", n.name, out)
 		}
 	}
 	t.Logf("kubectl get csr (crdipc.io/storage-data):\n%s", c.kubectl(t, "get", "csr", "--sort-by=.metadata.creationTimestamp"))
