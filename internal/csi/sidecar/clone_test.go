@@ -3,8 +3,6 @@ package sidecar_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -47,21 +45,7 @@ func TestCloneSourceProtection(t *testing.T) {
 	}
 	cluster.PoolClaim(t, pools)
 
-	dir, err := os.MkdirTemp("", "csi")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	socket := "unix://" + filepath.Join(dir, "csi.sock")
-	d, err := driver.New(driver.Options{Config: env.AsServiceAccount(t, "csi-driver")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := driver.Listen(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Start(t, "driver", func(ctx context.Context) error { return d.ServeListener(ctx, l) })
+	socket := serveDriver(t, env, driver.Options{})
 	sm := testenv.NewManager(t, env.AsServiceAccount(t, "csi-sidecar"))
 	if err := sidecar.Add(sm, sidecar.Options{DriverEndpoint: socket, DriverName: driver.Name, CallTimeout: 5 * time.Second,
 		BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second, Resync: 500 * time.Millisecond}); err != nil {

@@ -3,8 +3,6 @@ package sidecar_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -51,22 +49,8 @@ func TestExpansion(t *testing.T) {
 	}
 	cluster.PoolClaim(t, claim)
 
-	dir, err := os.MkdirTemp("", "csi")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	socket := "unix://" + filepath.Join(dir, "csi.sock")
 	reg := prometheus.NewRegistry()
-	d, err := driver.New(driver.Options{Config: env.AsServiceAccount(t, "csi-driver"), Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := driver.Listen(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Start(t, "driver", func(ctx context.Context) error { return d.ServeListener(ctx, l) })
+	socket := serveDriver(t, env, driver.Options{Registerer: reg})
 	log := &lines{}
 	logger := log.logger()
 	sm := testenv.NewManager(t, env.AsServiceAccount(t, "csi-sidecar"))
@@ -275,7 +259,7 @@ func TestExpansion(t *testing.T) {
 	}
 
 	// Shrinking is the API server's to refuse.
-	err = request("4Mi")
+	err := request("4Mi")
 	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "can not be less than status.capacity") {
 		t.Errorf("shrinking the claim to 4Mi: %v, want Invalid: can not be less than status.capacity", err)
 	}

@@ -73,6 +73,29 @@ next:
 // the driver, one Warning ProvisioningFailed Event with the driver's message, and no further
 // CreateVolume call until the claim changes; the volume the driver made is not left behind.
 // Driver and sidecar run as their ServiceAccounts, over a real Unix socket.
+// serveDriver serves the CSI driver with o, acting as its ServiceAccount, on a Unix socket of
+// its own until the test ends, and returns the socket's endpoint.
+func serveDriver(t *testing.T, env *testenv.Env, o driver.Options) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "csi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	socket := "unix://" + filepath.Join(dir, "csi.sock")
+	o.Config = env.AsServiceAccount(t, "csi-driver")
+	d, err := driver.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := driver.Listen(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Start(t, "driver", func(ctx context.Context) error { return d.ServeListener(ctx, l) })
+	return socket
+}
+
 func TestOutOfRangeIsNotRetried(t *testing.T) {
 	env := testenv.Get(t)
 	ctx := context.Background()
@@ -96,22 +119,8 @@ func TestOutOfRangeIsNotRetried(t *testing.T) {
 		return false, fmt.Errorf("%d pools, none healthy", len(pools.Items))
 	})
 
-	dir, err := os.MkdirTemp("", "csi")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	socket := "unix://" + filepath.Join(dir, "csi.sock")
 	reg := prometheus.NewRegistry()
-	d, err := driver.New(driver.Options{Config: env.AsServiceAccount(t, "csi-driver"), Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := driver.Listen(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Start(t, "driver", func(ctx context.Context) error { return d.ServeListener(ctx, l) })
+	socket := serveDriver(t, env, driver.Options{Registerer: reg})
 
 	log := &lines{}
 	sm := testenv.NewManager(t, env.AsServiceAccount(t, "csi-sidecar"))

@@ -3,8 +3,6 @@ package sidecar_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -52,23 +50,9 @@ func TestSnapshotRestoreClone(t *testing.T) {
 	}
 	cluster.PoolClaim(t, pools)
 
-	dir, err := os.MkdirTemp("", "csi")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	socket := "unix://" + filepath.Join(dir, "csi.sock")
 	// No node: the driver takes the snapshots of volumes staged nowhere itself, with a target
 	// started for the copy (no block device, no mount).
-	d, err := driver.New(driver.Options{Config: env.AsServiceAccount(t, "csi-driver")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := driver.Listen(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Start(t, "driver", func(ctx context.Context) error { return d.ServeListener(ctx, l) })
+	socket := serveDriver(t, env, driver.Options{})
 	cm := testenv.NewManager(t, env.AsServiceAccount(t, "snapshot-controller"))
 	if err := snapshotcontroller.Add(cm, snapshotcontroller.Options{RetryStart: 100 * time.Millisecond, RetryMax: time.Second}); err != nil {
 		t.Fatal(err)
