@@ -226,14 +226,10 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 		return ipc.Result{}, fmt.Errorf("listing nodes: %w", err)
 	}
 	byName := newPlacement(pools.Items, nodes.Items)
-	// Replicas being deleted still hold their pool: a replacement must go elsewhere (on the
-	// same pool it would take the name of the one going, whose node may never come back).
-	var leaving []storagev1alpha1.CStorVolumeReplica
-	for _, r := range replicas {
-		if !r.DeletionTimestamp.IsZero() {
-			leaving = append(leaving, r)
-		}
-	}
+	// Replicas being deleted, and those replaceLost deletes now, still hold their pool: a
+	// replacement must go elsewhere (on the same pool it would take the name of the one going,
+	// whose node may never come back).
+	holding := replicas
 	replicas, again, err := h.replaceLost(ctx, vol, replicas, byName)
 	if err != nil {
 		return ipc.Result{}, err
@@ -274,7 +270,7 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 			return ipc.Result{}, err
 		}
 		// The replicas are independent: create them at once, one write latency for all.
-		picks := choosePools(byName.placeable(pools.Items), append(slices.Clone(replicas), leaving...), used, size, rf-len(replicas))
+		picks := choosePools(byName.placeable(pools.Items), holding, used, size, rf-len(replicas))
 		created := make([]*storagev1alpha1.CStorVolumeReplica, len(picks))
 		errs := make([]error, len(picks))
 		var wg sync.WaitGroup
