@@ -200,7 +200,7 @@ func (c *cluster) replicaSum(t *testing.T, n realNode, volume string) string {
 // taint): its pod is deleted, the volume detached without waiting for an unmount that will
 // never come, and a pod on another node gets it from the freshest replicas, with every write
 // acknowledged before the loss. The dead target's sessions on the replicas end when their
-// connections are found dead (replica.KeepAlive): it can no longer write (fenced).
+// connections are found dead (the replica package's dead-peer settings): it can no longer write (fenced).
 func (c *cluster) testTargetLost(t *testing.T, phase func(string)) {
 	lost, other := nodeN(3), nodeN(1)
 	volume := c.kubectl(t, "get", "pvc", "replicated", "-o", "jsonpath={.spec.volumeName}")

@@ -193,6 +193,11 @@ func (d *dataServer) authorize(peer, id string) error {
 	if err != nil {
 		return err
 	}
+	if role == dataca.RoleController {
+		// It snapshots volumes staged nowhere and deletes snapshot copies; it can already
+		// make a volume of any snapshot through the API.
+		return nil
+	}
 	id, snapUID, isSnap := replica.SplitSnapshotID(id)
 	ns, name, ok := strings.Cut(id, "/")
 	if !ok {
@@ -209,10 +214,6 @@ func (d *dataServer) authorize(peer, id string) error {
 		return fmt.Errorf("volume %s/%s of replica %s: %w", ns, r.Spec.Volume, id, err)
 	}
 	switch role {
-	case dataca.RoleController:
-		// It snapshots volumes staged nowhere and deletes snapshot copies; it can already
-		// make a volume of any snapshot through the API.
-		return nil
 	case dataca.RoleNode:
 		if node == d.node || slices.ContainsFunc(vol.Status.Replicas, func(s storagev1alpha1.VolumeReplicaStatus) bool { return s.Node == node }) {
 			return nil

@@ -65,7 +65,7 @@ func Dial(ctx context.Context, addr string, tlsConf *tls.Config) (*Conn, error) 
 	conf.NextProtos = []string{ALPN}
 	conf.MinVersion = max(conf.MinVersion, tls.VersionTLS13)
 	// A replica server that vanished is found as a server finds a vanished client.
-	d := tls.Dialer{Config: conf, NetDialer: &net.Dialer{KeepAliveConfig: KeepAlive, Control: func(_, _ string, c syscall.RawConn) error {
+	d := tls.Dialer{Config: conf, NetDialer: &net.Dialer{KeepAliveConfig: keepAlive, Control: func(_, _ string, c syscall.RawConn) error {
 		return setUserTimeout(c)
 	}}}
 	nc, err := d.DialContext(ctx, "tcp", addr)

@@ -326,17 +326,6 @@ type outFrame struct {
 	buf     *[]byte // returned to the pool once written
 }
 
-// A peer that vanished without closing its connection (its node lost, its link cut: no FIN,
-// no RST ever comes) is found dead after deadPeerAfter instead of the kernel's two hours (or
-// Go's 2.5 min) when the connection is idle (KeepAlive: probes after 5 s of silence, every
-// 2 s, 3 unanswered), and the same when a reply to it goes unacknowledged (TCP_USER_TIMEOUT,
-// on Linux). The connection then closes, and with it the writer session it held, so the
-// volume's target on another node can open the replica; the lost writer can no longer write
-// through it (the session is exclusive: it is fenced).
-var KeepAlive = net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 3}
-
-const deadPeerAfter = 11 * time.Second
-
 // maxConnRequests bounds the requests a connection runs at once; beyond it the reader
 // stops reading, which pushes back on the client through TCP.
 const maxConnRequests = 64
