@@ -58,10 +58,11 @@ readonly sysctls=(
   vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
   kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward
 )
-# Fixed host paths containerd, the CNI library or the kubelet create whatever they are
-# configured with; the last down removes those that did not exist before network.
-readonly host_paths=(/var/lib/cni /run/netns /var/log/containers /var/log/pods
-  /opt/containerd /etc/cni /opt/cni /usr/libexec/kubernetes /etc/kubernetes)
+# Fixed host paths containerd, the CNI library, ip netns or the kubelet create whatever they
+# are configured with (a node's /run and /var/log are its own); the last down removes those
+# that did not exist before network.
+readonly host_paths=(/var/lib/cni /run/netns /opt/containerd /etc/cni /opt/cni
+  /usr/libexec/kubernetes /etc/kubernetes)
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly repo
@@ -293,7 +294,6 @@ set_dir() {
 }
 
 record() { echo "$2" >>"$state/$1"; }
-recorded() { [ -f "$state/$1" ] && grep -qxF -- "$2" "$state/$1"; }
 
 read_state() { if [ -f "$state/$1" ]; then cat "$state/$1"; fi; }
 
@@ -491,12 +491,6 @@ teardown_network() {
       if echo "$v" >"$f" 2>/dev/null; then say "sysctl $k=$v (restored)"; else warn "could not restore $k=$v"; fi
     done <"$host_state/sysctl"
   fi
-  # The kubelet's symlinks to pod logs, in the fixed /var/log/containers.
-  if [ -d /var/log/containers ]; then
-    for l in /var/log/containers/*; do
-      [ -L "$l" ] && [[ $(readlink "$l") == /tmp/* ]] && [ ! -e "$l" ] && rm -f "$l"
-    done
-  fi
   for p in "${host_paths[@]}"; do
     [ -e "$p" ] || continue
     hrecorded paths.before "$p" && continue
@@ -516,10 +510,13 @@ teardown_network() {
 
 # --- a node's namespaces ---------------------------------------------------------------------
 
+# Node N's address on crdipc0.
+node_address() { echo "10.88.0.$((10 + $1))"; }
+
 # Node N's addresses and names.
 node_vars() {
   local idx=$1
-  node_ip=10.88.0.$((10 + idx))
+  node_ip=$(node_address "$idx")
   pod_cidr=10.88.$idx.0/24
   pod_gw=10.88.$idx.1
   veth=crn$idx
@@ -1047,13 +1044,13 @@ remove_netns() {
 
 # The host's route to the Service range went through this node: through another node now.
 repoint_service_route() {
-  local other odir
+  local other odir via
   ip route show "$service_route" | grep -q . && return 0
   for other in $(joined_nodes); do
     odir=$(sed -n 1p "$host_state/nodes/$other")
     [ -e "$odir/pids/kube-proxy" ] || continue
-    ip route add "$service_route" via "10.88.0.$((10 + $(sed -n 2p "$host_state/nodes/$other")))" &&
-      echo "$service_route via 10.88.0.$((10 + $(sed -n 2p "$host_state/nodes/$other")))" >>"$odir/state/routes"
+    via=$(node_address "$(sed -n 2p "$host_state/nodes/$other")")
+    ip route add "$service_route" via "$via" && echo "$service_route via $via" >>"$odir/state/routes"
     return 0
   done
 }
