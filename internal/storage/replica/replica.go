@@ -106,6 +106,9 @@ type replica struct {
 	// copier runs; freshMu guards its contents, since writers mark it concurrently.
 	fresh   *sectorSet
 	freshMu sync.Mutex
+
+	// wb starts writeback of what writes and copies leave in the page cache.
+	wb *writeback
 }
 
 func openReplica(id string, loc Location) (*replica, error) {
@@ -137,10 +140,14 @@ func openReplica(id string, loc Location) (*replica, error) {
 	}
 	r.m = m
 	r.rev.Store(m.Revision)
+	r.wb = newWriteback(r)
 	return r, nil
 }
 
-func (r *replica) close() error { return r.f.Close() }
+func (r *replica) close() error {
+	r.wb.stop()
+	return r.f.Close()
+}
 
 // readMeta returns the zero metadata for a replica that never had any: a new, empty replica
 // at revision 0, which never wins source selection against one that was written.
@@ -249,6 +256,7 @@ func (r *replica) writeAt(p []byte, off int64, rev uint64) error {
 	if err == nil {
 		// Still under applyMu, so a snapshot's revision covers every write it holds.
 		r.bumpRevision(rev)
+		r.wb.wrote(len(p))
 	}
 	r.applyMu.RUnlock()
 	if err != nil {
@@ -410,6 +418,7 @@ func (r *replica) applyCopy(p []byte, off int64) error {
 			werr = fmt.Errorf("writing replica %s: %w", r.id, noSpace(err))
 			return false
 		}
+		r.wb.wrote(int(n))
 		return true
 	})
 	return werr
