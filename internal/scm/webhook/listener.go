@@ -62,8 +62,8 @@ const DefaultDeliveryRetention = 72 * time.Hour
 // watches them), create and update them, never delete; create Events, and get one for the
 // redelivery check of same-second deliveries and of records an earlier listener left pending;
 // and keep its Delivery records: create one per body, complete, read them (its cache lists and
-// watches them) and delete them after the retention. A record is created complete; update only
-// completes one an earlier listener left pending (the CRD refuses any change to a complete one).
+// watches them) and delete them after the retention. Update only completes a record an earlier
+// listener left pending (the CRD refuses any change to a complete one).
 // +kubebuilder:rbac:groups=scm.crdipc.io,resources=pullrequests;branches,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=events,verbs=get;create
 // +kubebuilder:rbac:groups=scm.crdipc.io,resources=deliveries,verbs=get;list;watch;create;update;delete
