@@ -43,9 +43,9 @@ type WebhookOptions struct {
 var DefaultWebhookOptions = WebhookOptions{Clients: 16, Deliveries: 2000, Rate: 100, Samples: 500}
 
 // Webhook is the result of `crdipc bench webhook`. Every delivery is a pull_request opened
-// for a new pull request: the listener records the body (a Delivery, pending), creates the
-// object and its Event, and completes the record (a status write): four writes, so the
-// ceiling is the API server's create rate divided by four.
+// for a new pull request: the listener creates the object and its Event, and records the body
+// (a Delivery, created complete): three writes, so the ceiling is the API server's create
+// rate divided by three.
 type Webhook struct {
 	Options WebhookOptions `json:"options"`
 	// FloorCreatesPerSec is the API server's create rate with Clients writers (bench floor).
@@ -59,8 +59,8 @@ type Webhook struct {
 	// Latency is request start → 2xx at Rate deliveries/s, measured from each delivery's
 	// scheduled send time so a stall is not hidden (goal p99 < 50 ms at 100/s).
 	Latency Latencies `json:"latency"`
-	// FloorLatency is the same four writes (Delivery, PullRequest, Event, Delivery status)
-	// sent directly to the API server at the same rate: the least a delivery can cost.
+	// FloorLatency is the same three writes (PullRequest, Event, Delivery) sent directly to
+	// the API server at the same rate: the least a delivery can cost.
 	FloorLatency Latencies `json:"floorLatency"`
 	// P50Ratio and P99Ratio are Latency over FloorLatency.
 	P50Ratio float64 `json:"p50Ratio"`
@@ -258,19 +258,12 @@ func paced(ctx context.Context, rate float64, n int, call func() error) ([]time.
 }
 
 // writesPerDelivery is what the listener must write for a new delivery (see createPair).
-const writesPerDelivery = 4
+const writesPerDelivery = 3
 
-// createPair is a delivery's writes without the listener: the pending Delivery record, the
-// PullRequest, its Event, and the record's completion.
+// createPair is a delivery's writes without the listener, in the listener's order: the
+// PullRequest, its Event, and the Delivery record, created complete.
 func createPair(ctx context.Context, c client.Client, ns string, n int64) error {
 	now := metav1.Now()
-	rec := &scmv1alpha1.Delivery{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("floor-%d", n)},
-		Spec:       scmv1alpha1.DeliverySpec{DeliveryID: fmt.Sprintf("floor-%d", n), Event: "pull_request", ReceivedAt: now},
-	}
-	if err := c.Create(ctx, rec); err != nil {
-		return fmt.Errorf("floor record: %w", err)
-	}
 	pr := &scmv1alpha1.PullRequest{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("floor-%d", n)},
 		Spec: scmv1alpha1.PullRequestSpec{User: "mona", Branch: "feature/login", Status: scmv1alpha1.PullRequestOpen,
@@ -290,9 +283,14 @@ func createPair(ctx context.Context, c client.Client, ns string, n int64) error 
 	if err := c.Create(ctx, ev); err != nil {
 		return fmt.Errorf("floor event: %w", err)
 	}
-	rec.Status = scmv1alpha1.DeliveryStatus{Result: scmv1alpha1.DeliveryCreated, Object: "pullrequests/" + pr.Name, EventName: ev.Name}
-	if err := c.Status().Update(ctx, rec); err != nil {
-		return fmt.Errorf("floor record status: %w", err)
+	rec := &scmv1alpha1.Delivery{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("floor-%d", n)},
+		Spec:       scmv1alpha1.DeliverySpec{DeliveryID: fmt.Sprintf("floor-%d", n), Event: "pull_request", ReceivedAt: now},
+		Status: scmv1alpha1.DeliveryStatus{Result: scmv1alpha1.DeliveryCreated, Object: "pullrequests/" + pr.Name,
+			EventName: ev.Name, CompletedAt: &now},
+	}
+	if err := c.Create(ctx, rec); err != nil {
+		return fmt.Errorf("floor record: %w", err)
 	}
 	return nil
 }

@@ -28,8 +28,8 @@ func webhookListenerEntry() Entry {
 		Short: "Turn GitHub webhook deliveries into PullRequest and Branch resources and Events",
 		Long: `webhook-listener receives GitHub webhooks on POST /webhook and writes, for
 pull_request, create, delete and push deliveries, a PullRequest or Branch
-(scm.crdipc.io) with a deterministic name, plus one core/v1 Event per delivery
-named <object>.<X-GitHub-Delivery>: a redelivery changes nothing.
+(scm.crdipc.io) with a deterministic name, plus one core/v1 Event per body
+named <object>.sha256-<body digest>: a redelivery changes nothing.
 
 Every delivery must carry X-Hub-Signature-256 made with the webhook secret; the
 listener refuses to start without one (--secret-file, or $` + webhook.SecretEnv + `).

@@ -451,7 +451,7 @@ func (c *cluster) testWebhook(t *testing.T) {
 	client := &http.Client{Timeout: 30 * time.Second}
 	// A Deployment is Available before kube-proxy has programmed its Service's new
 	// endpoints: until then the Service refuses connections. Sending again is safe: the
-	// delivery ID makes the listener's writes idempotent.
+	// listener's writes are idempotent, its Event and record named after the body.
 	var res *http.Response
 	var reply []byte
 	c.poll(t, time.Minute, "the listener's Service answering the delivery", func() (bool, string) {

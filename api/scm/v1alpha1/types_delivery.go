@@ -13,13 +13,13 @@ const (
 	DeliveryUpdated   DeliveryResult = "updated"   // the object was changed
 	DeliveryUnchanged DeliveryResult = "unchanged" // the object already said this
 	DeliveryStale     DeliveryResult = "stale"     // the object held newer state; only the Event was written
-	// DeliveryDuplicate: the delivery's Event already existed when this record was completed (an
-	// earlier attempt stored everything but did not complete the record).
+	// DeliveryDuplicate: the delivery's Event already existed when this record was written: an
+	// earlier attempt, or a concurrent copy of the body, stored it.
 	DeliveryDuplicate DeliveryResult = "duplicate"
 )
 
 // DeliverySpec is what the listener received. It never changes: a record is the listener's
-// memory of one signed body, checked before anything is written.
+// memory of one signed body, checked before anything is written for it again.
 // +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a delivery record is immutable"
 type DeliverySpec struct {
 	// deliveryID is the X-GitHub-Delivery the body was first received under.
@@ -41,12 +41,14 @@ type DeliverySpec struct {
 	ReceivedAt metav1.Time `json:"receivedAt"`
 }
 
-// DeliveryStatus is what the listener stored for the delivery. Empty while the delivery is
-// being processed, or when an attempt ended before storing everything: the next delivery of
-// the same body completes it.
+// DeliveryStatus is what the listener stored for the delivery. The listener writes it with the
+// record, in one create, once the object and its Event are stored: a record is never pending.
+// (Earlier listeners created the record first and completed its status last; a record such
+// a listener left pending, its status empty, is completed by the next delivery of its body.)
+// Once complete it never changes.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.result) || self == oldSelf",message="a complete delivery record is immutable"
 type DeliveryStatus struct {
-	// result is what the delivery did to its object; empty until the object and its Event
-	// are stored.
+	// result is what the delivery did to its object.
 	// +optional
 	Result DeliveryResult `json:"result,omitempty"`
 
@@ -61,7 +63,7 @@ type DeliveryStatus struct {
 	// +kubebuilder:validation:MaxLength=253
 	EventName string `json:"eventName,omitempty"`
 
-	// completedAt is when the object and the Event were found stored.
+	// completedAt is when the object and the Event were found stored and the record written.
 	// +optional
 	CompletedAt *metav1.Time `json:"completedAt,omitempty"`
 }
@@ -70,8 +72,11 @@ type DeliveryStatus struct {
 // the raw body>, in the listener's namespace. It is how the listener knows a delivery days
 // later, after the core/v1 Event about it is gone: a redelivery, or a captured body replayed
 // under another delivery ID or event, changes nothing.
+//
+// It has no status subresource: like a core/v1 Event it is a write-once log entry, created
+// complete (spec and status) in one write, the last of its delivery; a status subresource would
+// drop the status of that create and cost a second write.
 // +kubebuilder:object:root=true
-// +kubebuilder:subresource:status
 // +kubebuilder:resource:path=deliveries,singular=delivery,scope=Namespaced,shortName=dlv,categories={crdipc,crdipc-scm}
 // +kubebuilder:selectablefield:JSONPath=`.spec.deliveryID`
 // +kubebuilder:printcolumn:name="Event",type=string,JSONPath=`.spec.event`

@@ -14,6 +14,9 @@ import (
 
 	"github.com/google/go-github/v84/github"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	scmv1alpha1 "github.com/crdipc/crdipc/api/scm/v1alpha1"
 )
 
 // Error results, the result label of crdipc_webhook_deliveries_total for answers that are not
@@ -201,13 +204,15 @@ func (l *Listener) handle(r *http.Request) *response {
 }
 
 // record writes a delivery that changes an object, guarded by the Delivery record of its
-// body: the record is checked first, so that a body seen before writes nothing (whatever its
-// headers say now); created before the object, so that a concurrent replay of the body finds
-// it; and completed last, so that it never says done before the object and the Event are
-// stored. An attempt that ends in between leaves a pending record, which the next delivery
-// of the body completes.
+// body. The record is looked up first (in the cache), so that a body seen before writes
+// nothing, whatever its headers say now; then the object and its Event are written; and the
+// record is created last, complete, so that it never says done before the object and the
+// Event are stored. Three writes on the happy path and no read of the API server. An attempt
+// that ends before the record leaves no record, and the next delivery of the body redoes the
+// idempotent writes and records it. Concurrent copies of the body meet on the Event's name
+// (one Event) and then on the record's (one record).
 func (l *Listener) record(ctx context.Context, c *change, name, event, delivery string, payload []byte, received time.Time) *response {
-	rec, err := l.lookupRecord(ctx, name)
+	rec, err := l.knownRecord(ctx, name)
 	if err != nil {
 		return apiFailure(fmt.Errorf("reading delivery record %s: %w", name, err))
 	}
@@ -226,36 +231,49 @@ func (l *Listener) record(ctx context.Context, c *change, name, event, delivery 
 				delivery, other.Name, other.Spec.Event, other.Spec.ReceivedAt.UTC().Format(time.RFC3339))
 		}
 	}
-	// A body without a record may be older than the retention: its own shape must match the
-	// event it claims to be.
+	// The body's own shape must match the event it claims to be, before anything is written:
+	// a body without a record may be older than the retention, or its record not yet in the
+	// cache.
 	if err := checkShape(event, payload); err != nil {
 		return fail(http.StatusBadRequest, resultBadRequest, "invalid %s payload: %v", event, err)
 	}
-	created := false
-	if rec == nil {
-		if rec, created, err = l.createRecord(ctx, name, event, delivery, received); err != nil {
-			return apiFailure(err)
-		}
-		if !created {
-			if resp := answerFromRecord(rec, event, delivery); resp != nil {
-				return resp
-			}
-		}
+	legacy := ""
+	if rec != nil {
+		// A pending record, left by an earlier listener, belongs to the delivery ID that
+		// created it: a copy of the body under another ID completes that delivery, whose Event
+		// that listener may have stored under its name.
+		delivery, legacy = rec.Spec.DeliveryID, rec.Spec.DeliveryID
 	}
-	// A pending record belongs to the delivery ID that created it: a copy of the body under
-	// another ID completes that delivery rather than adding an Event of its own.
-	delivery = rec.Spec.DeliveryID
-	s, evName, err := l.store(ctx, c, delivery)
+	s, evName, err := l.store(ctx, c, name, delivery, legacy)
 	if err != nil {
-		resp := apiFailure(err)
-		if created && resp.status >= 400 && resp.status < 500 {
-			l.dropRecord(rec)
-		}
-		return resp
+		return apiFailure(err)
 	}
 	object := c.resource() + "/" + s.obj.GetName()
-	if err := l.completeRecord(ctx, rec, s, object, evName); err != nil {
-		return apiFailure(fmt.Errorf("%s and its event are stored but the record deliveries/%s is not complete: %w", object, name, err))
+	now := metav1.Now()
+	want := &scmv1alpha1.Delivery{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      name,
+			Namespace: l.opts.Namespace,
+			Labels:    map[string]string{"app.kubernetes.io/managed-by": "crdipc-webhook-listener"},
+		},
+		Spec: scmv1alpha1.DeliverySpec{DeliveryID: delivery, Event: event, ReceivedAt: metav1.NewTime(received)},
+		Status: scmv1alpha1.DeliveryStatus{
+			Result:      scmv1alpha1.DeliveryResult(s.result),
+			Object:      object,
+			EventName:   evName,
+			CompletedAt: &now,
+		},
+	}
+	existing, err := l.saveRecord(ctx, rec, want)
+	if err != nil {
+		return apiFailure(fmt.Errorf("%s and its event are stored but the record deliveries/%s is not: %w", object, name, err))
+	}
+	// A record this attempt did not write: of concurrent copies, the one that created the
+	// Event answers what it did and the others are duplicates, whichever wrote the record.
+	if existing != nil && (s.result == resultDuplicate || existing.Spec.Event != event) {
+		if resp := answerFromRecord(existing, event, delivery); resp != nil {
+			return resp
+		}
 	}
 	return &response{
 		status:    http.StatusOK,

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,6 +37,54 @@ type harness struct {
 	srv *httptest.Server
 	// ops serves the listener's /healthz, /readyz and /metrics, on a port of their own.
 	ops *httptest.Server
+	// api logs every request the listener (its client and its cache) sends the API server.
+	api *requestLog
+}
+
+// apiRequest is one request the listener sent the API server.
+type apiRequest struct {
+	method, path string
+	watch        bool
+}
+
+func (r apiRequest) String() string { return r.method + " " + r.path }
+
+// requestLog records the requests of a rest.Config's transport (rest.Config.Wrap): the
+// listener's client and cache are built from its Options.Config, so this is every request
+// it makes, counted on the wire.
+type requestLog struct {
+	mu   sync.Mutex
+	reqs []apiRequest
+}
+
+type loggingTransport struct {
+	rt  http.RoundTripper
+	log *requestLog
+}
+
+func (t loggingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	t.log.mu.Lock()
+	t.log.reqs = append(t.log.reqs, apiRequest{method: r.Method, path: r.URL.Path, watch: r.URL.Query().Get("watch") == "true"})
+	t.log.mu.Unlock()
+	return t.rt.RoundTrip(r)
+}
+
+// during runs f and returns the requests the listener sent meanwhile, except watches (the
+// cache's, which it keeps open and renews).
+func (h *harness) during(f func()) []apiRequest {
+	h.api.mu.Lock()
+	n := len(h.api.reqs)
+	h.api.mu.Unlock()
+	f()
+	h.api.mu.Lock()
+	defer h.api.mu.Unlock()
+	var out []apiRequest
+	for _, r := range h.api.reqs[n:] {
+		if !r.watch {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // newHarness starts a listener for a fresh namespace behind a real HTTP server, with its
@@ -62,6 +111,9 @@ func newUnstartedHarness(t testing.TB, cfg *rest.Config, mod ...func(*webhook.Op
 		// the test's namespace as config/rbac/webhook-listener binds it in crdipc-scm.
 		cfg = env.AsServiceAccount(t, "webhook-listener", ns)
 	}
+	api := &requestLog{}
+	cfg = rest.CopyConfig(cfg)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return loggingTransport{rt: rt, log: api} })
 	opts := webhook.Options{
 		Config:    cfg,
 		Namespace: ns,
@@ -85,7 +137,7 @@ func newUnstartedHarness(t testing.TB, cfg *rest.Config, mod ...func(*webhook.Op
 	t.Cleanup(ops.Close)
 	// A delivery that hangs fails its test instead of the whole run.
 	srv.Client().Timeout = 20 * time.Second
-	return &harness{t: t, env: env, ns: ns, l: l, srv: srv, ops: ops}
+	return &harness{t: t, env: env, ns: ns, l: l, srv: srv, ops: ops, api: api}
 }
 
 func sign(secret string, body []byte) string {

@@ -60,13 +60,13 @@ const DefaultDeliveryRetention = 72 * time.Hour
 // The listener's permissions, in the namespace it writes to (config/rbac/webhook-listener binds
 // them there with a RoleBinding): read its PullRequests and Branches (its cache lists and
 // watches them), create and update them, never delete; create Events, and get one for the
-// redelivery check of same-second deliveries; and keep its Delivery records: create one per
-// body, complete its status, read them (its cache lists and watches them) and delete them
-// after the retention. Records are never updated: their spec is immutable.
+// redelivery check of same-second deliveries and of records an earlier listener left pending;
+// and keep its Delivery records: create one per body, complete, read them (its cache lists and
+// watches them) and delete them after the retention. Update only completes a record an earlier
+// listener left pending (the CRD refuses any change to a complete one).
 // +kubebuilder:rbac:groups=scm.crdipc.io,resources=pullrequests;branches,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=events,verbs=get;create
-// +kubebuilder:rbac:groups=scm.crdipc.io,resources=deliveries,verbs=get;list;watch;create;delete
-// +kubebuilder:rbac:groups=scm.crdipc.io,resources=deliveries/status,verbs=update
+// +kubebuilder:rbac:groups=scm.crdipc.io,resources=deliveries,verbs=get;list;watch;create;update;delete
 
 // Options configure a Listener.
 type Options struct {

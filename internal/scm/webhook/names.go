@@ -8,7 +8,7 @@ import (
 )
 
 // maxNameLen keeps object names within a DNS-1123 label, so they also fit label values and
-// leave room in the Event name <object>.<delivery> (a DNS-1123 subdomain, 253 characters).
+// leave room in the Event name <object>.<record> (a DNS-1123 subdomain, 253 characters).
 const maxNameLen = 63
 
 // hashLen is how many hex digits of SHA-256 a name suffix carries: 32 bits, enough to keep
@@ -101,9 +101,19 @@ func branchIdentity(repository, branch string) string {
 	return strings.ToLower(repository) + ":" + branch
 }
 
-// EventName is the name of the Event recording a delivery on an object: <object>.<delivery>. Delivery IDs are GUIDs; anything else is reduced to
-// [a-z0-9-] with a hash so that two different IDs never share an Event.
-func EventName(object, delivery string) string {
+// EventName is the name of the Event recording on an object the body whose Delivery record is
+// named record (RecordName): <object>.sha256-<hex digest of the body>, at most 63+1+71
+// characters. It is named after the body, not the X-GitHub-Delivery (which the Event carries in
+// its scm.crdipc.io/delivery annotation), so that copies of one body under two delivery IDs
+// (two hooks, or a replay) meet on one name before a second Event can be created.
+func EventName(object, record string) string {
+	return object + "." + record
+}
+
+// legacyEventName is the name earlier listeners gave the Event of a delivery,
+// <object>.<X-GitHub-Delivery>: a record such a listener left pending may have its Event stored
+// under it. IDs other than lowercase GUIDs are reduced to [a-z0-9-] with a hash.
+func legacyEventName(object, delivery string) string {
 	d, lossy := dnsLabel(delivery)
 	if lossy || d == "" || len(d) > 128 {
 		d = withHash(d, delivery)

@@ -4,17 +4,20 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	scmv1alpha1 "github.com/crdipc/crdipc/api/scm/v1alpha1"
 )
+
+// errRecordGone: the record was deleted while being completed (it expired).
+var errRecordGone = errors.New("delivery record deleted meanwhile")
 
 // deliveryIDField indexes records by X-GitHub-Delivery, in the cache and (a selectable field
 // of the CRD) on the API server.
@@ -28,23 +31,21 @@ func RecordName(body []byte) string {
 	return "sha256-" + hex.EncodeToString(sum[:])
 }
 
-// lookupRecord returns the record named name, or nil when there is none. A complete record
-// found in the cache is taken as it is: records are only deleted after the retention and their
-// spec never changes. A miss, or a record still pending in the cache, is confirmed on a live
-// read, because it leads to writes.
-func (l *Listener) lookupRecord(ctx context.Context, name string) (*scmv1alpha1.Delivery, error) {
+// knownRecord returns the record named name as the listener knows it, or nil. Once the cache is
+// synced it answers, without a read of the API server: records are only deleted after the
+// retention, and a complete record never changes. A miss (a record created within the
+// cache's lag, milliseconds) leads to the idempotent writes, and the record's create then
+// meets the record and decides (saveRecord). Without a synced cache the record is read live,
+// as every read is.
+func (l *Listener) knownRecord(ctx context.Context, name string) (*scmv1alpha1.Delivery, error) {
 	key := client.ObjectKey{Namespace: l.opts.Namespace, Name: name}
 	rec := &scmv1alpha1.Delivery{}
+	var err error
 	if l.synced.Load() {
-		err := l.cache.Get(ctx, key, rec)
-		if err == nil && rec.Status.Result != "" {
-			return rec, nil
-		}
-		if err != nil && !apierrors.IsNotFound(err) {
-			return nil, err
-		}
+		err = l.cache.Get(ctx, key, rec)
+	} else {
+		err = l.client.Get(ctx, key, rec)
 	}
-	err := l.client.Get(ctx, key, rec)
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
@@ -55,9 +56,9 @@ func (l *Listener) lookupRecord(ctx context.Context, name string) (*scmv1alpha1.
 }
 
 // otherBody returns a record of a body other than name's received under delivery, if any.
-// Once the cache is synced it answers, so a body sent under a reused delivery ID within
-// the cache's lag (milliseconds) is not caught here; it is a signed GitHub body, deduplicated
-// by its own record like any other.
+// Once the cache is synced it answers, so a body sent under a reused delivery ID while the
+// first body is being stored, or within the cache's lag after (milliseconds), is not caught
+// here; it is a signed GitHub body, deduplicated by its own record like any other.
 func (l *Listener) otherBody(ctx context.Context, delivery, name string) (*scmv1alpha1.Delivery, error) {
 	var list scmv1alpha1.DeliveryList
 	opts := []client.ListOption{client.InNamespace(l.opts.Namespace), client.MatchingFields{deliveryIDField: delivery}}
@@ -79,7 +80,8 @@ func (l *Listener) otherBody(ctx context.Context, delivery, name string) (*scmv1
 }
 
 // answerFromRecord answers a body that has a record, or returns nil when the record is
-// pending: an earlier attempt did not store everything, and this one completes it.
+// pending (left so by an earlier listener, which created it before storing anything): that
+// attempt did not store everything, and this one completes it.
 func answerFromRecord(rec *scmv1alpha1.Delivery, event, delivery string) *response {
 	received := rec.Spec.ReceivedAt.UTC().Format(time.RFC3339)
 	if rec.Spec.Event != event {
@@ -107,72 +109,68 @@ func answerFromRecord(rec *scmv1alpha1.Delivery, event, delivery string) *respon
 	}
 }
 
-// createRecord records that the body named name, received as event under delivery, is being
-// processed. When the record exists already (a concurrent copy created it) it returns that
-// one, with created false.
-func (l *Listener) createRecord(ctx context.Context, name, event, delivery string, received time.Time) (rec *scmv1alpha1.Delivery, created bool, err error) {
-	rec = &scmv1alpha1.Delivery{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      name,
-			Namespace: l.opts.Namespace,
-			Labels:    map[string]string{"app.kubernetes.io/managed-by": "crdipc-webhook-listener"},
-		},
-		Spec: scmv1alpha1.DeliverySpec{DeliveryID: delivery, Event: event, ReceivedAt: metav1.NewTime(received)},
+// saveRecord writes want, the complete record of a delivery whose object and Event are stored.
+// It is the last write of a delivery, so a record never claims more than is stored; it is
+// created complete, in one write. found is the record the listener knew before storing, nil
+// if none: a record found pending (left by an earlier listener) is completed instead.
+//
+// When a record is there already that this call did not complete (a concurrent copy of the
+// body wrote it first, an earlier attempt did and the cache had not seen it yet, or the body
+// was received as another event) saveRecord returns it and writes nothing. That is the only
+// read of a record on the API server, and it is off the happy path.
+func (l *Listener) saveRecord(ctx context.Context, found, want *scmv1alpha1.Delivery) (*scmv1alpha1.Delivery, error) {
+	key := client.ObjectKeyFromObject(want)
+	cur, reread := found, false
+	var existing *scmv1alpha1.Delivery
+	// read reads the record again; errRecordGone: it was deleted meanwhile (expired), create it.
+	read := func() error {
+		cur = &scmv1alpha1.Delivery{}
+		err := l.client.Get(ctx, key, cur)
+		if err != nil {
+			cur = nil
+		}
+		if apierrors.IsNotFound(err) {
+			return errRecordGone
+		}
+		return err
 	}
-	err = l.client.Create(ctx, rec)
-	if err == nil {
-		return rec, true, nil
-	}
-	if !apierrors.IsAlreadyExists(err) {
-		return nil, false, fmt.Errorf("recording delivery %s: %w", delivery, err)
-	}
-	rec = &scmv1alpha1.Delivery{}
-	if err := l.client.Get(ctx, client.ObjectKey{Namespace: l.opts.Namespace, Name: name}, rec); err != nil {
-		return nil, false, fmt.Errorf("reading delivery record %s: %w", name, err)
-	}
-	return rec, false, nil
-}
-
-// completeRecord writes what the delivery stored into its record's status. It is the last
-// write of a delivery, so a record that says done never claims more than is stored. Of
-// concurrent copies, the one that created the Event knows the result; the others found the
-// Event already there (duplicate) and give way to it.
-func (l *Listener) completeRecord(ctx context.Context, rec *scmv1alpha1.Delivery, s *stored, object, evName string) error {
-	now := metav1.Now()
-	status := scmv1alpha1.DeliveryStatus{
-		Result:      scmv1alpha1.DeliveryResult(s.result),
-		Object:      object,
-		EventName:   evName,
-		CompletedAt: &now,
-	}
-	key, first := client.ObjectKeyFromObject(rec), true
-	return retry.RetryOnConflict(conflictBackoff, func() error {
-		if !first {
-			rec = &scmv1alpha1.Delivery{}
-			if err := l.client.Get(ctx, key, rec); err != nil {
+	err := retry.OnError(conflictBackoff, func(err error) bool {
+		return apierrors.IsConflict(err) || errors.Is(err, errRecordGone)
+	}, func() error {
+		if reread {
+			if err := read(); err != nil {
+				return err
+			}
+			reread = false
+		}
+		if cur == nil {
+			err := l.client.Create(ctx, want.DeepCopy())
+			if !apierrors.IsAlreadyExists(err) {
+				return err
+			}
+			if err := read(); err != nil {
 				return err
 			}
 		}
-		first = false
-		if r := rec.Status.Result; r != "" && (r != scmv1alpha1.DeliveryDuplicate || status.Result == scmv1alpha1.DeliveryDuplicate) {
+		if cur.Status.Result != "" || cur.Spec.Event != want.Spec.Event {
+			existing = cur
 			return nil
 		}
-		next := rec.DeepCopy()
-		next.Status = status
-		return l.client.Status().Update(ctx, next)
+		// Pending, left by an earlier listener: complete it. Its spec stays as it is.
+		next := cur.DeepCopy()
+		next.Status = want.Status
+		err := l.client.Update(ctx, next)
+		if apierrors.IsNotFound(err) {
+			cur = nil
+			return errRecordGone
+		}
+		reread = err != nil
+		return err
 	})
-}
-
-// dropRecord deletes a record this attempt created for a delivery the API server refused for
-// good, so that nothing is left of a refused delivery. Best effort: a record left behind is
-// pending, and expires.
-func (l *Listener) dropRecord(rec *scmv1alpha1.Delivery) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	uid := rec.UID
-	if err := l.client.Delete(ctx, rec, client.Preconditions{UID: &uid}); err != nil && !apierrors.IsNotFound(err) {
-		l.opts.Logger.Warn("deleting the record of a refused delivery", "record", rec.Name, "error", err)
+	if err != nil {
+		return nil, fmt.Errorf("writing delivery record %s: %w", want.Name, err)
 	}
+	return existing, nil
 }
 
 // collectRecords deletes the records older than the retention. Every replica runs it, at

@@ -49,17 +49,23 @@ var errNamesTaken = errors.New("object names held by other repositories")
 type stored struct {
 	obj    client.Object
 	result string
+	// event is the Event found to record the body already, when result is duplicate.
+	event string
 }
 
 // store writes c's object, then its Event, so that a 2xx answer means both are stored and a
 // failure in between leaves a state that the redelivery completes: the object write is
-// idempotent and the Event is created only if missing.
-func (l *Listener) store(ctx context.Context, c *change, delivery string) (*stored, string, error) {
+// idempotent and the Event is created only if missing. The Event is named after the body
+// (record, its Delivery record's name), so that concurrent copies of one body, under one
+// delivery ID or two, create one Event between them. legacy is the delivery ID of a record an
+// earlier listener left pending, "" otherwise: that listener may have stored the Event under
+// its own name for it (legacyEventName).
+func (l *Listener) store(ctx context.Context, c *change, record, delivery, legacy string) (*stored, string, error) {
 	name := c.name
-	s, err := l.writeObject(ctx, name, c, delivery)
+	s, err := l.writeObject(ctx, name, c, record, delivery, legacy)
 	if errors.Is(err, errCollision) {
 		name = collisionName(c.name, c.identity)
-		s, err = l.writeObject(ctx, name, c, delivery)
+		s, err = l.writeObject(ctx, name, c, record, delivery, legacy)
 		if errors.Is(err, errCollision) {
 			return nil, "", fmt.Errorf("%w: %s and %s", errNamesTaken, c.name, name)
 		}
@@ -67,16 +73,26 @@ func (l *Listener) store(ctx context.Context, c *change, delivery string) (*stor
 	if err != nil {
 		return nil, "", err
 	}
-	evName := EventName(s.obj.GetName(), delivery)
+	evName := EventName(s.obj.GetName(), record)
 	if s.result == resultDuplicate {
-		return s, evName, nil
+		return s, s.event, nil
+	}
+	if legacy != "" {
+		old := legacyEventName(s.obj.GetName(), legacy)
+		if done, err := l.eventExists(ctx, old); err != nil {
+			return nil, "", fmt.Errorf("%s/%s is stored but its event is not known: %w", c.resource(), s.obj.GetName(), err)
+		} else if done {
+			s.result = resultDuplicate
+			return s, old, nil
+		}
 	}
 	ev := l.newEvent(evName, s, c, delivery)
 	if err := l.client.Create(ctx, ev); err != nil {
 		if !apierrors.IsAlreadyExists(err) {
 			return nil, "", fmt.Errorf("%s/%s is stored but its event is not: %w", c.resource(), s.obj.GetName(), err)
 		}
-		// Processed before: what this attempt wrote was the same idempotent write.
+		// Processed before, or by a concurrent copy: what this attempt wrote was the same
+		// idempotent write.
 		s.result = resultDuplicate
 	}
 	return s, evName, nil
@@ -90,7 +106,7 @@ func (l *Listener) store(ctx context.Context, c *change, delivery string) (*stor
 // a stale resourceVersion, AlreadyExists on a missing object) and the retry reads live. A
 // decision not to write (stale, unchanged, duplicate) is only taken on a live read, because a
 // lagging cache could make it wrongly.
-func (l *Listener) writeObject(ctx context.Context, name string, c *change, delivery string) (*stored, error) {
+func (l *Listener) writeObject(ctx context.Context, name string, c *change, record, delivery, legacy string) (*stored, error) {
 	var out *stored
 	useCache := l.synced.Load()
 	key := client.ObjectKey{Namespace: l.opts.Namespace, Name: name}
@@ -124,7 +140,7 @@ func (l *Listener) writeObject(ctx context.Context, name string, c *change, deli
 			if !sameIdentity(cur, c) {
 				return errCollision // identities are immutable: a cached one is as good as a live one
 			}
-			next, result, err := l.decide(ctx, cur, c, name, delivery)
+			next, result, event, err := l.decide(ctx, cur, c, name, record, delivery, legacy)
 			if err != nil {
 				return err
 			}
@@ -133,7 +149,7 @@ func (l *Listener) writeObject(ctx context.Context, name string, c *change, deli
 					fromCache = false // confirm on a live read
 					continue
 				}
-				out = &stored{obj: cur, result: result}
+				out = &stored{obj: cur, result: result, event: event}
 				return nil
 			}
 			if err := l.client.Update(ctx, next); err != nil {
@@ -147,29 +163,35 @@ func (l *Listener) writeObject(ctx context.Context, name string, c *change, deli
 }
 
 // decide returns the object to write for c, or nil and the result when nothing is to be
-// written.
-func (l *Listener) decide(ctx context.Context, cur client.Object, c *change, name, delivery string) (client.Object, string, error) {
+// written (and, for a duplicate, the Event that records the body).
+func (l *Listener) decide(ctx context.Context, cur client.Object, c *change, name, record, delivery, legacy string) (client.Object, string, string, error) {
 	at := storedAt(cur)
 	if at != nil && c.at.Before(at.Time) {
-		return nil, resultStale, nil
+		return nil, resultStale, "", nil
 	}
 	next := cur.DeepCopyObject().(client.Object)
 	setSpec(next, c, delivery)
 	if equality.Semantic.DeepEqual(specOf(cur), specOf(next)) {
-		return nil, resultUnchanged, nil
+		return nil, resultUnchanged, "", nil
 	}
 	if c.untimed || (at != nil && c.at.Equal(at.Time)) {
 		// A tie in time orders by arrival, but a redelivery must not undo what the delivery
 		// after it wrote: its Event says it was processed already.
-		done, err := l.eventExists(ctx, EventName(name, delivery))
-		if err != nil {
-			return nil, "", err
+		names := []string{EventName(name, record)}
+		if legacy != "" {
+			names = append(names, legacyEventName(name, legacy))
 		}
-		if done {
-			return nil, resultDuplicate, nil
+		for _, ev := range names {
+			done, err := l.eventExists(ctx, ev)
+			if err != nil {
+				return nil, "", "", err
+			}
+			if done {
+				return nil, resultDuplicate, ev, nil
+			}
 		}
 	}
-	return next, resultUpdated, nil
+	return next, resultUpdated, "", nil
 }
 
 func (l *Listener) eventExists(ctx context.Context, name string) (bool, error) {

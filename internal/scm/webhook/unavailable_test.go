@@ -77,8 +77,8 @@ func failingHarness(t *testing.T, match func(*http.Request) bool) (*harness, *at
 }
 
 // The object is stored but the Event is not: the answer is 503 (GitHub will show the
-// delivery failed), the body's record stays pending, and the redelivery completes it with
-// exactly one Event and no change to the object.
+// delivery failed), the body has no record, and the redelivery completes the delivery with
+// exactly one Event and no change to the object, and records it.
 func TestEventWriteFailsThenRedelivery(t *testing.T) {
 	h, armed := failingHarness(t, func(r *http.Request) bool {
 		return r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/events")
@@ -88,8 +88,8 @@ func TestEventWriteFailsThenRedelivery(t *testing.T) {
 	if r.Status != http.StatusServiceUnavailable || !strings.Contains(r.Error, "is stored but its event is not") {
 		t.Fatalf("event write failed: %d %+v", r.Status, r)
 	}
-	if rec := h.record(fixture(t, "pull_request-opened.json")); rec == nil || rec.Status.Result != "" {
-		t.Fatalf("record after a failed Event write: %+v, want pending", rec)
+	if rec := h.record(fixture(t, "pull_request-opened.json")); rec != nil {
+		t.Fatalf("record after a failed Event write: %+v, want none", rec)
 	}
 	rv := h.pullRequest(pr42).ResourceVersion
 	armed.Store(false)
@@ -108,34 +108,44 @@ func TestEventWriteFailsThenRedelivery(t *testing.T) {
 	}
 }
 
-// The object and the Event are stored but the record is not completed: 503, and the
-// redelivery completes the record without writing anything else.
-func TestRecordCompletionFailsThenRedelivery(t *testing.T) {
-	h, armed := failingHarness(t, func(r *http.Request) bool {
-		return r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/deliveries/") && strings.HasSuffix(r.URL.Path, "/status")
-	})
-	body := fixture(t, "create-branch.json")
-	armed.Store(true)
-	r := h.deliver("create", deliveryA, body)
-	if r.Status != http.StatusServiceUnavailable || !strings.Contains(r.Error, "record deliveries/"+webhook.RecordName(body)+" is not complete") {
-		t.Fatalf("record completion failed: %d %+v", r.Status, r)
-	}
-	if rec := h.record(body); rec == nil || rec.Status.Result != "" {
-		t.Fatalf("record: %+v, want pending", rec)
-	}
-	rv := h.branch(loginBranch).ResourceVersion
-	armed.Store(false)
-	r = h.mustDeliver("create", deliveryA, "create-branch.json", http.StatusOK)
-	if r.Result != "duplicate" || r.EventName != webhook.EventName(loginBranch, deliveryA) {
-		t.Errorf("redelivery: %+v, want duplicate recorded on %s", r, webhook.EventName(loginBranch, deliveryA))
-	}
-	if got := h.branch(loginBranch).ResourceVersion; got != rv {
-		t.Errorf("redelivery rewrote the branch: %s → %s", rv, got)
-	}
-	if c := h.counts(); c != [3]int{0, 1, 1} {
-		t.Errorf("after redelivery: %v, want one Branch and one Event", c)
-	}
-	if rec := h.record(body); rec == nil || rec.Status.Result != "duplicate" || rec.Status.Object != "branches/"+loginBranch {
-		t.Errorf("record after the redelivery: %+v, want complete", rec)
+// The object and the Event are stored but the record is not: 503, no record (nothing says
+// done), and the redelivery, under the same delivery ID or another, records the body without
+// writing anything else.
+func TestRecordWriteFailsThenRedelivery(t *testing.T) {
+	for _, redelivery := range []string{deliveryA, deliveryB} {
+		t.Run(redelivery, func(t *testing.T) {
+			h, armed := failingHarness(t, func(r *http.Request) bool {
+				return r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/deliveries")
+			})
+			body := fixture(t, "create-branch.json")
+			armed.Store(true)
+			r := h.deliver("create", deliveryA, body)
+			if r.Status != http.StatusServiceUnavailable || !strings.Contains(r.Error, "record deliveries/"+webhook.RecordName(body)+" is not") {
+				t.Fatalf("record write failed: %d %+v", r.Status, r)
+			}
+			if rec := h.record(body); rec != nil {
+				t.Fatalf("record: %+v, want none", rec)
+			}
+			if c := h.counts(); c != [3]int{0, 1, 1} {
+				t.Fatalf("after the failed record write: %v, want the Branch and its Event", c)
+			}
+			rv := h.branch(loginBranch).ResourceVersion
+			armed.Store(false)
+			evName := webhook.EventName(loginBranch, webhook.RecordName(body))
+			r = h.mustDeliver("create", redelivery, "create-branch.json", http.StatusOK)
+			if r.Result != "duplicate" || r.EventName != evName {
+				t.Errorf("redelivery: %+v, want duplicate recorded on %s", r, evName)
+			}
+			if got := h.branch(loginBranch).ResourceVersion; got != rv {
+				t.Errorf("redelivery rewrote the branch: %s → %s", rv, got)
+			}
+			if c := h.counts(); c != [3]int{0, 1, 1} {
+				t.Errorf("after redelivery: %v, want one Branch and one Event", c)
+			}
+			if rec := h.record(body); rec == nil || rec.Status.Result != "duplicate" || rec.Status.Object != "branches/"+loginBranch ||
+				rec.Status.EventName != evName || rec.Spec.DeliveryID != redelivery || rec.Status.CompletedAt == nil {
+				t.Errorf("record after the redelivery: %+v, want complete", rec)
+			}
+		})
 	}
 }

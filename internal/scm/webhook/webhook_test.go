@@ -101,8 +101,10 @@ func TestRefusesToStartWithoutSecret(t *testing.T) {
 func TestPullRequestLifecycle(t *testing.T) {
 	h := newHarness(t, nil)
 	r := h.mustDeliver("pull_request", deliveryA, "pull_request-opened.json", http.StatusOK)
-	if r.Result != "created" || r.Object != "pullrequests/"+pr42 || r.EventName != pr42+"."+deliveryA {
-		t.Fatalf("opened: %+v", r)
+	// The Event is named after the body (its Delivery record), and says which delivery it was.
+	evName := pr42 + "." + webhook.RecordName(fixture(t, "pull_request-opened.json"))
+	if r.Result != "created" || r.Object != "pullrequests/"+pr42 || r.EventName != evName {
+		t.Fatalf("opened: %+v, want created with Event %s", r, evName)
 	}
 	pr := h.pullRequest(pr42)
 	want := scmv1alpha1.PullRequestSpec{User: "mona", Branch: loginTopic, Status: scmv1alpha1.PullRequestOpen, ID: 2061340011,
@@ -116,7 +118,7 @@ func TestPullRequestLifecycle(t *testing.T) {
 		t.Fatalf("%d events, want 1", len(evs))
 	}
 	ev := evs[0]
-	if ev.Name != pr42+"."+deliveryA || ev.Reason != "PullRequestOpened" || ev.Type != corev1.EventTypeNormal ||
+	if ev.Name != evName || ev.Annotations[webhook.DeliveryAnnotation] != deliveryA || ev.Reason != "PullRequestOpened" || ev.Type != corev1.EventTypeNormal ||
 		ev.Action != "opened" || ev.ReportingController != "crdipc.io/webhook-listener" || ev.ReportingInstance != "test-instance" ||
 		ev.Count != 1 || ev.EventTime.IsZero() {
 		t.Errorf("event: %+v", ev)
@@ -433,13 +435,10 @@ func TestNames(t *testing.T) {
 			t.Errorf("%s and %s share name %q", k, other, n)
 		}
 		seen[n] = k
-		ev := webhook.EventName(n, "72D3162E-CC78-11E3-81AB-4C9367DC0958")
+		ev := webhook.EventName(n, webhook.RecordName([]byte(`{"zen":"x"}`)))
 		if errs := validation.IsDNS1123Subdomain(ev); len(errs) > 0 {
 			t.Errorf("event name %q: %v", ev, errs)
 		}
-	}
-	if webhook.EventName("x", "a_b") == webhook.EventName("x", "a-b") {
-		t.Error("delivery IDs a_b and a-b share an event name")
 	}
 	if webhook.PullRequestName("octo/hello", 4) != webhook.PullRequestName("octo/hello", 4) {
 		t.Error("names are not deterministic")
