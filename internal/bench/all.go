@@ -60,6 +60,9 @@ type All struct {
 	Up        *Up        `json:"up,omitempty"`
 	Volume    *Volume    `json:"volume,omitempty"`
 	Scale     *Scale     `json:"scale,omitempty"`
+	// Goals are the goals of every bench that ran (their Goals()), met or missed, in the
+	// order of Names.
+	Goals []Goal `json:"goals"`
 	// Skipped maps a bench that did not run to why.
 	Skipped map[string]string `json:"skipped,omitempty"`
 	// Seconds is each bench's wall time, what it starts and cleans up included.
@@ -114,6 +117,9 @@ type AllOptions struct {
 	Scale  ScaleOptions
 	// Skip names benches not to run (see Names).
 	Skip []string
+	// InProcess says the API server runs in this process (the embedded control plane): the
+	// benches read its request counter, and scale its memory, here.
+	InProcess bool
 	// StartStorage, when set, starts the services the storage and volume benches measure
 	// through — the operator and node agents, with driver the CSI driver too — and returns
 	// the driver's endpoint, a directory on the disk of the nodes' pools for the volume
@@ -193,6 +199,9 @@ func MeasureAll(ctx context.Context, cfg *rest.Config, o AllOptions) (*All, erro
 	orDefault(&o.Storage, defaults.Storage)
 	orDefault(&o.Volume, defaults.Volume)
 	orDefault(&o.Scale, defaults.Scale)
+	if o.InProcess {
+		o.RoundTrip.InProcess, o.Webhook.InProcess, o.Storage.InProcess, o.Scale.InProcess = true, true, true, true
+	}
 	say := o.Progress
 	if say == nil {
 		say = func(string, ...any) {}
@@ -294,6 +303,7 @@ func MeasureAll(ctx context.Context, cfg *rest.Config, o AllOptions) (*All, erro
 	}); err != nil {
 		return nil, err
 	}
+	a.Goals = a.CollectGoals()
 	return a, nil
 }
 

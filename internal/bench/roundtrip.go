@@ -32,6 +32,9 @@ type RoundTripOptions struct {
 	Senders []int
 	// Calls is how many Calls each throughput level makes.
 	Calls int
+	// InProcess says the API server runs in this process (the embedded control plane):
+	// its request counter is read from this process's registry, not from its /metrics.
+	InProcess bool
 }
 
 // DefaultRoundTripOptions take ~30 s on a 2-core machine.
@@ -60,7 +63,14 @@ type RoundTrip struct {
 	P99Ratio        float64         `json:"p99Ratio"`
 	ThroughputRatio map[int]float64 `json:"throughputRatio"`
 	WritesRatio     map[int]float64 `json:"writesRatio"`
+	// APIRequests are what one Call costs the API server, counted over the sequential
+	// Calls of Latency (nothing else loads it then).
+	APIRequests *APIRequests `json:"apiRequestsPerCall,omitempty"`
 }
+
+// roundTripPath is what a request through the Book receiver touches: its Book and its
+// Event.
+var roundTripPath = pathOf(libraryv1alpha1.GroupVersion.Group)
 
 // MeasureRoundTrip measures the floor, starts a Book receiver in this
 // process (as `crdipc up` runs it) and measures Calls through it.
@@ -90,7 +100,15 @@ func MeasureRoundTrip(ctx context.Context, cfg *rest.Config, o RoundTripOptions)
 	if _, err := callBooks(ctx, []client.WithWatch{c}, ns, "warm", 20); err != nil {
 		return nil, err
 	}
-	lat, err := callBooks(ctx, []client.WithWatch{c}, ns, "lat", o.Samples)
+	counter, err := newRequestCounter(cfg, o.InProcess)
+	if err != nil {
+		return nil, err
+	}
+	var lat callResult
+	rt.APIRequests, err = countRequests(ctx, counter, roundTripPath, fmt.Sprintf("%d sequential Calls", o.Samples), o.Samples, func() (err error) {
+		lat, err = callBooks(ctx, []client.WithWatch{c}, ns, "lat", o.Samples)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -328,11 +328,11 @@ func MeasureScale(ctx context.Context, cfg *rest.Config, o ScaleOptions) (_ *Sca
 		}
 		s.Steps = append(s.Steps, step)
 	}
-	last := s.Steps[len(s.Steps)-1]
-	s.CacheBytesMet = last.CacheBytesPer <= ScaleCacheBytesGoal
-	s.CallRatioMet = last.CallP50Ratio <= ScaleCallRatioGoal
-	if (o.InProcess || o.TargetMetrics != "") && last.Books >= ScaleRSSGoalSize {
-		met := last.Memory.RSSBytes < ScaleRSSGoal
+	// From Goals, in the order it returns them, so that the table and the JSON agree.
+	goals := s.Goals()
+	s.CacheBytesMet, s.CallRatioMet = goals[0].Met, goals[1].Met
+	if goals[2].Unmeasured == "" {
+		met := goals[2].Met
 		s.RSSMet = &met
 	}
 	return s, nil

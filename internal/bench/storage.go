@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
@@ -36,6 +37,9 @@ type StorageOptions struct {
 	// ClaimName is the StoragePoolClaim the benchmark creates when the cluster has fewer
 	// Healthy pools than ReplicationFactor (and deletes at the end).
 	ClaimName string
+	// InProcess says the API server runs in this process (the embedded control plane):
+	// its request counter is read from this process's registry, not from its /metrics.
+	InProcess bool
 }
 
 // DefaultStorageOptions take ~30 s on a 2-core machine.
@@ -58,8 +62,8 @@ type Storage struct {
 	// VolumesPerSec: Ready volumes per second with Creators concurrent creators.
 	VolumesPerSec float64 `json:"volumesPerSec"`
 	Creators      int     `json:"creators"`
-	// WritesPerVolume counts, during the throughput run, the writes to volumes and
-	// replicas (their watch events) per volume.
+	// WritesPerVolume is the writes to volumes and replicas per volume, counted by the API
+	// server over the volumes of CreateToReady (APIRequests).
 	WritesPerVolume float64 `json:"writesPerVolume"`
 	// IdealWrites is what a volume needs at least: 1+RF creates and RF+1 status
 	// writes (each replica's Healthy, the volume's Ready).
@@ -76,6 +80,19 @@ type Storage struct {
 	P50Ratio        float64 `json:"p50Ratio"`
 	ThroughputRatio float64 `json:"throughputRatio"`
 	WritesRatio     float64 `json:"writesRatio"`
+	// APIRequests are what one volume costs the API server, from its create to the last
+	// write the operator and agents make for it, counted over the volumes of CreateToReady,
+	// created one after the other (nothing else loads the API server then).
+	APIRequests *APIRequests `json:"apiRequestsPerVolume,omitempty"`
+}
+
+// storagePath is what a volume touches: the volume, its replicas, their pools, Events.
+var storagePath = pathOf(storagev1alpha1.GroupVersion.Group)
+
+// volumeResources are the objects IdealWrites counts the writes to.
+var volumeResources = []schema.GroupResource{
+	{Group: storagev1alpha1.GroupVersion.Group, Resource: "cstorvolumes"},
+	{Group: storagev1alpha1.GroupVersion.Group, Resource: "cstorvolumereplicas"},
 }
 
 // MeasureStorage measures the floor, then CStorVolumes through the operator and node
@@ -114,10 +131,18 @@ func MeasureStorage(ctx context.Context, cfg *rest.Config, o StorageOptions) (*S
 	}()
 
 	s := &Storage{Floor: floor, ReplicationFactor: o.ReplicationFactor, Pools: pools, Creators: o.Creators}
-	if s.CreateToReady, err = volumeLatency(ctx, c, ns, o); err != nil {
+	counter, err := newRequestCounter(cfg, o.InProcess)
+	if err != nil {
 		return nil, err
 	}
-	if s.VolumesPerSec, s.WritesPerVolume, err = volumeThroughput(ctx, cfg, c, ns, o); err != nil {
+	if s.CreateToReady, s.APIRequests, err = volumeLatency(ctx, c, counter, ns, o); err != nil {
+		return nil, err
+	}
+	// Counted by the API server rather than on watches (as it was): a watch sees only the
+	// writes that changed an object, not a conflict or a no-op update, and the watch of
+	// every replica cost the API server during the throughput run it measured.
+	s.WritesPerVolume = s.APIRequests.writesTo(volumeResources...)
+	if s.VolumesPerSec, err = volumeThroughput(ctx, cfg, c, ns, o); err != nil {
 		return nil, err
 	}
 	rf := int(o.ReplicationFactor)
@@ -197,13 +222,29 @@ func watchVolumes(ctx context.Context, c client.WithWatch, ns string) (watch.Int
 	return c.Watch(ctx, &storagev1alpha1.CStorVolumeList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
 }
 
-// volumeLatency creates volumes one at a time and times each until it is Ready.
-func volumeLatency(ctx context.Context, c client.WithWatch, ns string, o StorageOptions) (Latencies, error) {
+// volumeLatency creates volumes one at a time and times each until it is Ready, and
+// counts the API requests they cost. The count starts once the watch is set up and ends
+// before it stops, so that the bench's own requests are not in it.
+func volumeLatency(ctx context.Context, c client.WithWatch, counter *requestCounter, ns string, o StorageOptions) (Latencies, *APIRequests, error) {
 	w, err := watchVolumes(ctx, c, ns)
 	if err != nil {
-		return Latencies{}, err
+		return Latencies{}, nil, err
 	}
 	defer w.Stop()
+	var d []time.Duration
+	api, err := countRequests(ctx, counter, storagePath, fmt.Sprintf("%d volumes one after the other", o.Volumes), o.Volumes, func() (err error) {
+		d, err = createVolumesOneByOne(ctx, c, w, ns, o)
+		return err
+	})
+	if err != nil {
+		return Latencies{}, nil, err
+	}
+	return summarize(d), api, nil
+}
+
+// createVolumesOneByOne creates o.Volumes volumes, each once the one before is Ready, and
+// returns how long each took; w watches the volumes of ns.
+func createVolumesOneByOne(ctx context.Context, c client.Client, w watch.Interface, ns string, o StorageOptions) ([]time.Duration, error) {
 	d := make([]time.Duration, 0, o.Volumes)
 	for i := range o.Volumes {
 		name := fmt.Sprintf("lat-%d", i)
@@ -211,7 +252,7 @@ func volumeLatency(ctx context.Context, c client.WithWatch, ns string, o Storage
 		t := time.Now()
 		if err := c.Create(vctx, newVolume(ns, name, o)); err != nil {
 			cancel()
-			return Latencies{}, fmt.Errorf("create: %w", err)
+			return nil, fmt.Errorf("create: %w", err)
 		}
 		err := func() error {
 			for {
@@ -230,39 +271,23 @@ func volumeLatency(ctx context.Context, c client.WithWatch, ns string, o Storage
 		}()
 		cancel()
 		if err != nil {
-			return Latencies{}, err
+			return nil, err
 		}
 		d = append(d, time.Since(t))
 	}
-	return summarize(d), nil
+	return d, nil
 }
 
 // volumeThroughput creates volumes from o.Creators goroutines, each with its own client,
-// and measures Ready volumes per second and writes per volume.
-func volumeThroughput(ctx context.Context, cfg *rest.Config, c client.WithWatch, ns string, o StorageOptions) (float64, float64, error) {
+// and measures Ready volumes per second.
+func volumeThroughput(ctx context.Context, cfg *rest.Config, c client.WithWatch, ns string, o StorageOptions) (float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	vw, err := watchVolumes(ctx, c, ns)
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	defer vw.Stop()
-	var rl storagev1alpha1.CStorVolumeReplicaList
-	if err := c.List(ctx, &rl, client.InNamespace(ns), client.Limit(1)); err != nil {
-		return 0, 0, err
-	}
-	rw, err := c.Watch(ctx, &storagev1alpha1.CStorVolumeReplicaList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: rl.ResourceVersion}})
-	if err != nil {
-		return 0, 0, err
-	}
-	defer rw.Stop()
-	var replicaWrites atomic.Int64
-	go func() {
-		for range rw.ResultChan() {
-			replicaWrites.Add(1)
-		}
-	}()
-
 	var next atomic.Int64
 	var firstErr error
 	var once sync.Once
@@ -271,7 +296,7 @@ func volumeThroughput(ctx context.Context, cfg *rest.Config, c client.WithWatch,
 	for range o.Creators {
 		cc, err := client.New(rest.CopyConfig(cfg), client.Options{Scheme: scheme.Scheme})
 		if err != nil {
-			return 0, 0, fmt.Errorf("creating client: %w", err)
+			return 0, fmt.Errorf("creating client: %w", err)
 		}
 		wg.Add(1)
 		go func() {
@@ -290,20 +315,18 @@ func volumeThroughput(ctx context.Context, cfg *rest.Config, c client.WithWatch,
 		}()
 	}
 	ready := map[string]bool{}
-	volumeWrites := 0
 	for len(ready) < o.ThroughputVolumes {
 		select {
 		case <-ctx.Done():
 			wg.Wait()
 			if firstErr != nil {
-				return 0, 0, firstErr
+				return 0, firstErr
 			}
-			return 0, 0, fmt.Errorf("%d of %d volumes Ready: %w", len(ready), o.ThroughputVolumes, ctx.Err())
+			return 0, fmt.Errorf("%d of %d volumes Ready: %w", len(ready), o.ThroughputVolumes, ctx.Err())
 		case ev, open := <-vw.ResultChan():
 			if !open {
-				return 0, 0, errors.New("watch closed")
+				return 0, errors.New("watch closed")
 			}
-			volumeWrites++
 			if v, ok := ev.Object.(*storagev1alpha1.CStorVolume); ok && volumeReady(v) {
 				ready[v.Name] = true
 			}
@@ -311,6 +334,5 @@ func volumeThroughput(ctx context.Context, cfg *rest.Config, c client.WithWatch,
 	}
 	elapsed := time.Since(start)
 	wg.Wait()
-	writes := float64(volumeWrites) + float64(replicaWrites.Load())
-	return float64(o.ThroughputVolumes) / elapsed.Seconds(), writes / float64(o.ThroughputVolumes), nil
+	return float64(o.ThroughputVolumes) / elapsed.Seconds(), nil
 }

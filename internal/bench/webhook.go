@@ -37,6 +37,9 @@ type WebhookOptions struct {
 	Rate float64
 	// Samples is how many deliveries the latency run sends.
 	Samples int
+	// InProcess says the API server runs in this process (the embedded control plane):
+	// its request counter is read from this process's registry, not from its /metrics.
+	InProcess bool `json:"-"`
 }
 
 // DefaultWebhookOptions take ~25 s on a 2-core machine, control plane start included.
@@ -65,7 +68,13 @@ type Webhook struct {
 	// P50Ratio and P99Ratio are Latency over FloorLatency.
 	P50Ratio float64 `json:"p50Ratio"`
 	P99Ratio float64 `json:"p99Ratio"`
+	// APIRequests are what one delivery costs the API server, counted over the throughput
+	// run (the listener alone loads it then).
+	APIRequests *APIRequests `json:"apiRequestsPerDelivery,omitempty"`
 }
+
+// webhookPath is what a delivery touches: its record, the pull request, their Events.
+var webhookPath = pathOf(scmv1alpha1.GroupVersion.Group)
 
 // MeasureWebhook runs an in-process webhook listener against cfg and measures it against
 // the same run's floor. cfg must allow unthrottled clients (QPS < 0).
@@ -179,9 +188,16 @@ func MeasureWebhook(ctx context.Context, cfg *rest.Config, o WebhookOptions) (*W
 	res.P50Ratio = res.Latency.P50 / res.FloorLatency.P50
 	res.P99Ratio = res.Latency.P99 / res.FloorLatency.P99
 
-	if res.DeliveriesPerSec, err = concurrently(o.Clients, o.Deliveries, func() func() error {
-		hc := newHTTPClient()
-		return func() error { return send(hc) }
+	counter, err := newRequestCounter(cfg, o.InProcess)
+	if err != nil {
+		return nil, err
+	}
+	if res.APIRequests, err = countRequests(ctx, counter, webhookPath, fmt.Sprintf("%d deliveries, %d clients", o.Deliveries, o.Clients), o.Deliveries, func() (err error) {
+		res.DeliveriesPerSec, err = concurrently(o.Clients, o.Deliveries, func() func() error {
+			hc := newHTTPClient()
+			return func() error { return send(hc) }
+		})
+		return err
 	}); err != nil {
 		return nil, err
 	}

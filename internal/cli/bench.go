@@ -189,16 +189,23 @@ in this process and measures ipc.Call round trips through it:
 
   latency      one sender, p50/p99, as a ratio to the floor's
                create→status→watch round trip (goals: ≤ 1.2× and ≤ 1.5×)
-  throughput   Calls/s with 1, 8 and 32 senders, as a ratio to a third of
-               the floor's creates/s at the same concurrency: a request
-               costs three writes, its create, its status and its Event
-               (goal: ≥ 0.9). Next to it, the same three writes made back to
-               back by as many writers without ipc, and the ratio to that:
-               the API server charges more for a status update than for a
-               create, so this second ratio is what ipc itself costs.`,
+  throughput   Calls/s with 1, 8 and 32 senders, as a ratio to the same
+               three writes a request costs — its create, its status and
+               its Event — made back to back by as many writers without ipc:
+               what ipc itself costs (goal: ≥ 0.9 at 8 and at 32 senders).
+               Next to it, for information, the ratio to a third of the
+               floor's creates/s at the same concurrency, which the API
+               server, charging more for a status update than for a create,
+               does not let even the writes alone reach.
+  API requests what one Call costs the API server, counted by its
+               apiserver_request_total over the sequential Calls of the
+               latency run: writes and round trips by verb and resource.
+
+Every goal is printed with its figure and "met" or "missed".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runBench(cmd, &target, func(ctx context.Context, cfg *rest.Config) (*bench.RoundTrip, error) {
+				o.InProcess = target.kubeconfig == ""
 				return bench.MeasureRoundTrip(ctx, cfg, o)
 			}, printRoundTrip)
 		},
@@ -214,20 +221,23 @@ func printRoundTrip(out io.Writer, rt *bench.RoundTrip) {
 	printFloor(out, rt.Floor)
 	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "ipc.Call\tvalue\tratio to floor\tgoal\tthree writes/s\tratio to them\t")
-	fmt.Fprintf(tw, "latency p50 (ms)\t%.2f\t%.2f×\t≤ 1.2×\t\t\t\n", rt.Latency.P50, rt.P50Ratio)
-	fmt.Fprintf(tw, "latency p99 (ms)\t%.2f\t%.2f×\t≤ 1.5×\t\t\t\n", rt.Latency.P99, rt.P99Ratio)
+	fmt.Fprintln(tw, "ipc.Call\tvalue\tratio to floor\tthree writes/s\tratio to them\t")
+	fmt.Fprintf(tw, "latency p50 (ms)\t%.2f\t%.2f×\t\t\t\n", rt.Latency.P50, rt.P50Ratio)
+	fmt.Fprintf(tw, "latency p99 (ms)\t%.2f\t%.2f×\t\t\t\n", rt.Latency.P99, rt.P99Ratio)
 	senders := make([]int, 0, len(rt.CallsPerSec))
 	for s := range rt.CallsPerSec {
 		senders = append(senders, s)
 	}
 	slices.Sort(senders)
 	for _, s := range senders {
-		fmt.Fprintf(tw, "calls/s, %d senders\t%.0f\t%.2f\t≥ 0.90\t%.0f\t%.2f\t\n", s, rt.CallsPerSec[s], rt.ThroughputRatio[s], rt.RequestWritesPerSec[s], rt.WritesRatio[s])
+		fmt.Fprintf(tw, "calls/s, %d senders\t%.0f\t%.2f\t%.0f\t%.2f\t\n", s, rt.CallsPerSec[s], rt.ThroughputRatio[s], rt.RequestWritesPerSec[s], rt.WritesRatio[s])
 	}
 	tw.Flush()
-	fmt.Fprintln(out, "(calls/s ratio to floor: to the floor's creates/s ÷ 3, the writes a request makes;")
-	fmt.Fprintln(out, " three writes/s: create, status update and Event made back to back by as many writers, without ipc)")
+	fmt.Fprintln(out, "(calls/s ratio to floor: to the floor's creates/s ÷ 3, the writes a request makes, for information;")
+	fmt.Fprintln(out, " three writes/s: create, status update and Event made back to back by as many writers, without ipc: the goal's floor)")
+	fmt.Fprintln(out)
+	printGoals(out, rt.Goals(), false)
+	printAPIRequests(out, "call", rt.APIRequests)
 }
 
 // runBench is the body of every bench subcommand: get the cluster to

@@ -29,8 +29,9 @@ func newBenchAllCommand() *cobra.Command {
 		Use:   "all",
 		Short: "Run every bench, one after the other, and write one JSON of them all",
 		Long: `all runs every bench on one cluster, one after the other, prints each one's
-table as it finishes, and writes the results of all of them, with the date and
-this machine (CPUs, memory, kernel, Go), as one JSON (--json) for "bench plot":
+table as it finishes, ends with a summary of every bench's goals, met or
+missed, and writes the results of all of them, with the date, this machine
+(CPUs, memory, kernel, Go) and the goals, as one JSON (--json) for "bench plot":
 
   up          five starts of crdipc up from a fresh data dir    ~30 s
   floor       the API server alone                              ~10 s
@@ -122,7 +123,7 @@ func runBenchAll(cmd *cobra.Command, target *benchTarget, o bench.AllOptions, qu
 		}
 	}
 	o.Up.Progress = func(format string, a ...any) { fmt.Fprintf(errOut, "up: "+format+"\n", a...) }
-	o.Scale.InProcess = embedded
+	o.InProcess = embedded
 	o.Scale.Progress = func(format string, a ...any) { fmt.Fprintf(errOut, "scale: "+format+"\n", a...) }
 	o.Progress = func(format string, a ...any) { fmt.Fprintf(errOut, "bench all: "+format+"\n", a...) }
 	o.Done = func(name string, a *bench.All) {
@@ -146,6 +147,11 @@ func runBenchAll(cmd *cobra.Command, target *benchTarget, o bench.AllOptions, qu
 				fmt.Fprintf(out, "skipped %s: %s\n", n, why)
 			}
 		}
+	}
+	if len(a.Goals) > 0 {
+		fmt.Fprintln(out)
+		fmt.Fprintln(out, "goals of every bench that ran:")
+		printGoals(out, a.Goals, true)
 	}
 	return result.write(out, a)
 }

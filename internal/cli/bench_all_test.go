@@ -87,6 +87,12 @@ func TestBenchAll(t *testing.T) {
 				t.Errorf("roundtrip, %d senders: %v Calls/s, %v three writes/s, ratio %v", s, rt.CallsPerSec[s], rt.RequestWritesPerSec[s], rt.ThroughputRatio[s])
 			}
 		}
+		// A Call creates its Book, the receiver writes its status and its Event, and the
+		// Call watches the Book: at least that, more only for a retry.
+		if r := rt.APIRequests; r == nil || r.Operations != 30 || r.Writes < 3 || r.WritesBy["create books"] < 1 ||
+			r.WritesBy["update books/status"] < 1 || r.WritesBy["create events"] < 1 || r.ReadsBy["watch books"] < 1 {
+			t.Errorf("roundtrip API requests per Call: %+v", r)
+		}
 	}
 	if w := a.Webhook; w == nil {
 		t.Error("no webhook")
@@ -96,6 +102,9 @@ func TestBenchAll(t *testing.T) {
 		if w.DeliveriesPerSec <= 0 || w.CeilingDeliveriesPerSec <= 0 {
 			t.Errorf("webhook: %v deliveries/s, ceiling %v", w.DeliveriesPerSec, w.CeilingDeliveriesPerSec)
 		}
+		if r := w.APIRequests; r == nil || r.Operations != 60 || r.WritesBy["create pullrequests"] < 1 || r.WritesBy["create events"] < 1 {
+			t.Errorf("webhook API requests per delivery: %+v", r)
+		}
 	}
 	if s := a.Storage; s == nil || s.Floor == nil {
 		t.Errorf("storage %+v: want it with its floor", s)
@@ -104,9 +113,29 @@ func TestBenchAll(t *testing.T) {
 		if s.VolumesPerSec <= 0 || s.IdealVolumesPerSec <= 0 || s.WritesPerVolume <= 0 || s.Pools < int(s.ReplicationFactor) {
 			t.Errorf("storage: %v volumes/s (ideal %v), %v writes/volume, %d pools", s.VolumesPerSec, s.IdealVolumesPerSec, s.WritesPerVolume, s.Pools)
 		}
+		// The volume's create, one per replica, and their status writes at least.
+		if r := s.APIRequests; r == nil || r.Operations != 10 || r.WritesBy["create cstorvolumes"] < 1 ||
+			r.WritesBy["create cstorvolumereplicas"] < float64(s.ReplicationFactor) || s.WritesPerVolume < float64(s.IdealWrites) {
+			t.Errorf("storage API requests per volume: %+v (%v writes to volumes and replicas, ideal %d)", r, s.WritesPerVolume, s.IdealWrites)
+		}
+	}
+	// Every goal of the benches that ran, once, each judged.
+	want := map[string]int{"roundtrip": 4, "webhook": 2, "storage": 1}
+	for _, g := range a.Goals {
+		want[g.Bench]--
+		if g.Figure == "" || (g.Op != bench.AtMost && g.Op != bench.AtLeast) || g.Goal <= 0 || (g.Met && g.Unmeasured != "") {
+			t.Errorf("goal %+v", g)
+		}
+	}
+	for b, n := range want {
+		if n != 0 {
+			t.Errorf("goals of %s: %d more than wanted (%+v)", b, -n, a.Goals)
+		}
 	}
 	for _, table := range []string{"create→status→watch p50 (ms)", "calls/s, 4 senders", "deliveries/s, 4 clients", "create→Ready p50 (ms)",
-		"skipped scale: skipped on request", "skipped volume: skipped on request", "skipped up: skipped on request", "wrote " + jsonPath} {
+		"API writes per call: ", "API writes per delivery: ", "API writes per volume: ", "ipc.Call p50 / floor create→status→watch p50",
+		"goals of every bench that ran:", "skipped scale: skipped on request", "skipped volume: skipped on request",
+		"skipped up: skipped on request", "wrote " + jsonPath} {
 		if !strings.Contains(out.String(), table) {
 			t.Errorf("output lacks %q", table)
 		}

@@ -31,12 +31,16 @@ files), the operator reports the volume Ready.
 
   create→Ready   one creator, volumes one after the other: p50/p99
   volumes/s      --creators concurrent creators, own connection each
-  writes/volume  writes to volumes and replicas per volume, counted on watches
+  writes/volume  writes to volumes and replicas per volume, counted by the API
+                 server (apiserver_request_total) over the volumes of
+                 create→Ready; with them, every API request a volume costs, by
+                 verb and resource
 
 Ideals, from the floor measured first in the same run: a volume needs at least
 1+RF creates and RF+1 status writes (each replica's Healthy, the volume's Ready); its critical path is four writes, each
 seen through a watch (volume, replica, replica status, volume status). Ratios
-to the ideal are printed (1 = ideal).
+to the ideal are printed (1 = ideal). Goal: create→Ready p50 ≤ 2× its ideal,
+printed with "met" or "missed".
 
 Without --kubeconfig, bench starts an embedded control plane plus, in this
 process, the operator and --nodes simulated nodes with their agents, as
@@ -53,6 +57,7 @@ crdipc up does. With --kubeconfig, the operator and agents must already run
 					}
 					defer func() { target.quiet(); stop() }()
 				}
+				o.InProcess = target.kubeconfig == ""
 				return bench.MeasureStorage(ctx, cfg, o)
 			}, printStorage)
 		},
@@ -128,6 +133,9 @@ func printStorage(out io.Writer, s *bench.Storage) {
 	fmt.Fprintf(tw, "volumes/s, %d creators\t%.1f\t%.1f\t%.1f×\t\n", s.Creators, s.VolumesPerSec, s.IdealVolumesPerSec, s.ThroughputRatio)
 	fmt.Fprintf(tw, "writes/volume\t%.1f\t%d\t%.2f×\t\n", s.WritesPerVolume, s.IdealWrites, s.WritesRatio)
 	tw.Flush()
+	fmt.Fprintln(out)
+	printGoals(out, s.Goals(), false)
+	printAPIRequests(out, "volume", s.APIRequests)
 	fmt.Fprintln(out)
 	printFloor(out, s.Floor)
 }

@@ -78,9 +78,6 @@ func printUp(out io.Writer, u *bench.Up) {
 	}
 	fmt.Fprintln(tw)
 	tw.Flush()
-	verdict := "met"
-	if u.MedianSeconds > u.GoalSeconds {
-		verdict = "missed"
-	}
-	fmt.Fprintf(out, "median of %d starts: %.2f s (goal ≤ %.1f s: %s)\n", len(u.Starts), u.MedianSeconds, u.GoalSeconds, verdict)
+	fmt.Fprintf(out, "median of %d starts: %.2f s\n\n", len(u.Starts), u.MedianSeconds)
+	printGoals(out, u.Goals(), false)
 }

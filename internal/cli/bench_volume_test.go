@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,12 +73,26 @@ func TestBenchVolume(t *testing.T) {
 		if j.Ratio <= 0 {
 			t.Errorf("job %s: ratio %v", j.Name, j.Ratio)
 		}
+		// A write reaches the one disk once per replica: its goal is against the local
+		// file's figure divided by them.
+		divisor := v.ReplicationFactor
+		if j.Name == "seqRead" {
+			divisor = 1
+		}
+		if j.Divisor != divisor || j.Goal <= 0 || math.Abs(j.GoalRatio-j.Ratio*float64(divisor)) > 1e-9 {
+			t.Errorf("job %s: divisor %d, goal %v, goal ratio %v (ratio %v); want divisor %d", j.Name, j.Divisor, j.Goal, j.GoalRatio, j.Ratio, divisor)
+		}
 		if !strings.Contains(out.String(), j.Description) {
 			t.Errorf("table lacks job %s (%q)", j.Name, j.Description)
 		}
 	}
 	if r := v.Rebuild; r.AllocatedBytes < 8<<20 || r.Seconds <= 0 || r.MiBPerSec <= 0 {
 		t.Errorf("rebuild %+v: want at least the 8 MiB written allocated, and a positive time and rate", r)
+	}
+	for _, g := range v.Goals() {
+		if !strings.Contains(out.String(), g.Figure) || g.Unmeasured != "" {
+			t.Errorf("goal %+v: want it measured and in the table", g)
+		}
 	}
 	// Nothing left behind: the benchmark's directory, the volumes' mounts.
 	entries, err := os.ReadDir(dir)

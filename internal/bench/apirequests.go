@@ -1,0 +1,330 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/component-base/metrics/legacyregistry"
+)
+
+// A critical path's cost in API requests is counted by the API server itself: its
+// apiserver_request_total, one increment per request it served, whatever the outcome, by
+// verb, group, resource, subresource and code. Read before and after a phase of the bench
+// that nothing else loads, and divided by the operations of that phase, it is exact where
+// watching the objects is not: a watch sees only writes that changed an object, not a
+// conflict, a no-op update or a read.
+
+// requestTotal is the API server's request counter.
+const requestTotal = "apiserver_request_total"
+
+// APIRequests are the API requests of one critical path, per operation of a phase.
+type APIRequests struct {
+	// Phase is what was counted; Operations how many operations (Calls, deliveries,
+	// volumes) it made. Every figure below but OtherWrites is per operation.
+	Phase      string `json:"phase"`
+	Operations int    `json:"operations"`
+	// Source is where the counter was read: this process's registry (the embedded control
+	// plane) or the API server's /metrics.
+	Source string `json:"source"`
+	// Counted are the resources counted, as resource.group ("*.group": all of the group's;
+	// "events": core Events). Other clients' requests to them in the interval count too.
+	Counted []string `json:"counted"`
+	// Writes are create, update, patch, apply and delete requests; WritesBy divides them by
+	// "verb resource[/subresource]", with " (code)" for those that failed ("update
+	// books/status (409)").
+	Writes   float64            `json:"writes"`
+	WritesBy map[string]float64 `json:"writesBy"`
+	// Reads are the round trips that write nothing: get, list, and watch, which the API
+	// server counts when it ends (an informer's watch that outlives the phase is not in it).
+	Reads   float64            `json:"reads"`
+	ReadsBy map[string]float64 `json:"readsBy"`
+	// OtherWrites are the writes to resources not counted during the interval, in total
+	// (not per operation): what restricting the count to the path's resources left out
+	// (Leases of the control plane, for one).
+	OtherWrites map[string]float64 `json:"otherWrites,omitempty"`
+	// Unsettled says the counter still moved when the bench stopped waiting for the
+	// requests before the phase, or the phase's last ones, to end: the counts may be a few
+	// off.
+	Unsettled bool `json:"unsettled,omitempty"`
+
+	// writes are Writes by series, per operation, for WritesTo.
+	writes map[requestKey]float64
+}
+
+// apiPath names the resources of a critical path; Resource "*" is every resource of Group.
+type apiPath []schema.GroupResource
+
+func (p apiPath) has(group, resource string) bool {
+	for _, gr := range p {
+		if gr.Group == group && (gr.Resource == "*" || gr.Resource == resource) {
+			return true
+		}
+	}
+	return false
+}
+
+func (p apiPath) names() []string {
+	names := make([]string, len(p))
+	for i, gr := range p {
+		names[i] = gr.String()
+	}
+	return names
+}
+
+// events are the Events a path records: core/v1 ones (ipc's receivers, the webhook
+// listener) and events.k8s.io ones (controller-runtime's recorders).
+var events = []schema.GroupResource{{Resource: "events"}, {Group: "events.k8s.io", Resource: "events"}}
+
+// pathOf is the path of every resource of group, and Events.
+func pathOf(group string) apiPath {
+	return append(apiPath{{Group: group, Resource: "*"}}, events...)
+}
+
+// requestKey is one series of apiserver_request_total as far as the benches tell them
+// apart; Code is empty for a success (2xx).
+type requestKey struct {
+	Verb, Group, Resource, Subresource, Code string
+}
+
+// name is "verb resource[/subresource]" with the verb as kubectl says it, and " (code)"
+// for a failure. The resource has its group, unless core or crdipc's own (whose resource
+// names are unique).
+func (k requestKey) name() string {
+	n := verbName(k.Verb) + " " + k.Resource
+	if k.Group != "" && !strings.HasSuffix(k.Group, ".crdipc.io") {
+		n += "." + k.Group
+	}
+	if k.Subresource != "" {
+		n += "/" + k.Subresource
+	}
+	if k.Code != "" {
+		n += " (" + k.Code + ")"
+	}
+	return n
+}
+
+// write says whether a request of verb k.Verb writes (the API server's verbs are HTTP
+// methods, with LIST, WATCH and APPLY told apart).
+func (k requestKey) write() bool {
+	switch k.Verb {
+	case "POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION":
+		return true
+	}
+	return false
+}
+
+func verbName(v string) string {
+	switch v {
+	case "POST":
+		return "create"
+	case "PUT":
+		return "update"
+	}
+	return strings.ToLower(v)
+}
+
+type requestCounts map[requestKey]float64
+
+// requestCounter reads apiserver_request_total.
+type requestCounter struct {
+	source string
+	read   func(ctx context.Context) ([]*dto.MetricFamily, error)
+}
+
+// newRequestCounter reads the counter of the API server of cfg: with inProcess, the
+// embedded control plane's, from this process's registry, where it registers its metrics;
+// else from the API server's /metrics. That answers for one API server only: of a
+// cluster with several, the one that answered.
+func newRequestCounter(cfg *rest.Config, inProcess bool) (*requestCounter, error) {
+	if inProcess {
+		return &requestCounter{source: "the embedded control plane's registry in this process", read: func(context.Context) ([]*dto.MetricFamily, error) {
+			return legacyregistry.DefaultGatherer.Gather()
+		}}, nil
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+	return &requestCounter{source: cfg.Host + "/metrics", read: func(ctx context.Context) ([]*dto.MetricFamily, error) {
+		raw, err := kube.CoreV1().RESTClient().Get().AbsPath("/metrics").SetHeader("Accept", "text/plain").DoRaw(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("reading the API server's /metrics: %w", err)
+		}
+		return parseExposition(raw)
+	}}, nil
+}
+
+// parseExposition parses a /metrics answer in the text format, as Prometheus does.
+func parseExposition(raw []byte) ([]*dto.MetricFamily, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("parsing the API server's /metrics: %w", err)
+	}
+	return slices.Collect(maps.Values(families)), nil
+}
+
+// counts reads the counter once.
+func (rc *requestCounter) counts(ctx context.Context) (requestCounts, error) {
+	families, err := rc.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, mf := range families {
+		if mf.GetName() == requestTotal {
+			return parseRequestTotal(mf), nil
+		}
+	}
+	return nil, fmt.Errorf("%s has no %s", rc.source, requestTotal)
+}
+
+func parseRequestTotal(mf *dto.MetricFamily) requestCounts {
+	c := requestCounts{}
+	for _, m := range mf.GetMetric() {
+		var k requestKey
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "verb":
+				k.Verb = l.GetValue()
+			case "group":
+				k.Group = l.GetValue()
+			case "resource":
+				k.Resource = l.GetValue()
+			case "subresource":
+				k.Subresource = l.GetValue()
+			case "code":
+				k.Code = l.GetValue()
+			}
+		}
+		if strings.HasPrefix(k.Code, "2") {
+			k.Code = ""
+		}
+		// Requests that name no resource (/metrics, /healthz, discovery) are nobody's path.
+		if k.Resource == "" {
+			continue
+		}
+		v := m.GetCounter().GetValue()
+		if m.GetCounter() == nil {
+			v = m.GetUntyped().GetValue()
+		}
+		c[k] += v
+	}
+	return c
+}
+
+// countSettleInterval and countSettleTimeout: a request is counted when its handler returns, after
+// its response went out, and a watch when it ends, after the client stopped it; the
+// counter is read until the path's counts stay still for countSettleInterval.
+const (
+	countSettleInterval = 250 * time.Millisecond
+	countSettleTimeout  = 10 * time.Second
+)
+
+// settled reads the counter until the path's counts stop moving; unsettled says they
+// still moved at countSettleTimeout.
+func (rc *requestCounter) settled(ctx context.Context, path apiPath) (c requestCounts, unsettled bool, err error) {
+	prev, err := rc.counts(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	deadline := time.Now().Add(countSettleTimeout)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		case <-time.After(countSettleInterval):
+		}
+		cur, err := rc.counts(ctx)
+		if err != nil {
+			return nil, false, err
+		}
+		if samePath(prev, cur, path) {
+			return cur, false, nil
+		}
+		if time.Now().After(deadline) {
+			return cur, true, nil
+		}
+		prev = cur
+	}
+}
+
+func samePath(a, b requestCounts, path apiPath) bool {
+	for _, c := range []requestCounts{a, b} {
+		for k := range c {
+			if path.has(k.Group, k.Resource) && a[k] != b[k] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// countRequests counts the API requests of path during run, which makes ops operations.
+// The count starts once the requests of what ran before have ended and ends once those of
+// run have.
+func countRequests(ctx context.Context, rc *requestCounter, path apiPath, phase string, ops int, run func() error) (*APIRequests, error) {
+	before, unsettledBefore, err := rc.settled(ctx, path)
+	if err != nil {
+		return nil, fmt.Errorf("counting API requests: %w", err)
+	}
+	if err := run(); err != nil {
+		return nil, err
+	}
+	after, unsettled, err := rc.settled(ctx, path)
+	if err != nil {
+		return nil, fmt.Errorf("counting API requests: %w", err)
+	}
+	r := perOperation(before, after, path, ops)
+	r.Phase, r.Source, r.Unsettled = phase, rc.source, unsettledBefore || unsettled
+	return r, nil
+}
+
+// perOperation is the difference of two readings divided by ops, for the resources of
+// path; the writes to the others are kept in total.
+func perOperation(before, after requestCounts, path apiPath, ops int) *APIRequests {
+	r := &APIRequests{Operations: ops, Counted: path.names(), WritesBy: map[string]float64{}, ReadsBy: map[string]float64{},
+		OtherWrites: map[string]float64{}, writes: map[requestKey]float64{}}
+	for k, v := range after {
+		d := v - before[k]
+		if d <= 0 {
+			continue
+		}
+		switch {
+		case !path.has(k.Group, k.Resource):
+			if k.write() {
+				r.OtherWrites[k.name()] += d
+			}
+		case ops <= 0:
+		case k.write():
+			r.writes[k] += d / float64(ops)
+			r.WritesBy[k.name()] += d / float64(ops)
+			r.Writes += d / float64(ops)
+		default:
+			r.ReadsBy[k.name()] += d / float64(ops)
+			r.Reads += d / float64(ops)
+		}
+	}
+	return r
+}
+
+// writesTo is the writes per operation to the resources of gr (subresources included).
+func (r *APIRequests) writesTo(gr ...schema.GroupResource) float64 {
+	var sum float64
+	for k, v := range r.writes {
+		if apiPath(gr).has(k.Group, k.Resource) {
+			sum += v
+		}
+	}
+	return sum
+}
