@@ -159,6 +159,7 @@ func QuickAllOptions() AllOptions {
 	o.Storage.Volumes, o.Storage.ThroughputVolumes, o.Storage.Creators = 10, 20, 4 // 4: a writer count of the floor
 	o.Volume.VolumeSize, o.Volume.SeqSize, o.Volume.SeqIODepth = 64*mib, 8*mib, 4
 	o.Volume.RandSize, o.Volume.RandRuntime, o.Volume.RandIODepth = 4*mib, time.Second, 4
+	o.Volume.Rounds = 1
 	o.Volume.RebuildSize, o.Volume.RebuildData = 32*mib, 8*mib
 	o.Volume.DropCaches = false // a smoke run leaves the page cache of whatever else runs alone
 	o.Scale = ScaleOptions{Sizes: []int{100, 300}, Writers: 8, CallSamples: 20, IdleWindow: time.Second, MinCachedObjects: 2000}

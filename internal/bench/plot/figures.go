@@ -152,11 +152,11 @@ func latency(a *bench.All) (*figure, string, error) {
 		f.add(p)
 	}
 	if w := a.Webhook; w != nil {
-		lp := newLatencyPanel(fmt.Sprintf("GitHub webhook delivery at %.0f/s against the same four writes sent straight to the API server", w.Options.Rate))
+		lp := newLatencyPanel(fmt.Sprintf("GitHub webhook delivery at %.0f/s against the same three writes sent straight to the API server", w.Options.Rate))
 		if err := lp.add("listener: request → 2xx", w.Latency); err != nil {
 			return nil, "", err
 		}
-		if err := lp.add("floor: Delivery, PullRequest, Event, Delivery status", w.FloorLatency); err != nil {
+		if err := lp.add("floor: PullRequest, Event, Delivery (complete)", w.FloorLatency); err != nil {
 			return nil, "", err
 		}
 		if w.FloorLatency.N > 0 {

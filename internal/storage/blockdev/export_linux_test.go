@@ -206,7 +206,7 @@ func TestFileBounds(t *testing.T) {
 // TestCloseIsIdempotent: Close detaches and unmounts once; later calls are no-ops.
 func TestCloseIsIdempotent(t *testing.T) {
 	requireMount(t)
-	e := export(t, &memDevice{buf: make([]byte, 4<<20)}, Options{})
+	e := export(t, NewMemoryDevice(4<<20), Options{})
 	loop := filepath.Base(e.Device())
 	for i := range 3 {
 		if err := e.Close(); err != nil {
@@ -230,7 +230,7 @@ func TestCloseIsIdempotent(t *testing.T) {
 // report ErrBusy, and keep serving until the holder lets go.
 func TestCloseWhileOpen(t *testing.T) {
 	requireMount(t)
-	dev := &memDevice{buf: make([]byte, 4<<20)}
+	dev := NewMemoryDevice(4<<20)
 	e, err := Export(context.Background(), dev, filepath.Join(t.TempDir(), "export"),
 		Options{CloseTimeout: 300 * time.Millisecond, Logger: quietLogger()})
 	if err != nil {
@@ -283,7 +283,7 @@ func TestMain(m *testing.M) {
 }
 
 func exportUntilKilled(dir string) {
-	e, err := Export(context.Background(), &memDevice{buf: make([]byte, 4<<20)}, dir, Options{Logger: quietLogger()})
+	e, err := Export(context.Background(), NewMemoryDevice(4<<20), dir, Options{Logger: quietLogger()})
 	if err != nil {
 		fmt.Println("ERROR", err)
 		os.Exit(1)
@@ -374,7 +374,7 @@ func testCleanupStaleExport(t *testing.T, withFS bool) {
 	if out, err := exec.Command("dd", "if="+loopDev, "of=/dev/null", "bs=4K", "count=1", "iflag=direct").CombinedOutput(); err == nil {
 		t.Fatalf("read from an orphaned loop device succeeded:\n%s", out)
 	}
-	if _, err := Export(context.Background(), &memDevice{buf: make([]byte, 4<<20)}, dir, Options{Logger: quietLogger()}); err == nil {
+	if _, err := Export(context.Background(), NewMemoryDevice(4<<20), dir, Options{Logger: quietLogger()}); err == nil {
 		t.Fatal("Export over a stale export succeeded")
 	}
 
@@ -397,7 +397,7 @@ func testCleanupStaleExport(t *testing.T, withFS bool) {
 	if err := Cleanup(dir); err != nil {
 		t.Fatalf("cleanup with nothing to clean: %v", err)
 	}
-	export2, err := Export(context.Background(), &memDevice{buf: make([]byte, 4<<20)}, dir, Options{Logger: quietLogger()})
+	export2, err := Export(context.Background(), NewMemoryDevice(4<<20), dir, Options{Logger: quietLogger()})
 	if err != nil {
 		t.Fatalf("export after cleanup: %v", err)
 	}

@@ -5,13 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -92,31 +90,6 @@ func (d *fileDevice) Flush() error {
 }
 
 func (d *fileDevice) Size() int64 { return d.size }
-
-// memDevice is an in-memory Device for throughput measurements.
-type memDevice struct {
-	mu  sync.RWMutex
-	buf []byte
-}
-
-func (d *memDevice) ReadAt(p []byte, off int64) (int, error) {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	n := copy(p, d.buf[off:])
-	if n < len(p) {
-		return n, io.EOF
-	}
-	return n, nil
-}
-
-func (d *memDevice) WriteAt(p []byte, off int64) (int, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return copy(d.buf[off:], p), nil
-}
-
-func (d *memDevice) Flush() error { return nil }
-func (d *memDevice) Size() int64  { return int64(len(d.buf)) }
 
 func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 

@@ -129,7 +129,7 @@ func TestVolumeDeviceErrorsAreEIO(t *testing.T) {
 // A full read that ends exactly at the end of the Device may come with io.EOF (io.ReaderAt
 // allows that); it is a success.
 func TestVolumeFullReadWithEOF(t *testing.T) {
-	v := newVolume(&memDevice{buf: []byte("0123456789abcdef")}, quietLogger())
+	v := newVolume(&MemoryDevice{buf: []byte("0123456789abcdef")}, quietLogger())
 	r, errno := v.Read(context.Background(), nil, make([]byte, 8), 8)
 	if errno != 0 || string(readAll(t, r)) != "89abcdef" {
 		t.Fatalf("read of the last bytes: %v", errno)
