@@ -230,7 +230,7 @@ func TestCloseIsIdempotent(t *testing.T) {
 // report ErrBusy, and keep serving until the holder lets go.
 func TestCloseWhileOpen(t *testing.T) {
 	requireMount(t)
-	dev := NewMemoryDevice(4<<20)
+	dev := NewMemoryDevice(4 << 20)
 	e, err := Export(context.Background(), dev, filepath.Join(t.TempDir(), "export"),
 		Options{CloseTimeout: 300 * time.Millisecond, Logger: quietLogger()})
 	if err != nil {
