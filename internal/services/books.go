@@ -28,8 +28,5 @@ type booksService struct{}
 func (*booksService) AddFlags(*pflag.FlagSet) {}
 
 func (*booksService) Setup(mgr manager.Manager, _ Env) error {
-	// A Book's reconcile is two writes and no computation, so the receiver keeps up with
-	// many senders only when many are in flight: with ipc's default of 4, 32 senders
-	// queue behind four workers (bench roundtrip, docs/performance.md).
-	return books.Register(mgr, ipc.Options{MaxConcurrentReconciles: 16})
+	return books.Register(mgr, ipc.Options{})
 }
