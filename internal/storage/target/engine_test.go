@@ -21,7 +21,7 @@ type stateEvent struct {
 }
 
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	cl     *fakeCluster
 	stores []*fakeStore
 	e      *Engine

@@ -27,7 +27,7 @@ const itSize = 4 << 20
 // node is a real replica.Server on a loopback address of its own serving files under dir;
 // it can be stopped and started again on the same address.
 type node struct {
-	t      *testing.T
+	t      testing.TB
 	name   string
 	dir    string
 	ca     replica.CA
@@ -132,7 +132,7 @@ func (n *node) sha(id string) [32]byte {
 }
 
 type cluster struct {
-	t       *testing.T
+	t       testing.TB
 	nodes   []*node
 	ids     []string
 	client  *tls.Config
@@ -144,7 +144,7 @@ type cluster struct {
 
 // newCluster starts three replica servers, each with an empty replica of itSize; opts, if
 // given, adjusts every server's options.
-func newCluster(t *testing.T, opts ...func(*replica.ServerOptions)) *cluster {
+func newCluster(t testing.TB, opts ...func(*replica.ServerOptions)) *cluster {
 	ca, err := replica.NewCA()
 	if err != nil {
 		t.Fatal(err)
