@@ -165,8 +165,10 @@ func MeasureWebhook(ctx context.Context, cfg *rest.Config, o WebhookOptions) (*W
 		return nil, err
 	}
 	// Floor and listener take turns in rounds, so that a stall of the shared machine (etcd
-	// fsync, GC of the embedded API server) lands in both rather than in whichever ran then.
-	const rounds = 5
+	// fsync, GC of the embedded API server) lands in both rather than in whichever ran then;
+	// which goes first alternates, so that neither always inherits what the other left the
+	// API server to do (watch fan-out, etcd's compaction).
+	const rounds = 6
 	var floorD, listenerD []time.Duration
 	hc := newHTTPClient()
 	for r := range rounds {
@@ -174,15 +176,26 @@ func MeasureWebhook(ctx context.Context, cfg *rest.Config, o WebhookOptions) (*W
 		if r == rounds-1 {
 			n = o.Samples - n*(rounds-1)
 		}
-		d, err := paced(ctx, o.Rate, n, func() error { return createPair(ctx, c, ns, pair.Add(1)) })
-		if err != nil {
+		floor := func() error {
+			d, err := paced(ctx, o.Rate, n, func() error { return createPair(ctx, c, ns, pair.Add(1)) })
+			floorD = append(floorD, d...)
+			return err
+		}
+		listener := func() error {
+			d, err := paced(ctx, o.Rate, n, func() error { return send(hc) })
+			listenerD = append(listenerD, d...)
+			return err
+		}
+		first, second := floor, listener
+		if r%2 == 1 {
+			first, second = listener, floor
+		}
+		if err := first(); err != nil {
 			return nil, err
 		}
-		floorD = append(floorD, d...)
-		if d, err = paced(ctx, o.Rate, n, func() error { return send(hc) }); err != nil {
+		if err := second(); err != nil {
 			return nil, err
 		}
-		listenerD = append(listenerD, d...)
 	}
 	res.FloorLatency, res.Latency = summarize(floorD), summarize(listenerD)
 	res.P50Ratio = res.Latency.P50 / res.FloorLatency.P50
