@@ -4,14 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -139,7 +135,7 @@ type requestCounts map[requestKey]float64
 // requestCounter reads apiserver_request_total.
 type requestCounter struct {
 	source string
-	read   func(ctx context.Context) ([]*dto.MetricFamily, error)
+	read   func(ctx context.Context) (map[string]*dto.MetricFamily, error)
 }
 
 // newRequestCounter reads the counter of the API server of cfg: with inProcess, the
@@ -148,31 +144,26 @@ type requestCounter struct {
 // cluster with several, the one that answered.
 func newRequestCounter(cfg *rest.Config, inProcess bool) (*requestCounter, error) {
 	if inProcess {
-		return &requestCounter{source: "the embedded control plane's registry in this process", read: func(context.Context) ([]*dto.MetricFamily, error) {
-			return legacyregistry.DefaultGatherer.Gather()
+		return &requestCounter{source: "the embedded control plane's registry in this process", read: func(context.Context) (map[string]*dto.MetricFamily, error) {
+			families, err := legacyregistry.DefaultGatherer.Gather()
+			byName := make(map[string]*dto.MetricFamily, len(families))
+			for _, mf := range families {
+				byName[mf.GetName()] = mf
+			}
+			return byName, err
 		}}, nil
 	}
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("creating client: %w", err)
 	}
-	return &requestCounter{source: cfg.Host + "/metrics", read: func(ctx context.Context) ([]*dto.MetricFamily, error) {
+	return &requestCounter{source: cfg.Host + "/metrics", read: func(ctx context.Context) (map[string]*dto.MetricFamily, error) {
 		raw, err := kube.CoreV1().RESTClient().Get().AbsPath("/metrics").SetHeader("Accept", "text/plain").DoRaw(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("reading the API server's /metrics: %w", err)
 		}
-		return parseExposition(raw)
+		return parseMetrics(bytes.NewReader(raw))
 	}}, nil
-}
-
-// parseExposition parses a /metrics answer in the text format, as Prometheus does.
-func parseExposition(raw []byte) ([]*dto.MetricFamily, error) {
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
-	if err != nil {
-		return nil, fmt.Errorf("parsing the API server's /metrics: %w", err)
-	}
-	return slices.Collect(maps.Values(families)), nil
 }
 
 // counts reads the counter once.
@@ -181,12 +172,11 @@ func (rc *requestCounter) counts(ctx context.Context) (requestCounts, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, mf := range families {
-		if mf.GetName() == requestTotal {
-			return parseRequestTotal(mf), nil
-		}
+	mf := families[requestTotal]
+	if mf == nil {
+		return nil, fmt.Errorf("%s has no %s", rc.source, requestTotal)
 	}
-	return nil, fmt.Errorf("%s has no %s", rc.source, requestTotal)
+	return parseRequestTotal(mf), nil
 }
 
 func parseRequestTotal(mf *dto.MetricFamily) requestCounts {
@@ -214,11 +204,7 @@ func parseRequestTotal(mf *dto.MetricFamily) requestCounts {
 		if k.Resource == "" {
 			continue
 		}
-		v := m.GetCounter().GetValue()
-		if m.GetCounter() == nil {
-			v = m.GetUntyped().GetValue()
-		}
-		c[k] += v
+		c[k] += value(m)
 	}
 	return c
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -32,17 +33,15 @@ apiserver_request_total{code="200",component="",dry_run="",group="",resource="",
 func TestPerOperation(t *testing.T) {
 	read := func(text string) requestCounts {
 		t.Helper()
-		families, err := parseExposition([]byte(text))
+		families, err := parseMetrics(strings.NewReader(text))
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, mf := range families {
-			if mf.GetName() == requestTotal {
-				return parseRequestTotal(mf)
-			}
+		mf := families[requestTotal]
+		if mf == nil {
+			t.Fatalf("no %s in %q", requestTotal, text)
 		}
-		t.Fatalf("no %s in %q", requestTotal, text)
-		return nil
+		return parseRequestTotal(mf)
 	}
 	r := perOperation(read(expositionBefore), read(expositionAfter), roundTripPath, 2)
 	wantWrites := map[string]float64{"create books": 1, "update books/status": 1, "update books/status (409)": 0.5, "create events": 1}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -41,10 +42,9 @@ func scrapeProcess(ctx context.Context, url string) (targetSample, error) {
 	if resp.StatusCode != http.StatusOK {
 		return targetSample{}, fmt.Errorf("target metrics: GET %s: %s", url, resp.Status)
 	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
+	families, err := parseMetrics(resp.Body)
 	if err != nil {
-		return targetSample{}, fmt.Errorf("target metrics: parsing %s: %w", url, err)
+		return targetSample{}, fmt.Errorf("target metrics: %s: %w", url, err)
 	}
 	var missing []string
 	get := func(name string) float64 {
@@ -69,6 +69,17 @@ func scrapeProcess(ctx context.Context, url string) (targetSample, error) {
 		return targetSample{}, fmt.Errorf("target metrics: %s has no single series %s (is it a Go process with the process collector, such as crdipc up's --metrics-addr?)", url, strings.Join(missing, ", "))
 	}
 	return sample, nil
+}
+
+// parseMetrics parses a /metrics answer in Prometheus' text format, with Prometheus' own
+// parser, into its families by name.
+func parseMetrics(r io.Reader) (map[string]*dto.MetricFamily, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("parsing metrics: %w", err)
+	}
+	return families, nil
 }
 
 func value(m *dto.Metric) float64 {

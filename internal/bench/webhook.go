@@ -53,7 +53,7 @@ type Webhook struct {
 	Options WebhookOptions `json:"options"`
 	// FloorCreatesPerSec is the API server's create rate with Clients writers (bench floor).
 	FloorCreatesPerSec float64 `json:"floorCreatesPerSec"`
-	// CeilingDeliveriesPerSec is FloorCreatesPerSec / writesPerDelivery.
+	// CeilingDeliveriesPerSec is FloorCreatesPerSec / WebhookWritesPerDelivery.
 	CeilingDeliveriesPerSec float64 `json:"ceilingDeliveriesPerSec"`
 	// DeliveriesPerSec is what the listener sustained with Clients signed HTTP clients.
 	DeliveriesPerSec float64 `json:"deliveriesPerSec"`
@@ -214,12 +214,12 @@ func MeasureWebhook(ctx context.Context, cfg *rest.Config, o WebhookOptions) (*W
 	}); err != nil {
 		return nil, err
 	}
-	floor, err := MeasureFloor(ctx, cfg, FloorOptions{Writers: []int{o.Clients}, Creates: o.Deliveries * writesPerDelivery, Samples: 1})
+	floor, err := MeasureFloor(ctx, cfg, FloorOptions{Writers: []int{o.Clients}, Creates: o.Deliveries * WebhookWritesPerDelivery, Samples: 1})
 	if err != nil {
 		return nil, fmt.Errorf("measuring floor: %w", err)
 	}
 	res.FloorCreatesPerSec = floor.CreatesPerSec[o.Clients]
-	res.CeilingDeliveriesPerSec = res.FloorCreatesPerSec / writesPerDelivery
+	res.CeilingDeliveriesPerSec = res.FloorCreatesPerSec / WebhookWritesPerDelivery
 	res.ThroughputRatio = res.DeliveriesPerSec / res.CeilingDeliveriesPerSec
 	return res, nil
 }
@@ -286,8 +286,9 @@ func paced(ctx context.Context, rate float64, n int, call func() error) ([]time.
 	return d, nil
 }
 
-// writesPerDelivery is what the listener must write for a new delivery (see createPair).
-const writesPerDelivery = 3
+// WebhookWritesPerDelivery is what the listener must write for a new delivery (see
+// createPair): the ceiling is the floor's creates/s divided by it.
+const WebhookWritesPerDelivery = 3
 
 // createPair is a delivery's writes without the listener, in the listener's order: the
 // PullRequest, its Event, and the Delivery record, created complete.

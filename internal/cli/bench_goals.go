@@ -30,13 +30,13 @@ func printGoals(out io.Writer, goals []bench.Goal, withBench bool) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", g.Figure, g.ValueText(), g.GoalText(), g.Verdict())
 	}
 	tw.Flush()
-	met := 0
-	for _, g := range goals {
-		if g.Met {
-			met++
-		}
-	}
 	if withBench {
+		met := 0
+		for _, g := range goals {
+			if g.Met {
+				met++
+			}
+		}
 		fmt.Fprintf(out, "%d of %d goals met\n", met, len(goals))
 	}
 }

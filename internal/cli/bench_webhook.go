@@ -60,9 +60,8 @@ func printWebhook(out io.Writer, w *bench.Webhook) {
 	fmt.Fprintf(tw, "p50 at %.0f/s (ms)\t%.2f\t%.2f\t%.2f\t\n", w.Options.Rate, w.Latency.P50, w.FloorLatency.P50, w.P50Ratio)
 	fmt.Fprintf(tw, "p99 at %.0f/s (ms)\t%.2f\t%.2f\t%.2f\t\n", w.Options.Rate, w.Latency.P99, w.FloorLatency.P99, w.P99Ratio)
 	tw.Flush()
-	// The writes per delivery as the ceiling was computed with, not a number of its own.
-	fmt.Fprintf(out, "(floor deliveries/s = API creates/s with %d writers (%.0f) / %.0f writes per delivery)\n",
-		w.Options.Clients, w.FloorCreatesPerSec, w.FloorCreatesPerSec/w.CeilingDeliveriesPerSec)
+	fmt.Fprintf(out, "(floor deliveries/s = API creates/s with %d writers (%.0f) / %d writes per delivery)\n",
+		w.Options.Clients, w.FloorCreatesPerSec, bench.WebhookWritesPerDelivery)
 	fmt.Fprintln(out)
 	printGoals(out, w.Goals(), false)
 	printAPIRequests(out, "delivery", w.APIRequests)
