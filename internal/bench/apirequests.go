@@ -21,8 +21,16 @@ import (
 // watching the objects is not: a watch sees only writes that changed an object, not a
 // conflict, a no-op update or a read.
 
-// requestTotal is the API server's request counter.
-const requestTotal = "apiserver_request_total"
+// requestTotal is the API server's request counter; etcdRequestsTotal counts the requests
+// it makes to etcd, by operation and resource, and watchEventsTotal the events it sends its
+// watchers, by resource. The last two say what a path costs behind the requests: a
+// request that needs a second etcd read (an update whose cached object was stale), and
+// the watch events every watcher of a resource (informers, a Call's own watch) costs.
+const (
+	requestTotal      = "apiserver_request_total"
+	etcdRequestsTotal = "etcd_requests_total"
+	watchEventsTotal  = "apiserver_watch_events_total"
+)
 
 // APIRequests are the API requests of one critical path, per operation of a phase.
 type APIRequests struct {
@@ -49,6 +57,15 @@ type APIRequests struct {
 	// (not per operation): what restricting the count to the path's resources left out
 	// (Leases of the control plane, for one).
 	OtherWrites map[string]float64 `json:"otherWrites,omitempty"`
+	// Etcd are the requests the API server made to etcd for the path's resources; EtcdBy
+	// divides them by "operation resource" (etcd_requests_total).
+	Etcd   float64            `json:"etcd"`
+	EtcdBy map[string]float64 `json:"etcdBy,omitempty"`
+	// WatchEvents are the events the API server sent to watchers of the path's resources,
+	// whoever they are (apiserver_watch_events_total); WatchEventsBy divides them by
+	// resource.
+	WatchEvents   float64            `json:"watchEvents"`
+	WatchEventsBy map[string]float64 `json:"watchEventsBy,omitempty"`
 	// Unsettled says the counter still moved when the bench stopped waiting for the
 	// requests before the phase, or the phase's last ones, to end: the counts may be a few
 	// off.
@@ -94,13 +111,9 @@ type requestKey struct {
 }
 
 // name is "verb resource[/subresource]" with the verb as kubectl says it, and " (code)"
-// for a failure. The resource has its group, unless core or crdipc's own (whose resource
-// names are unique).
+// for a failure.
 func (k requestKey) name() string {
-	n := verbName(k.Verb) + " " + k.Resource
-	if k.Group != "" && !strings.HasSuffix(k.Group, ".crdipc.io") {
-		n += "." + k.Group
-	}
+	n := verbName(k.Verb) + " " + resourceName(k.Group, k.Resource)
 	if k.Subresource != "" {
 		n += "/" + k.Subresource
 	}
@@ -120,6 +133,15 @@ func (k requestKey) write() bool {
 	return false
 }
 
+// resourceName is the resource with its group, unless core or crdipc's own (whose resource
+// names are unique).
+func resourceName(group, resource string) string {
+	if group != "" && !strings.HasSuffix(group, ".crdipc.io") {
+		return resource + "." + group
+	}
+	return resource
+}
+
 func verbName(v string) string {
 	switch v {
 	case "POST":
@@ -131,6 +153,25 @@ func verbName(v string) string {
 }
 
 type requestCounts map[requestKey]float64
+
+// storageKey is a series of etcd_requests_total (Operation set) or of
+// apiserver_watch_events_total (Operation empty).
+type storageKey struct {
+	Operation, Group, Resource string
+}
+
+func (k storageKey) name() string {
+	if k.Operation == "" {
+		return resourceName(k.Group, k.Resource)
+	}
+	return k.Operation + " " + resourceName(k.Group, k.Resource)
+}
+
+// serverCounts are one reading of the API server's counters.
+type serverCounts struct {
+	requests          requestCounts
+	etcd, watchEvents map[storageKey]float64
+}
 
 // requestCounter reads apiserver_request_total.
 type requestCounter struct {
@@ -166,17 +207,47 @@ func newRequestCounter(cfg *rest.Config, inProcess bool) (*requestCounter, error
 	}}, nil
 }
 
-// counts reads the counter once.
-func (rc *requestCounter) counts(ctx context.Context) (requestCounts, error) {
+// counts reads the counters once. A server without etcd_requests_total or
+// apiserver_watch_events_total (they are ALPHA metrics) has its requests counted all the
+// same.
+func (rc *requestCounter) counts(ctx context.Context) (serverCounts, error) {
 	families, err := rc.read(ctx)
 	if err != nil {
-		return nil, err
+		return serverCounts{}, err
 	}
+	return parseServerCounts(families, rc.source)
+}
+
+func parseServerCounts(families map[string]*dto.MetricFamily, source string) (serverCounts, error) {
 	mf := families[requestTotal]
 	if mf == nil {
-		return nil, fmt.Errorf("%s has no %s", rc.source, requestTotal)
+		return serverCounts{}, fmt.Errorf("%s has no %s", source, requestTotal)
 	}
-	return parseRequestTotal(mf), nil
+	return serverCounts{
+		requests:    parseRequestTotal(mf),
+		etcd:        parseStorageCounter(families[etcdRequestsTotal], "operation"),
+		watchEvents: parseStorageCounter(families[watchEventsTotal], ""),
+	}, nil
+}
+
+// parseStorageCounter sums a counter by group, resource and, if op names one, that label.
+func parseStorageCounter(mf *dto.MetricFamily, op string) map[storageKey]float64 {
+	c := map[storageKey]float64{}
+	for _, m := range mf.GetMetric() {
+		var k storageKey
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "group":
+				k.Group = l.GetValue()
+			case "resource":
+				k.Resource = l.GetValue()
+			case op:
+				k.Operation = l.GetValue()
+			}
+		}
+		c[k] += value(m)
+	}
+	return c
 }
 
 func parseRequestTotal(mf *dto.MetricFamily) requestCounts {
@@ -219,21 +290,21 @@ const (
 
 // settled reads the counter until the path's counts stop moving; unsettled says they
 // still moved at countSettleTimeout.
-func (rc *requestCounter) settled(ctx context.Context, path apiPath) (c requestCounts, unsettled bool, err error) {
+func (rc *requestCounter) settled(ctx context.Context, path apiPath) (c serverCounts, unsettled bool, err error) {
 	prev, err := rc.counts(ctx)
 	if err != nil {
-		return nil, false, err
+		return serverCounts{}, false, err
 	}
 	deadline := time.Now().Add(countSettleTimeout)
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, false, ctx.Err()
+			return serverCounts{}, false, ctx.Err()
 		case <-time.After(countSettleInterval):
 		}
 		cur, err := rc.counts(ctx)
 		if err != nil {
-			return nil, false, err
+			return serverCounts{}, false, err
 		}
 		if samePath(prev, cur, path) {
 			return cur, false, nil
@@ -245,8 +316,19 @@ func (rc *requestCounter) settled(ctx context.Context, path apiPath) (c requestC
 	}
 }
 
-func samePath(a, b requestCounts, path apiPath) bool {
-	for _, c := range []requestCounts{a, b} {
+func samePath(a, b serverCounts, path apiPath) bool {
+	for _, c := range []requestCounts{a.requests, b.requests} {
+		for k := range c {
+			if path.has(k.Group, k.Resource) && a.requests[k] != b.requests[k] {
+				return false
+			}
+		}
+	}
+	return sameStorage(a.etcd, b.etcd, path) && sameStorage(a.watchEvents, b.watchEvents, path)
+}
+
+func sameStorage(a, b map[storageKey]float64, path apiPath) bool {
+	for _, c := range []map[storageKey]float64{a, b} {
 		for k := range c {
 			if path.has(k.Group, k.Resource) && a[k] != b[k] {
 				return false
@@ -278,11 +360,13 @@ func countRequests(ctx context.Context, rc *requestCounter, path apiPath, phase 
 
 // perOperation is the difference of two readings divided by ops, for the resources of
 // path; the writes to the others are kept in total.
-func perOperation(before, after requestCounts, path apiPath, ops int) *APIRequests {
+func perOperation(before, after serverCounts, path apiPath, ops int) *APIRequests {
 	r := &APIRequests{Operations: ops, Counted: path.names(), WritesBy: map[string]float64{}, ReadsBy: map[string]float64{},
 		OtherWrites: map[string]float64{}, writes: map[requestKey]float64{}}
-	for k, v := range after {
-		d := v - before[k]
+	r.Etcd, r.EtcdBy = perOperationOf(before.etcd, after.etcd, path, ops)
+	r.WatchEvents, r.WatchEventsBy = perOperationOf(before.watchEvents, after.watchEvents, path, ops)
+	for k, v := range after.requests {
+		d := v - before.requests[k]
 		if d <= 0 {
 			continue
 		}
@@ -302,6 +386,23 @@ func perOperation(before, after requestCounts, path apiPath, ops int) *APIReques
 		}
 	}
 	return r
+}
+
+// perOperationOf is the growth of a storage counter for the resources of path, per
+// operation, in total and by series.
+func perOperationOf(before, after map[storageKey]float64, path apiPath, ops int) (float64, map[string]float64) {
+	if ops <= 0 {
+		return 0, nil
+	}
+	var total float64
+	by := map[string]float64{}
+	for k, v := range after {
+		if d := v - before[k]; d > 0 && path.has(k.Group, k.Resource) {
+			by[k.name()] += d / float64(ops)
+			total += d / float64(ops)
+		}
+	}
+	return total, by
 }
 
 // writesTo is the writes per operation to the resources of gr (subresources included).

@@ -66,6 +66,11 @@ type RoundTrip struct {
 	// APIRequests are what one Call costs the API server, counted over the sequential
 	// Calls of Latency (nothing else loads it then).
 	APIRequests *APIRequests `json:"apiRequestsPerCall,omitempty"`
+	// CallAPIRequests are what one Call costs the API server in each throughput run, by
+	// sender count, and WritesAPIRequests what the same three writes made without ipc cost
+	// it: side by side, the requests, etcd requests and watch events ipc adds.
+	CallAPIRequests   map[int]*APIRequests `json:"apiRequestsPerCallAt,omitempty"`
+	WritesAPIRequests map[int]*APIRequests `json:"apiRequestsPerThreeWritesAt,omitempty"`
 }
 
 // roundTripPath is what a request through the Book receiver touches: its Book and its
@@ -95,7 +100,8 @@ func MeasureRoundTrip(ctx context.Context, cfg *rest.Config, o RoundTripOptions)
 	defer stop()
 
 	rt := &RoundTrip{Floor: floor, CallsPerSec: map[int]float64{}, RequestWritesPerSec: map[int]float64{},
-		ThroughputRatio: map[int]float64{}, WritesRatio: map[int]float64{}}
+		ThroughputRatio: map[int]float64{}, WritesRatio: map[int]float64{},
+		CallAPIRequests: map[int]*APIRequests{}, WritesAPIRequests: map[int]*APIRequests{}}
 	// Warm up: the first requests pay for informer start and connection setup.
 	if _, err := callBooks(ctx, []client.WithWatch{c}, ns, "warm", 20); err != nil {
 		return nil, err
@@ -122,7 +128,12 @@ func MeasureRoundTrip(ctx context.Context, cfg *rest.Config, o RoundTripOptions)
 	}
 	defer rawCleanup()
 	for _, s := range o.Senders {
-		if rt.RequestWritesPerSec[s], err = requestWrites(ctx, cfg, rawNS, s, o.Calls); err != nil {
+		// Each run is counted once the requests of the one before have ended, so neither
+		// starts on what the other left the API server to do.
+		if rt.WritesAPIRequests[s], err = countRequests(ctx, counter, roundTripPath, fmt.Sprintf("%d requests' three writes, %d writers", o.Calls, s), o.Calls, func() (err error) {
+			rt.RequestWritesPerSec[s], err = requestWrites(ctx, cfg, rawNS, s, o.Calls)
+			return err
+		}); err != nil {
 			return nil, err
 		}
 		clients := make([]client.WithWatch, s)
@@ -131,8 +142,11 @@ func MeasureRoundTrip(ctx context.Context, cfg *rest.Config, o RoundTripOptions)
 				return nil, fmt.Errorf("creating client: %w", err)
 			}
 		}
-		res, err := callBooks(ctx, clients, ns, fmt.Sprintf("tp%d", s), o.Calls)
-		if err != nil {
+		var res callResult
+		if rt.CallAPIRequests[s], err = countRequests(ctx, counter, roundTripPath, fmt.Sprintf("%d Calls, %d senders", o.Calls, s), o.Calls, func() (err error) {
+			res, err = callBooks(ctx, clients, ns, fmt.Sprintf("tp%d", s), o.Calls)
+			return err
+		}); err != nil {
 			return nil, err
 		}
 		rt.CallsPerSec[s] = res.rate

@@ -199,7 +199,12 @@ in this process and measures ipc.Call round trips through it:
                does not let even the writes alone reach.
   API requests what one Call costs the API server, counted by its
                apiserver_request_total over the sequential Calls of the
-               latency run: writes and round trips by verb and resource.
+               latency run: writes and round trips by verb and resource,
+               and behind them the requests it made to etcd
+               (etcd_requests_total) and the watch events it sent
+               (apiserver_watch_events_total). The same counts for every
+               throughput run, a Call's beside the three writes': what ipc
+               adds to the API server's work.
 
 Every goal is printed with its figure and "met" or "missed".`,
 		Args: cobra.NoArgs,
@@ -238,6 +243,29 @@ func printRoundTrip(out io.Writer, rt *bench.RoundTrip) {
 	fmt.Fprintln(out)
 	printGoals(out, rt.Goals(), false)
 	printAPIRequests(out, "call", rt.APIRequests)
+	printThroughputRequests(out, senders, rt)
+}
+
+// printThroughputRequests sets what a Call cost the API server in each throughput run
+// beside what the three writes without ipc cost it in theirs.
+func printThroughputRequests(out io.Writer, senders []int, rt *bench.RoundTrip) {
+	if len(rt.CallAPIRequests) == 0 {
+		return
+	}
+	fmt.Fprintln(out)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "per request, in the throughput runs\tAPI requests\tof them writes\tetcd requests\twatch events sent\t")
+	row := func(name string, r *bench.APIRequests) {
+		if r != nil {
+			fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%.2f\t\n", name, r.Writes+r.Reads, r.Writes, r.Etcd, r.WatchEvents)
+		}
+	}
+	for _, s := range senders {
+		row(fmt.Sprintf("ipc.Call, %d senders", s), rt.CallAPIRequests[s])
+		row(fmt.Sprintf("three writes, %d writers", s), rt.WritesAPIRequests[s])
+	}
+	tw.Flush()
+	fmt.Fprintln(out, "(counted as above; watch events: to every watcher of Books and Events, the receiver's informer and each Call's own watch among them)")
 }
 
 // runBench is the body of every bench subcommand: get the cluster to

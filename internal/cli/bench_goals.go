@@ -50,6 +50,9 @@ func printAPIRequests(out io.Writer, op string, r *bench.APIRequests) {
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "API writes per %s: %.2f%s; reads/round trips: %.2f%s\n", op, r.Writes, breakdown(r.WritesBy, "%.2f"), r.Reads, breakdown(r.ReadsBy, "%.2f"))
 	fmt.Fprintf(out, "  counted by apiserver_request_total, read from %s, over %s, for %s only\n", r.Source, r.Phase, strings.Join(r.Counted, ", "))
+	if r.Etcd > 0 || r.WatchEvents > 0 {
+		fmt.Fprintf(out, "  behind them: etcd requests %.2f%s; watch events sent %.2f%s\n", r.Etcd, breakdown(r.EtcdBy, "%.2f"), r.WatchEvents, breakdown(r.WatchEventsBy, "%.2f"))
+	}
 	if len(r.OtherWrites) > 0 {
 		var total float64
 		for _, v := range r.OtherWrites {

@@ -49,7 +49,7 @@ Every goal is printed with its figure and "met" or "missed".`,
 	cmd.Flags().IntVar(&o.Clients, "clients", o.Clients, "concurrent HTTP clients in the throughput run")
 	cmd.Flags().IntVar(&o.Deliveries, "deliveries", o.Deliveries, "deliveries in the throughput run")
 	cmd.Flags().Float64Var(&o.Rate, "rate", o.Rate, "deliveries per second in the latency run")
-	cmd.Flags().IntVar(&o.Samples, "samples", o.Samples, "deliveries in the latency run")
+	cmd.Flags().IntVar(&o.Samples, "samples", o.Samples, "deliveries a side (listener, floor) in the latency run: its p99 is the samples/100th slowest")
 	return cmd
 }
 
