@@ -59,6 +59,9 @@ type Storage struct {
 	// CreateToReady is one creator's CStorVolume create → its Ready=True arriving on the
 	// creator's watch, volumes created one after the other.
 	CreateToReady Latencies `json:"createToReady"`
+	// Steps divide CreateToReady as the creator's watches of the volume and its replicas
+	// saw it, each step's p50.
+	Steps []StorageStep `json:"steps,omitempty"`
 	// VolumesPerSec: Ready volumes per second with Creators concurrent creators.
 	VolumesPerSec float64 `json:"volumesPerSec"`
 	Creators      int     `json:"creators"`
@@ -135,7 +138,7 @@ func MeasureStorage(ctx context.Context, cfg *rest.Config, o StorageOptions) (*S
 	if err != nil {
 		return nil, err
 	}
-	if s.CreateToReady, s.APIRequests, err = volumeLatency(ctx, c, counter, ns, o); err != nil {
+	if s.CreateToReady, s.Steps, s.APIRequests, err = volumeLatency(ctx, c, counter, ns, o); err != nil {
 		return nil, err
 	}
 	// Counted by the API server rather than on watches (as it was): a watch sees only the
@@ -222,30 +225,39 @@ func watchVolumes(ctx context.Context, c client.WithWatch, ns string) (watch.Int
 	return c.Watch(ctx, &storagev1alpha1.CStorVolumeList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
 }
 
-// volumeLatency creates volumes one at a time and times each until it is Ready, and
-// counts the API requests they cost. The count starts once the watch is set up and ends
-// before it stops, so that the bench's own requests are not in it.
-func volumeLatency(ctx context.Context, c client.WithWatch, counter *requestCounter, ns string, o StorageOptions) (Latencies, *APIRequests, error) {
-	w, err := watchVolumes(ctx, c, ns)
+// volumeLatency creates volumes one at a time and times each until it is Ready, step by
+// step, and counts the API requests they cost. The count starts once the watches are set
+// up and ends before they stop, so that the bench's own requests are not in it.
+func volumeLatency(ctx context.Context, c client.WithWatch, counter *requestCounter, ns string, o StorageOptions) (Latencies, []StorageStep, *APIRequests, error) {
+	vw, err := watchVolumes(ctx, c, ns)
 	if err != nil {
-		return Latencies{}, nil, err
+		return Latencies{}, nil, nil, err
 	}
-	defer w.Stop()
-	var d []time.Duration
+	defer vw.Stop()
+	rw, err := watchReplicas(ctx, c, ns)
+	if err != nil {
+		return Latencies{}, nil, nil, err
+	}
+	defer rw.Stop()
+	var d []volumeTimes
 	api, err := countRequests(ctx, counter, storagePath, fmt.Sprintf("%d volumes one after the other", o.Volumes), o.Volumes, func() (err error) {
-		d, err = createVolumesOneByOne(ctx, c, w, ns, o)
+		d, err = createVolumesOneByOne(ctx, c, vw, rw, ns, o)
 		return err
 	})
 	if err != nil {
-		return Latencies{}, nil, err
+		return Latencies{}, nil, nil, err
 	}
-	return summarize(d), api, nil
+	total := make([]time.Duration, len(d))
+	for i, t := range d {
+		total[i] = t.ready
+	}
+	return summarize(total), storageSteps(d), api, nil
 }
 
 // createVolumesOneByOne creates o.Volumes volumes, each once the one before is Ready, and
-// returns how long each took; w watches the volumes of ns.
-func createVolumesOneByOne(ctx context.Context, c client.Client, w watch.Interface, ns string, o StorageOptions) ([]time.Duration, error) {
-	d := make([]time.Duration, 0, o.Volumes)
+// returns when each step of each was seen; vw watches the volumes of ns, rw their replicas.
+func createVolumesOneByOne(ctx context.Context, c client.Client, vw, rw watch.Interface, ns string, o StorageOptions) ([]volumeTimes, error) {
+	d := make([]volumeTimes, 0, o.Volumes)
 	for i := range o.Volumes {
 		name := fmt.Sprintf("lat-%d", i)
 		vctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -254,16 +266,25 @@ func createVolumesOneByOne(ctx context.Context, c client.Client, w watch.Interfa
 			cancel()
 			return nil, fmt.Errorf("create: %w", err)
 		}
+		seen := newVolumeSteps(name, int(o.ReplicationFactor), t)
 		err := func() error {
 			for {
 				select {
 				case <-vctx.Done():
 					return fmt.Errorf("volume %s not Ready: %w", name, vctx.Err())
-				case ev, open := <-w.ResultChan():
+				case ev, open := <-rw.ResultChan():
+					if !open {
+						return errors.New("replica watch closed")
+					}
+					if r, ok := ev.Object.(*storagev1alpha1.CStorVolumeReplica); ok {
+						seen.replica(r)
+					}
+				case ev, open := <-vw.ResultChan():
 					if !open {
 						return errors.New("watch closed")
 					}
 					if v, ok := ev.Object.(*storagev1alpha1.CStorVolume); ok && v.Name == name && volumeReady(v) {
+						seen.ready(v)
 						return nil
 					}
 				}
@@ -273,7 +294,7 @@ func createVolumesOneByOne(ctx context.Context, c client.Client, w watch.Interfa
 		if err != nil {
 			return nil, err
 		}
-		d = append(d, time.Since(t))
+		d = append(d, seen.times)
 	}
 	return d, nil
 }

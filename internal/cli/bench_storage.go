@@ -133,6 +133,16 @@ func printStorage(out io.Writer, s *bench.Storage) {
 	fmt.Fprintf(tw, "volumes/s, %d creators\t%.1f\t%.1f\t%.1f×\t\n", s.Creators, s.VolumesPerSec, s.IdealVolumesPerSec, s.ThroughputRatio)
 	fmt.Fprintf(tw, "writes/volume\t%.1f\t%d\t%.2f×\t\n", s.WritesPerVolume, s.IdealWrites, s.WritesRatio)
 	tw.Flush()
+	if len(s.Steps) > 0 {
+		fmt.Fprintln(out)
+		tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "create→Ready step by step, as the creator's watches saw it\tp50 (ms)\t")
+		for _, st := range s.Steps {
+			fmt.Fprintf(tw, "%s\t%.1f\t\n", st.Name, st.P50Ms)
+		}
+		tw.Flush()
+		fmt.Fprintf(out, "(the ideal counts one create→watch, %.1f ms, for each of: the volume, its replicas, their status, its status)\n", s.IdealLatencyMs/4)
+	}
 	fmt.Fprintln(out)
 	printGoals(out, s.Goals(), false)
 	printAPIRequests(out, "volume", s.APIRequests)
