@@ -128,6 +128,16 @@ func TestBenchAll(t *testing.T) {
 			r.WritesBy["create cstorvolumereplicas"] < float64(s.ReplicationFactor) || s.WritesPerVolume < float64(s.IdealWrites) {
 			t.Errorf("storage API requests per volume: %+v (%v writes to volumes and replicas, ideal %d)", r, s.WritesPerVolume, s.IdealWrites)
 		}
+		// The three steps of create→Ready, each taking time, adding up to about the whole.
+		var sum float64
+		for _, st := range s.Steps {
+			sum += st.P50Ms
+		}
+		if len(s.Steps) != 3 || s.Steps[0].P50Ms <= 0 || s.Steps[1].P50Ms <= 0 || s.Steps[2].P50Ms <= 0 {
+			t.Errorf("storage steps %+v: want three, each > 0", s.Steps)
+		} else if sum < s.CreateToReady.P50/2 {
+			t.Errorf("storage steps %+v add up to %v ms, far below create→Ready p50 %v ms", s.Steps, sum, s.CreateToReady.P50)
+		}
 	}
 	// Every goal of the benches that ran, once, each judged.
 	want := map[string]int{"roundtrip": 4, "webhook": 2, "storage": 1}
