@@ -123,6 +123,8 @@ func (k requestKey) name() string {
 	return n
 }
 
+func (k requestKey) groupResource() (string, string) { return k.Group, k.Resource }
+
 // write says whether a request of verb k.Verb writes (the API server's verbs are HTTP
 // methods, with LIST, WATCH and APPLY told apart).
 func (k requestKey) write() bool {
@@ -159,6 +161,8 @@ type requestCounts map[requestKey]float64
 type storageKey struct {
 	Operation, Group, Resource string
 }
+
+func (k storageKey) groupResource() (string, string) { return k.Group, k.Resource }
 
 func (k storageKey) name() string {
 	if k.Operation == "" {
@@ -317,20 +321,17 @@ func (rc *requestCounter) settled(ctx context.Context, path apiPath) (c serverCo
 }
 
 func samePath(a, b serverCounts, path apiPath) bool {
-	for _, c := range []requestCounts{a.requests, b.requests} {
-		for k := range c {
-			if path.has(k.Group, k.Resource) && a.requests[k] != b.requests[k] {
-				return false
-			}
-		}
-	}
-	return sameStorage(a.etcd, b.etcd, path) && sameStorage(a.watchEvents, b.watchEvents, path)
+	return sameOn(a.requests, b.requests, path) && sameOn(a.etcd, b.etcd, path) && sameOn(a.watchEvents, b.watchEvents, path)
 }
 
-func sameStorage(a, b map[storageKey]float64, path apiPath) bool {
-	for _, c := range []map[storageKey]float64{a, b} {
+// sameOn says whether two readings of a counter agree on every series of path's resources.
+func sameOn[K interface {
+	comparable
+	groupResource() (string, string)
+}](a, b map[K]float64, path apiPath) bool {
+	for _, c := range []map[K]float64{a, b} {
 		for k := range c {
-			if path.has(k.Group, k.Resource) && a[k] != b[k] {
+			if path.has(k.groupResource()) && a[k] != b[k] {
 				return false
 			}
 		}
