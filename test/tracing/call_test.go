@@ -243,3 +243,35 @@ func filter(spans []span, keep func(span) bool) []span {
 	}
 	return out
 }
+
+// kube-apiserver shuts its tracer provider down when it stops; the one crdipc gives it
+// outlives it, so that a restarted control plane (a restarted `crdipc up`) still traces.
+func TestAPIServerTracesAfterRestart(t *testing.T) {
+	env := testenv.Get(t)
+	env.Restart(t)
+	ns := env.Namespace(t)
+	c, err := client.New(provider.RESTConfig(env.Config, senderService), client.Options{Scheme: scheme.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, sent := provider.Service(senderService).Tracer("test").Start(context.Background(), "create after restart")
+	b := &book{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "emma"},
+		Spec:       libraryv1alpha1.BookSpec{Title: "Emma", Author: "Jane Austen"},
+	}
+	err = c.Create(ctx, b)
+	sent.End()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sent.SpanContext().TraceID()
+	testenv.Eventually(t, 20*time.Second, "kube-apiserver's span of the create to reach the collector", func(ctx context.Context) (bool, error) {
+		if err := provider.ForceFlush(ctx); err != nil {
+			return false, err
+		}
+		spans := otlp.matching(func(s span) bool {
+			return s.traceID == id && s.service == tracing.APIServerService && s.kind == ptrace.SpanKindServer
+		})
+		return len(spans) > 0, nil
+	})
+}
