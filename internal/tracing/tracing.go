@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -28,9 +29,11 @@ const APIServerService = "kube-apiserver"
 // Options say where spans go. The zero value exports where the environment
 // says, if it says anything, and keeps no store.
 type Options struct {
-	// Endpoint is the URL of an OTLP receiver (http://localhost:4318, or
-	// :4317 with OTEL_EXPORTER_OTLP_PROTOCOL=grpc). It turns export on and
-	// takes precedence over the endpoint variables: a flag's value.
+	// Endpoint is the base URL of an OTLP receiver, as in
+	// OTEL_EXPORTER_OTLP_ENDPOINT: http://localhost:4318, to which HTTP
+	// export adds /v1/traces, or http://localhost:4317 with
+	// OTEL_EXPORTER_OTLP_PROTOCOL=grpc. It turns export on and takes
+	// precedence over the endpoint variables: a flag's value.
 	Endpoint string
 	// Store, when set, keeps the recent traces in memory.
 	Store *Store
@@ -215,7 +218,14 @@ func newExporter(ctx context.Context, endpoint string) (sdktrace.SpanExporter, e
 	case "", "http/protobuf":
 		var opts []otlptracehttp.Option
 		if endpoint != "" {
-			opts = append(opts, otlptracehttp.WithEndpointURL(endpoint))
+			// The exporter takes a signal's URL (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT's form);
+			// a base URL names the traces path as the specification says.
+			u, err := url.Parse(endpoint)
+			if err != nil {
+				return nil, fmt.Errorf("OTLP endpoint: %w", err)
+			}
+			u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/traces"
+			opts = append(opts, otlptracehttp.WithEndpointURL(u.String()))
 		}
 		exp, err = otlptracehttp.New(ctx, opts...)
 	default:

@@ -24,26 +24,29 @@ import (
 	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/collector"
 	"github.com/crdipc/crdipc/internal/tracing"
 	"github.com/crdipc/crdipc/ipc"
 )
 
 var (
-	otlp     *collector
+	otlp     *collector.Collector
 	provider *tracing.Provider
 )
+
+type span = collector.Span
 
 // TestMain starts the collector, then the control plane with kube-apiserver
 // exporting to it, configured as a user would: by the standard variables.
 func TestMain(m *testing.M) {
 	ctx := context.Background()
 	var err error
-	if otlp, err = startCollector(ctx); err != nil {
+	if otlp, err = collector.Start(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "collector:", err)
 		os.Exit(1)
 	}
 	for k, v := range map[string]string{
-		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + otlp.endpoint,
+		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://" + otlp.GRPC,
 		"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
 		"OTEL_TRACES_EXPORTER":        "",
 		"OTEL_TRACES_SAMPLER":         "",
@@ -137,15 +140,15 @@ func TestCallIsOneTraceThroughAPIServerAndReceiver(t *testing.T) {
 		if err := provider.ForceFlush(ctx); err != nil {
 			return false, err
 		}
-		spans = otlp.matching(func(s span) bool { return s.traceID == id })
+		spans = otlp.Spans(func(s span) bool { return s.TraceID == id })
 		byID := map[trace.SpanID]span{}
 		for _, s := range spans {
-			byID[s.spanID] = s
+			byID[s.SpanID] = s
 		}
 		// under says whether s descends from the span with the given ID, and the spans
 		// between them.
 		under := func(s span, ancestor trace.SpanID) bool {
-			for p := s.parent; p.IsValid(); p = byID[p].parent {
+			for p := s.Parent; p.IsValid(); p = byID[p].Parent {
 				if p == ancestor {
 					return true
 				}
@@ -159,63 +162,65 @@ func TestCallIsOneTraceThroughAPIServerAndReceiver(t *testing.T) {
 		if call, ok = find(spans, senderService, "call Book"); !ok {
 			return false, errors.New("no call span from the sender")
 		}
-		if call.spanID != sc.SpanID() {
-			return false, fmt.Errorf("the annotation names span %s, the call span is %s", sc.SpanID(), call.spanID)
+		if call.SpanID != sc.SpanID() {
+			return false, fmt.Errorf("the annotation names span %s, the call span is %s", sc.SpanID(), call.SpanID)
 		}
-		if call.parent.IsValid() || call.kind != ptrace.SpanKindClient {
+		if call.Parent.IsValid() || call.Kind != ptrace.SpanKindClient {
 			return false, fmt.Errorf("call span %s: want a root client span", call)
 		}
 		create, ok := findFunc(spans, func(s span) bool {
-			return s.service == tracing.APIServerService && strings.HasPrefix(s.name, "POST /apis/library.crdipc.io/v1alpha1/namespaces/{:namespace}/books")
+			return s.Service == tracing.APIServerService && strings.HasPrefix(s.Name, "POST /apis/library.crdipc.io/v1alpha1/namespaces/{:namespace}/books")
 		})
 		if !ok {
 			return false, errors.New("no kube-apiserver span for the create")
 		}
-		if !under(create, call.spanID) {
+		if !under(create, call.SpanID) {
 			return false, fmt.Errorf("kube-apiserver's create span %s does not descend from the call span", create)
 		}
 		// A request may be reconciled more than once (the cache behind a write); each
 		// reconcile continues the same trace.
 		reconciles := map[trace.SpanID]bool{}
-		for _, r := range filter(spans, func(s span) bool { return s.service == receiverService && s.name == "reconcile Book" }) {
-			if r.parent != call.spanID {
-				return false, fmt.Errorf("reconcile span %s: want the call span %s, from the annotation, as its parent", r, call.spanID)
+		for _, r := range filter(spans, func(s span) bool { return s.Service == receiverService && s.Name == "reconcile Book" }) {
+			if r.Parent != call.SpanID {
+				return false, fmt.Errorf("reconcile span %s: want the call span %s, from the annotation, as its parent", r, call.SpanID)
 			}
-			reconciles[r.spanID] = true
+			reconciles[r.SpanID] = true
 		}
 		if len(reconciles) == 0 {
 			return false, errors.New("no reconcile span from the receiver")
 		}
 		var writes []span
 		for _, name := range []string{"handle Book", "write status"} {
-			found := filter(spans, func(s span) bool { return s.service == receiverService && s.name == name })
+			found := filter(spans, func(s span) bool { return s.Service == receiverService && s.Name == name })
 			if len(found) == 0 {
 				return false, fmt.Errorf("no %q span from the receiver", name)
 			}
 			for _, s := range found {
-				if !reconciles[s.parent] {
+				if !reconciles[s.Parent] {
 					return false, fmt.Errorf("%s: want a reconcile span as its parent", s)
 				}
 			}
 			writes = found
 		}
 		status, ok := findFunc(spans, func(s span) bool {
-			return s.service == tracing.APIServerService && strings.HasSuffix(s.name, "/books/{:name}/status")
+			return s.Service == tracing.APIServerService && strings.HasSuffix(s.Name, "/books/{:name}/status")
 		})
 		if !ok {
 			return false, errors.New("no kube-apiserver span for the status write")
 		}
-		if !slices.ContainsFunc(writes, func(w span) bool { return under(status, w.spanID) }) {
+		if !slices.ContainsFunc(writes, func(w span) bool { return under(status, w.SpanID) }) {
 			return false, fmt.Errorf("kube-apiserver's status span %s does not descend from the receiver's status write", status)
 		}
 		return true, nil
 	})
 
 	// One trace: every span about this request, from every service, is in it.
-	about := otlp.matching(func(s span) bool { return s.attrs["ipc.name"] == b.Name && s.attrs["k8s.namespace.name"] == ns })
+	about := otlp.Spans(func(s span) bool {
+		return s.Attributes["ipc.name"] == b.Name && s.Attributes["k8s.namespace.name"] == ns
+	})
 	for _, s := range about {
-		if s.traceID != id {
-			t.Errorf("span %s of the request is in trace %s, not %s", s, s.traceID, id)
+		if s.TraceID != id {
+			t.Errorf("span %s of the request is in trace %s, not %s", s, s.TraceID, id)
 		}
 	}
 	for _, s := range spans {
@@ -224,7 +229,7 @@ func TestCallIsOneTraceThroughAPIServerAndReceiver(t *testing.T) {
 }
 
 func find(spans []span, service, name string) (span, bool) {
-	return findFunc(spans, func(s span) bool { return s.service == service && s.name == name })
+	return findFunc(spans, func(s span) bool { return s.Service == service && s.Name == name })
 }
 
 func findFunc(spans []span, keep func(span) bool) (span, bool) {
@@ -269,8 +274,8 @@ func TestAPIServerTracesAfterRestart(t *testing.T) {
 		if err := provider.ForceFlush(ctx); err != nil {
 			return false, err
 		}
-		spans := otlp.matching(func(s span) bool {
-			return s.traceID == id && s.service == tracing.APIServerService && s.kind == ptrace.SpanKindServer
+		spans := otlp.Spans(func(s span) bool {
+			return s.TraceID == id && s.Service == tracing.APIServerService && s.Kind == ptrace.SpanKindServer
 		})
 		return len(spans) > 0, nil
 	})

@@ -1,4 +1,4 @@
-package tracing
+package collector
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	"go.opentelemetry.io/collector/component/componenttest"
-	"go.opentelemetry.io/collector/config/configoptional"
 	"go.opentelemetry.io/collector/consumer"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 	"go.opentelemetry.io/collector/receiver/otlpreceiver"
@@ -15,45 +14,50 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// span is a span as the collector received it.
-type span struct {
-	traceID trace.TraceID
-	spanID  trace.SpanID
-	parent  trace.SpanID
-	service string
-	name    string
-	kind    ptrace.SpanKind
-	attrs   map[string]string
+// Span is a span as the collector received it.
+type Span struct {
+	TraceID    trace.TraceID
+	SpanID     trace.SpanID
+	Parent     trace.SpanID
+	Service    string // the resource's service.name
+	Name       string
+	Kind       ptrace.SpanKind
+	Attributes map[string]string
 }
 
-func (s span) String() string {
-	return fmt.Sprintf("%s/%q (%s, span %s, parent %s)", s.service, s.name, s.kind, s.spanID, s.parent)
+func (s Span) String() string {
+	return fmt.Sprintf("%s/%q (%s, span %s, parent %s)", s.Service, s.Name, s.Kind, s.SpanID, s.Parent)
 }
 
-// collector is the OpenTelemetry Collector's OTLP receiver (gRPC) on a
-// loopback port, keeping every span it receives.
-type collector struct {
-	endpoint string // host:port
-	stop     func(context.Context) error
+// Collector is a running OTLP receiver.
+type Collector struct {
+	// GRPC and HTTP are the receiver's host:port for each protocol.
+	GRPC, HTTP string
 
+	stop  func(context.Context) error
 	mu    sync.Mutex
-	spans []span
+	spans []Span
 }
 
-func startCollector(ctx context.Context) (*collector, error) {
-	addr, err := freeLoopbackAddr()
+// Start starts a receiver on two loopback ports. Stop it with Stop.
+func Start(ctx context.Context) (*Collector, error) {
+	grpcAddr, err := freeLoopbackAddr()
 	if err != nil {
 		return nil, err
 	}
-	c := &collector{endpoint: addr}
+	httpAddr, err := freeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	c := &Collector{GRPC: grpcAddr, HTTP: httpAddr}
 	sink, err := consumer.NewTraces(c.consume)
 	if err != nil {
 		return nil, err
 	}
 	factory := otlpreceiver.NewFactory()
 	cfg := factory.CreateDefaultConfig().(*otlpreceiver.Config)
-	cfg.Protocols.GRPC.GetOrInsertDefault().NetAddr.Endpoint = addr
-	cfg.Protocols.HTTP = configoptional.None[otlpreceiver.HTTPConfig]()
+	cfg.Protocols.GRPC.GetOrInsertDefault().NetAddr.Endpoint = grpcAddr
+	cfg.Protocols.HTTP.GetOrInsertDefault().ServerConfig.NetAddr.Endpoint = httpAddr
 	r, err := factory.CreateTraces(ctx, receivertest.NewNopSettings(factory.Type()), cfg, sink)
 	if err != nil {
 		return nil, fmt.Errorf("creating OTLP receiver: %w", err)
@@ -64,6 +68,9 @@ func startCollector(ctx context.Context) (*collector, error) {
 	c.stop = r.Shutdown
 	return c, nil
 }
+
+// Stop stops the receiver.
+func (c *Collector) Stop(ctx context.Context) error { return c.stop(ctx) }
 
 // freeLoopbackAddr is a loopback port free a moment ago: the receiver takes
 // an address, not a listener, and does not say which port :0 chose.
@@ -76,8 +83,8 @@ func freeLoopbackAddr() (string, error) {
 	return ln.Addr().String(), nil
 }
 
-func (c *collector) consume(_ context.Context, td ptrace.Traces) error {
-	var got []span
+func (c *Collector) consume(_ context.Context, td ptrace.Traces) error {
+	var got []Span
 	for _, rs := range td.ResourceSpans().All() {
 		service := ""
 		if v, ok := rs.Resource().Attributes().Get("service.name"); ok {
@@ -89,14 +96,14 @@ func (c *collector) consume(_ context.Context, td ptrace.Traces) error {
 				for k, v := range s.Attributes().All() {
 					attrs[k] = v.AsString()
 				}
-				got = append(got, span{
-					traceID: trace.TraceID(s.TraceID()),
-					spanID:  trace.SpanID(s.SpanID()),
-					parent:  trace.SpanID(s.ParentSpanID()),
-					service: service,
-					name:    s.Name(),
-					kind:    s.Kind(),
-					attrs:   attrs,
+				got = append(got, Span{
+					TraceID:    trace.TraceID(s.TraceID()),
+					SpanID:     trace.SpanID(s.SpanID()),
+					Parent:     trace.SpanID(s.ParentSpanID()),
+					Service:    service,
+					Name:       s.Name(),
+					Kind:       s.Kind(),
+					Attributes: attrs,
 				})
 			}
 		}
@@ -107,11 +114,11 @@ func (c *collector) consume(_ context.Context, td ptrace.Traces) error {
 	return nil
 }
 
-// matching returns the spans received so far for which keep holds.
-func (c *collector) matching(keep func(span) bool) []span {
+// Spans returns the spans received so far for which keep holds.
+func (c *Collector) Spans(keep func(Span) bool) []Span {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var out []span
+	var out []Span
 	for _, s := range c.spans {
 		if keep(s) {
 			out = append(out, s)
