@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -17,8 +19,9 @@ import (
 type CallOption func(*callOptions)
 
 type callOptions struct {
-	apply        bool
-	fieldManager string
+	apply          bool
+	fieldManager   string
+	tracerProvider trace.TracerProvider
 }
 
 // WithServerSideApply makes Call write the request with server-side apply
@@ -27,6 +30,12 @@ type callOptions struct {
 // (a new generation) and waits for the receiver's reply to that.
 func WithServerSideApply(fieldManager string) CallOption {
 	return func(o *callOptions) { o.apply, o.fieldManager = true, fieldManager }
+}
+
+// WithTracerProvider makes Call trace the request with tp instead of the
+// global provider (otel.GetTracerProvider).
+func WithTracerProvider(tp trace.TracerProvider) CallOption {
+	return func(o *callOptions) { o.tracerProvider = tp }
 }
 
 // CallIDAnnotation marks a request with the Call that created it. When a
@@ -53,11 +62,26 @@ const maxGeneratedPrefix = 63 - 5
 // so that every attempt creates the same name. A name that is taken by
 // another request is an error (AlreadyExists), as it is for a plain create,
 // except with generateName, where Call picks another name.
-func Call(ctx context.Context, c client.WithWatch, obj client.Object, cond Condition, opts ...CallOption) error {
+//
+// Call is one span, "call <Kind>", of the trace in ctx or of a new one, and
+// stores its context on the request (TraceParentAnnotation) for the
+// receiver to continue.
+func Call(ctx context.Context, c client.WithWatch, obj client.Object, cond Condition, opts ...CallOption) (err error) {
 	var o callOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if o.tracerProvider == nil {
+		o.tracerProvider = otel.GetTracerProvider()
+	}
+	ctx, span := o.tracerProvider.Tracer(tracerName).Start(ctx, "call "+kindOf(obj), trace.WithSpanKind(trace.SpanKindClient))
+	defer func() {
+		if span.IsRecording() {
+			span.SetAttributes(requestAttributes(obj)...)
+		}
+		endSpan(span, err)
+	}()
+	InjectTraceContext(ctx, obj)
 	if o.apply {
 		// Apply is idempotent: repeating it after a lost response changes nothing.
 		if err := retry(ctx, newBackoff(), func() error {

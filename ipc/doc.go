@@ -55,6 +55,22 @@
 // Handle runs, and a new request's reply waits for one write less. Either
 // way the status is written only once the finalizer is stored.
 //
+// # Tracing
+//
+// A request is one OpenTelemetry trace from the sender to the receivers that
+// act on it. Call is a span ("call <Kind>") and stores its W3C context on the
+// request, in TraceParentAnnotation (KEP-5915's carrier); the receiver's
+// reconcile is a child of that span ("reconcile <Kind>"), with a span for the
+// handler and one for the status write. A handler passes the request's trace
+// on to the objects it creates with InjectTraceContext, and a controller that
+// is not an ipc receiver continues a trace with StartSpan. Receivers never
+// change the annotation, so a reconcile repeated for the same generation
+// continues the same trace. Spans go to the global tracer provider unless
+// WithTracerProvider or Options.TracerProvider name another; with none set,
+// tracing costs nothing but carrying a context along. For the API server's
+// spans to join, the client's transport must send the traceparent header
+// (otelhttp).
+//
 // # Exactly once
 //
 // What happens once per request, and what may happen more than once, across

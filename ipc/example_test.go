@@ -7,6 +7,7 @@ import (
 	"log"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -99,4 +100,44 @@ func ExampleAwait() {
 		log.Fatal(err)
 	}
 	fmt.Println("done at generation", book.Status.ObservedGeneration)
+}
+
+// A handler that creates objects for a request (a volume's replicas, say) carries the
+// request's trace onto them, so that their receivers' spans join it. The handler's ctx
+// holds the reconcile's span, a child of the sender's; here it is a fixed one.
+func ExampleInjectTraceContext() {
+	ctx := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID:    trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36},
+		SpanID:     trace.SpanID{0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7},
+		TraceFlags: trace.FlagsSampled,
+	}))
+	sequel := &libraryv1alpha1.Book{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "dune-messiah"},
+		Spec:       libraryv1alpha1.BookSpec{Title: "Dune Messiah", Author: "Frank Herbert"},
+	}
+	ipc.InjectTraceContext(ctx, sequel)
+	fmt.Println(sequel.Annotations[ipc.TraceParentAnnotation])
+	// Output: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
+}
+
+// A controller that is not an ipc receiver continues a request's trace the way receivers
+// do: its reconcile is a span whose parent is the sender's span stored on the object.
+func ExampleStartSpan() {
+	c, err := client.New(ctrl.GetConfigOrDie(), client.Options{Scheme: exampleScheme()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	book := &libraryv1alpha1.Book{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "emma"}, book); err != nil {
+		log.Fatal(err)
+	}
+	ctx, span := ipc.StartSpan(ctx, nil, "reconcile Book", book)
+	defer span.End()
+	// The work goes on under ctx: its API calls, and the objects it creates
+	// (InjectTraceContext), are in the request's trace.
+	book.Status.ObservedGeneration = book.Generation
+	if err := c.Status().Update(ctx, book); err != nil {
+		log.Fatal(err)
+	}
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/util/workqueue"
@@ -87,6 +89,10 @@ type Options struct {
 	// Watches are other kinds whose changes call the handler again for the
 	// requests they map to (see Watch).
 	Watches []Watch
+	// TracerProvider traces each reconcile, as a child of the sender's span
+	// (TraceParentAnnotation), with spans for the handler and the status
+	// write. Default: the global provider (otel.GetTracerProvider).
+	TracerProvider trace.TracerProvider
 }
 
 // Register adds a receiver for the kind of proto (a pointer to a crdipc
@@ -121,6 +127,9 @@ func Register[T conditions.Object](mgr manager.Manager, proto T, h Handler[T], o
 		host, _ := os.Hostname()
 		o.Identity = host + "_" + string(uuid.NewUUID())
 	}
+	if o.TracerProvider == nil {
+		o.TracerProvider = otel.GetTracerProvider()
+	}
 	r := &receiver[T]{
 		kind:    gvk.Kind,
 		typ:     reflect.TypeOf(proto).Elem(),
@@ -128,6 +137,7 @@ func Register[T conditions.Object](mgr manager.Manager, proto T, h Handler[T], o
 		live:    mgr.GetAPIReader(),
 		handler: h,
 		opts:    o,
+		tracer:  o.TracerProvider.Tracer(tracerName),
 		events: &eventWriter{
 			c:          mgr.GetClient(),
 			scheme:     mgr.GetScheme(),
@@ -189,6 +199,7 @@ type receiver[T conditions.Object] struct {
 	handler   Handler[T]
 	finalizer Finalizer[T]
 	opts      Options
+	tracer    trace.Tracer
 	events    *eventWriter
 	inFlight  sync.Map // types.UID → struct{}: the requests the in-flight gauge counts (see track)
 	owed      sync.Map // types.NamespacedName → owedEvent: Events of transitions not yet recorded (see settle)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace/noop"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -64,6 +65,7 @@ func TestReconcileRetriesStaleCacheFromAPIServer(t *testing.T) {
 
 	h := &countingHandler{}
 	r := &receiver[*libraryv1alpha1.Book]{
+		tracer:  noop.NewTracerProvider().Tracer(""),
 		kind:    "Book",
 		typ:     reflect.TypeFor[libraryv1alpha1.Book](),
 		c:       staleCache{Client: env.Client, old: old},
@@ -134,6 +136,7 @@ func TestEventFollowsStoredStatus(t *testing.T) {
 		}
 		c := &lostStatusResponse{Client: env.Client, fail: true, drop: drop}
 		r := &receiver[*libraryv1alpha1.Book]{
+			tracer:  noop.NewTracerProvider().Tracer(""),
 			kind:    "Book",
 			typ:     reflect.TypeFor[libraryv1alpha1.Book](),
 			c:       c,
@@ -200,7 +203,8 @@ func TestHoldStatus(t *testing.T) {
 	ctx := context.Background()
 	newReceiver := func(h Handler[*libraryv1alpha1.Book]) *receiver[*libraryv1alpha1.Book] {
 		return &receiver[*libraryv1alpha1.Book]{
-			kind: "Book", typ: reflect.TypeFor[libraryv1alpha1.Book](),
+			tracer: noop.NewTracerProvider().Tracer(""),
+			kind:   "Book", typ: reflect.TypeFor[libraryv1alpha1.Book](),
 			c: env.Client, live: env.Client, handler: h, opts: Options{Name: "hold-test"},
 			events: &eventWriter{c: env.Client, scheme: scheme.Scheme, controller: "crdipc.io/hold-test", instance: "test"},
 		}
@@ -317,7 +321,8 @@ func TestOwnedEffectsAddFinalizerAlongside(t *testing.T) {
 			c.err = errors.New("http2: client connection lost")
 		}
 		r := &receiver[*libraryv1alpha1.Book]{
-			kind: "Book", typ: reflect.TypeFor[libraryv1alpha1.Book](),
+			tracer: noop.NewTracerProvider().Tracer(""),
+			kind:   "Book", typ: reflect.TypeFor[libraryv1alpha1.Book](),
 			c: c, live: env.Client, handler: h, finalizer: h,
 			opts:   Options{Name: "owned-test", Finalizer: fin, OwnedEffects: true},
 			events: &eventWriter{c: env.Client, scheme: scheme.Scheme, controller: "crdipc.io/owned-test", instance: "test"},

@@ -87,6 +87,14 @@ func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, read
 		}
 		return reconcile.Result{}, err
 	}
+	ctx, span := startSpan(ctx, r.tracer, "reconcile "+r.kind, obj)
+	res, err := r.serve(ctx, req, obj)
+	endSpan(span, err)
+	return res, err
+}
+
+// serve handles the request obj, as read for req.
+func (r *receiver[T]) serve(ctx context.Context, req reconcile.Request, obj T) (reconcile.Result, error) {
 	// An Event owed for a transition whose status write's outcome was unknown, or
 	// whose own write failed: written once the stored status shows the transition.
 	if err := r.settle(ctx, req.NamespacedName, obj); err != nil {
@@ -115,7 +123,9 @@ func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, read
 	}
 
 	before := obj.DeepCopyObject().(T)
-	res, herr := r.handler.Handle(ctx, obj)
+	hctx, hspan := r.tracer.Start(ctx, "handle "+r.kind)
+	res, herr := r.handler.Handle(hctx, obj)
+	endSpan(hspan, herr)
 	if err := finalized(obj, before); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -136,7 +146,10 @@ func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, read
 		r.owed.Store(req.NamespacedName, r.eventFor(obj, ready, herr))
 	}
 	if !equality.Semantic.DeepEqual(before, obj) {
-		if err := r.c.Status().Update(ctx, obj); err != nil {
+		sctx, sspan := r.tracer.Start(ctx, "write status")
+		err := r.c.Status().Update(sctx, obj)
+		endSpan(sspan, err)
+		if err != nil {
 			return reconcile.Result{}, err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/spf13/pflag"
+	"go.opentelemetry.io/otel/trace"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -22,7 +23,8 @@ import (
 //
 // advertise, when set, is an address the API server also listens on (ln accepts on both)
 // and publishes as the endpoint of the `kubernetes` Service, for clients in pods.
-func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki, advertise net.IP) (*component, error) {
+// tp, when set, records the API server's spans.
+func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki, advertise net.IP, tp trace.TracerProvider) (*component, error) {
 	registerVersion() // before the options register the default version
 	s := options.NewServerRunOptions()
 	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
@@ -98,7 +100,7 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki,
 	completed.InformerName = name
 	return runComponent("kube-apiserver", func() error {
 		defer name.Release()
-		return runAPIServer(ctx, completed)
+		return runAPIServer(ctx, completed, tp)
 	}), nil
 }
 
@@ -106,11 +108,14 @@ func startAPIServer(ctx context.Context, ln net.Listener, etcdURL string, p pki,
 // of two of the API server's own (replaceBootstrapHooks), the built-in APIs' OpenAPI v2
 // document built on first use (deferOpenAPIV2), and custom resources decoded with their
 // managedFields trees shared and the selectable fields of crdipc's own kinds indexed in
-// the watch cache (customResourceStorage).
-func runAPIServer(ctx context.Context, opts options.CompletedOptions) error {
+// the watch cache (customResourceStorage), and its spans recorded by tp (useTracerProvider).
+func runAPIServer(ctx context.Context, opts options.CompletedOptions, tp trace.TracerProvider) error {
 	config, err := app.NewConfig(opts)
 	if err != nil {
 		return err
+	}
+	if tp != nil {
+		useTracerProvider(config, tp)
 	}
 	kube := config.KubeAPIs.ControlPlane.Generic
 	if err := replaceBootstrapHooks(kube); err != nil {
@@ -140,3 +145,23 @@ func runAPIServer(ctx context.Context, opts options.CompletedOptions) error {
 	}
 	return prepared.Run(ctx)
 }
+
+// useTracerProvider has the three servers of kube-apiserver's chain record their spans
+// with tp: the aggregator's handler chain, which every request enters, starts a request's
+// span (WithTracing, where the traceparent header is read); the storage layers below add
+// theirs as children. The etcd client's own gRPC spans are left out: its transport took
+// the provider while app.NewConfig ran, before a provider can be set without a tracing
+// configuration file.
+func useTracerProvider(config *app.Config, tp trace.TracerProvider) {
+	// The API server shuts its provider down when it stops; this one outlives it (a
+	// restarted control plane, the services of `crdipc up`).
+	p := unstoppable{tp}
+	config.KubeAPIs.ControlPlane.Generic.TracerProvider = p
+	config.ApiExtensions.GenericConfig.TracerProvider = p
+	config.Aggregator.GenericConfig.TracerProvider = p
+}
+
+// unstoppable is a tracer provider whose owner, not the API server, shuts it down.
+type unstoppable struct{ trace.TracerProvider }
+
+func (unstoppable) Shutdown(context.Context) error { return nil }

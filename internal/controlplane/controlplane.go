@@ -17,6 +17,7 @@ import (
 	"github.com/crdipc/crdipc/internal/cpushare"
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/safefile"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -108,6 +109,11 @@ type Config struct {
 	// the API server finishes the bootstrap of a first start, which it does not depend on.
 	// issue is ClientConfig: credentials for whom the install grants less than admin.
 	Install func(ctx context.Context, admin *rest.Config, issue func(user string, groups ...string) (*rest.Config, error)) error
+	// TracerProvider, when set, records kube-apiserver's spans for the requests it
+	// serves (see tracing.Provider.APIServer). kube-apiserver continues the trace of a
+	// request's traceparent header. Nil: no spans, as kube-apiserver without a
+	// tracing configuration.
+	TracerProvider trace.TracerProvider
 }
 
 // ControlPlane is a running control plane.
@@ -250,7 +256,7 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 	cp.listener = newTrackingListener(ln)
 	var api *component
 	cpushare.Do("kube-apiserver", func() {
-		api, err = startAPIServer(runCtx, cp.listener, cp.etcd.clientURL, cp.pki, cfg.AdvertiseAddress)
+		api, err = startAPIServer(runCtx, cp.listener, cp.etcd.clientURL, cp.pki, cfg.AdvertiseAddress, cfg.TracerProvider)
 	})
 	if err != nil {
 		return nil, err

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/trace"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -41,19 +42,29 @@ type Env struct {
 	// Kube is a client-go clientset for built-in kinds.
 	Kube kubernetes.Interface
 
-	dir string
-	cp  *controlplane.ControlPlane
+	dir            string
+	cp             *controlplane.ControlPlane
+	tracerProvider trace.TracerProvider
 }
 
 var current atomic.Pointer[Env]
 
 // Main starts the control plane, runs the package's tests, stops it and
 // exits. Call it from TestMain.
-func Main(m *testing.M) {
-	os.Exit(run(m))
+func Main(m *testing.M, opts ...Option) {
+	os.Exit(run(m, opts))
 }
 
-func run(m *testing.M) int {
+// Option changes the control plane Main starts.
+type Option func(*Env)
+
+// WithTracerProvider has kube-apiserver record its spans with tp, for tests of
+// traces that cross it (see controlplane.Config.TracerProvider).
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(e *Env) { e.tracerProvider = tp }
+}
+
+func run(m *testing.M, opts []Option) int {
 	// Components under test log through controller-runtime; their logs are
 	// noise unless a test is being debugged: CRDIPC_TEST_LOG=1 shows them.
 	if os.Getenv("CRDIPC_TEST_LOG") != "" {
@@ -68,6 +79,9 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	env := &Env{dir: dir}
+	for _, opt := range opts {
+		opt(env)
+	}
 	start := time.Now()
 	if err := env.start(context.Background()); err != nil {
 		fmt.Fprintln(os.Stderr, "testenv: starting control plane:", err)
@@ -87,7 +101,7 @@ func (e *Env) start(ctx context.Context) error {
 	// kube-scheduler binds pods that name no node, as in `crdipc up`; the node-side
 	// controllers (node lifecycle among them) stay off: tests create bare Nodes that no
 	// kubelet or simulated node heartbeats for.
-	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: e.dir, CRDs: true, Scheduler: true})
+	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: e.dir, CRDs: true, Scheduler: true, TracerProvider: e.tracerProvider})
 	if err != nil {
 		return err
 	}
