@@ -46,7 +46,7 @@ func getJSON(ctx context.Context, url string, v any) error {
 // TestReadOnlyAccount: the console runs as its ServiceAccount, crdipc-console, as in
 // `crdipc up`: its role lets it list and watch every kind the page shows (the snapshot is
 // served), and nothing else: a create or a delete with its credentials is Forbidden. The
-// Book it cannot create shows in flight with the trace ID of its annotation.
+// Book (created as admin) shows in flight with the trace ID of its annotation.
 func TestReadOnlyAccount(t *testing.T) {
 	env := testenv.Get(t)
 	cfg := env.AsServiceAccount(t, "console")
