@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
+	"github.com/crdipc/crdipc/internal/tracing"
 )
 
 //go:embed assets
@@ -47,6 +49,9 @@ type Options struct {
 	Config *rest.Config
 	// Logger receives the few things that go wrong (a snapshot that cannot be built).
 	Logger logr.Logger
+	// Traces, when set, serves GET /traces and the page's waterfalls; nil turns them off
+	// (as does a nil *tracing.Store).
+	Traces TraceSource
 }
 
 // Console watches the cluster and serves the page and its event stream. It is an
@@ -59,6 +64,7 @@ type Console struct {
 	dirty    chan struct{}
 	files    http.Handler
 	interval time.Duration
+	traces   TraceSource // nil: tracing off
 }
 
 // New builds a console reading through cfg. Nothing is watched until Start.
@@ -93,6 +99,11 @@ func New(o Options) (*Console, error) {
 		dirty:    make(chan struct{}, 1),
 		files:    http.FileServerFS(static),
 		interval: MinInterval,
+		traces:   o.Traces,
+	}
+	if s, ok := o.Traces.(*tracing.Store); ok && s == nil {
+		// up holds a nil store when tracing is off; in the interface it would not be nil.
+		con.traces = nil
 	}
 	if err := con.watch(context.Background()); err != nil {
 		return nil, err
@@ -151,8 +162,8 @@ func (c *Console) watch(ctx context.Context) error {
 	return nil
 }
 
-// slimBook keeps of a Book what the tracker reads: its identity, generation, creation time
-// and Ready condition.
+// slimBook keeps of a Book what the tracker reads: its identity, generation, creation time,
+// trace context and Ready condition.
 func slimBook(obj any) (any, error) {
 	b, ok := obj.(*libraryv1alpha1.Book)
 	if !ok {
@@ -165,6 +176,9 @@ func slimBook(obj any) (any, error) {
 			Generation: b.Generation, CreationTimestamp: b.CreationTimestamp, DeletionTimestamp: b.DeletionTimestamp,
 		},
 		Status: libraryv1alpha1.BookStatus{ObservedGeneration: b.Status.ObservedGeneration},
+	}
+	if tp, ok := b.Annotations[traceParentAnnotation]; ok {
+		slim.Annotations = map[string]string{traceParentAnnotation: tp}
 	}
 	if c := meta.FindStatusCondition(b.Status.Conditions, conditions.TypeReady); c != nil {
 		slim.Status.Conditions = []metav1.Condition{*c}
@@ -219,6 +233,7 @@ func (c *Console) Start(ctx context.Context) error {
 			c.log.Error(err, "building console snapshot")
 			continue
 		}
+		s.Tracing = c.traces != nil
 		b, err := json.Marshal(s)
 		if err != nil {
 			c.log.Error(err, "encoding console snapshot")
@@ -229,8 +244,13 @@ func (c *Console) Start(ctx context.Context) error {
 }
 
 // ServeHTTP serves the page and its assets, GET /events (server-sent events: one JSON
-// snapshot per message) and GET /state (the latest snapshot, for curl and scripts).
+// snapshot per message), GET /state (the latest snapshot, for curl and scripts), and
+// GET /traces and /traces/<trace id> (see serveTraces).
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/traces" || strings.HasPrefix(r.URL.Path, "/traces/") {
+		c.serveTraces(w, r)
+		return
+	}
 	switch r.URL.Path {
 	case "/events":
 		c.serveEvents(w, r)

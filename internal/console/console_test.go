@@ -167,7 +167,7 @@ func TestOldestInFlightOfMany(t *testing.T) {
 
 func TestSlimBook(t *testing.T) {
 	full := book("a", 2, 2, metav1.ConditionTrue, conditions.ReasonSucceeded, t0.Add(time.Second))
-	full.Annotations = map[string]string{"ipc.crdipc.io/call-id": "x"}
+	full.Annotations = map[string]string{"ipc.crdipc.io/call-id": "x", traceParentAnnotation: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
 	full.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "m"}}
 	full.Spec = libraryv1alpha1.BookSpec{Title: "Dune", Author: "Frank Herbert"}
 	full.Status.Conditions = append(full.Status.Conditions, metav1.Condition{Type: "Progressing", Status: metav1.ConditionFalse})
@@ -176,8 +176,8 @@ func TestSlimBook(t *testing.T) {
 		t.Fatal(err)
 	}
 	slim := got.(*libraryv1alpha1.Book)
-	if slim.Annotations != nil || slim.ManagedFields != nil || slim.Spec.Title != "" || len(slim.Status.Conditions) != 1 {
-		t.Errorf("slim Book = %+v, want no annotations, managedFields, spec or other conditions", slim)
+	if len(slim.Annotations) != 1 || slim.ManagedFields != nil || slim.Spec.Title != "" || len(slim.Status.Conditions) != 1 {
+		t.Errorf("slim Book = %+v, want no annotations but the trace context, no managedFields, spec or other conditions", slim)
 	}
 	a, b := newTracker(), newTracker()
 	a.observe("Book", full, true, t0.Add(time.Hour))

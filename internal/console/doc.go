@@ -10,6 +10,12 @@
 // the latest snapshot when it connects, and only the latest one if it falls behind, so a slow
 // client costs one buffered message. Every list in a snapshot is capped.
 //
+// With a trace source (Options.Traces: up's in-memory tracing.Store), each request shows a
+// link to its trace, whose ID the request object carries in its traceparent annotation; the
+// page draws the trace as a waterfall, one bar per span under its parent, read from
+// GET /traces/<trace id> and opened by the URL's #trace=<trace id>. GET /traces lists the
+// recent traces for scripts.
+//
 // The page (index.html, console.js, console.css) is plain HTML, CSS and JavaScript embedded
 // with go:embed: no framework, font or CDN is fetched, so it works on an offline machine.
 //

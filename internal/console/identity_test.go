@@ -2,6 +2,9 @@ package console_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -17,17 +20,38 @@ import (
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/testenv"
 	"github.com/crdipc/crdipc/internal/testenv/wait"
+	"github.com/crdipc/crdipc/internal/tracing"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
+const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+func getJSON(ctx context.Context, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
 // TestReadOnlyAccount: the console runs as its ServiceAccount, crdipc-console, as in
 // `crdipc up`: its role lets it list and watch every kind the page shows (the snapshot is
-// served), and nothing else: a create or a delete with its credentials is Forbidden.
+// served), and nothing else: a create or a delete with its credentials is Forbidden. The
+// Book (created as admin) shows in flight with the trace ID of its annotation.
 func TestReadOnlyAccount(t *testing.T) {
 	env := testenv.Get(t)
 	cfg := env.AsServiceAccount(t, "console")
-	con, err := console.New(console.Options{Config: cfg, Logger: logr.Discard()})
+	// A nil store, as up holds when tracing is off: the console must not call it.
+	con, err := console.New(console.Options{Config: cfg, Logger: logr.Discard(), Traces: (*tracing.Store)(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +75,9 @@ func TestReadOnlyAccount(t *testing.T) {
 		t.Errorf("listing Books as the console: %v", err)
 	}
 	ns := env.Namespace(t)
-	book := &libraryv1alpha1.Book{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "b"}, Spec: libraryv1alpha1.BookSpec{Title: "t", Author: "a"}}
+	book := &libraryv1alpha1.Book{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "b", Annotations: map[string]string{
+		"tracing.k8s.io/traceparent": "00-" + traceID + "-00f067aa0ba902b7-01",
+	}}, Spec: libraryv1alpha1.BookSpec{Title: "t", Author: "a"}}
 	if err := c.Create(ctx, book); !apierrors.IsForbidden(err) {
 		t.Errorf("creating a Book as the console: %v, want Forbidden", err)
 	}
@@ -60,6 +86,31 @@ func TestReadOnlyAccount(t *testing.T) {
 	}
 	if err := c.Delete(ctx, book); !apierrors.IsForbidden(err) {
 		t.Errorf("deleting a Book as the console: %v, want Forbidden", err)
+	}
+	// No receiver runs: the Book stays in flight, its trace ID read from its annotation
+	// (through the cache's slimmed copy).
+	testenv.Eventually(t, 30*time.Second, "the Book in flight with its trace ID", func(ctx context.Context) (bool, error) {
+		var s console.Snapshot
+		if err := getJSON(ctx, srv.URL+"/state", &s); err != nil {
+			return false, err
+		}
+		for _, r := range s.InFlight {
+			if r.Namespace == ns && r.Name == "b" {
+				if r.TraceID != traceID || s.Tracing {
+					return false, fmt.Errorf("in flight %+v, tracing %v; want trace %s, tracing off", r, s.Tracing, traceID)
+				}
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("%s/b not in flight: %+v", ns, s.InFlight)
+	})
+	resp, err := http.Get(srv.URL + "/traces/" + traceID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /traces/<id> with tracing off: %s, want 404", resp.Status)
 	}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"}}
 	if err := c.DeleteAllOf(ctx, pod, client.InNamespace(ns)); !apierrors.IsForbidden(err) {

@@ -2,10 +2,13 @@ package console
 
 import (
 	"cmp"
+	"context"
 	"slices"
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -49,6 +52,28 @@ type Completion struct {
 	// console did not see the request start: it was already in flight or done when it began.
 	Approx bool      `json:"approx,omitempty"`
 	At     time.Time `json:"at"`
+	// TraceID is the trace of the request's latest call, 32 hex digits; empty when the
+	// request carries no valid trace context.
+	TraceID string `json:"traceId,omitempty"`
+}
+
+// traceParentAnnotation holds a request's W3C trace context. It is ipc.TraceParentAnnotation,
+// which ipc writes when it sends a request; spelled out here until ipc exports it.
+const traceParentAnnotation = "tracing.k8s.io/traceparent"
+
+// traceIDOf returns the trace of o's trace context annotation, or "" when it has none or
+// an invalid one. The OpenTelemetry propagator parses it, as it does for the services that
+// continue the trace: what they would not follow, the console does not link.
+func traceIDOf(o metav1.Object) string {
+	tp := o.GetAnnotations()[traceParentAnnotation]
+	if tp == "" {
+		return ""
+	}
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		return sc.TraceID().String()
+	}
+	return ""
 }
 
 // started is when the console first saw a request's current in-flight period.
@@ -105,7 +130,10 @@ func (t *tracker) observe(kind string, o conditions.Object, initial bool, now ti
 			s = started{generation: gen, at: now, live: !initial}
 			t.started[uid] = s
 		}
-		r := Request{Kind: kind, Namespace: o.GetNamespace(), Name: o.GetName(), Reason: conditions.ReasonPending, Since: o.GetCreationTimestamp().Time}
+		r := Request{
+			Kind: kind, Namespace: o.GetNamespace(), Name: o.GetName(), Reason: conditions.ReasonPending,
+			Since: o.GetCreationTimestamp().Time, TraceID: traceIDOf(o),
+		}
 		if ready != nil {
 			r.Reason, r.Message = ready.Reason, ready.Message
 		}
@@ -120,7 +148,7 @@ func (t *tracker) observe(kind string, o conditions.Object, initial bool, now ti
 		return
 	}
 	t.done[uid] = gen
-	c := Completion{Kind: kind, Namespace: o.GetNamespace(), Name: o.GetName(), Succeeded: ok, LatencyMS: -1, At: now}
+	c := Completion{Kind: kind, Namespace: o.GetNamespace(), Name: o.GetName(), Succeeded: ok, LatencyMS: -1, At: now, TraceID: traceIDOf(o)}
 	if ready != nil {
 		c.Reason, c.Message = ready.Reason, ready.Message
 	}

@@ -48,6 +48,9 @@ type Snapshot struct {
 	Branches     []Branch       `json:"branches"`
 	Networks     []Network      `json:"networks"`
 	Omitted      map[string]int `json:"omitted,omitempty"`
+	// Tracing says the console serves traces (GET /traces/<id>): the page links requests'
+	// trace IDs only then.
+	Tracing bool `json:"tracing"`
 }
 
 // Node is a Node with the pools on it.
@@ -120,6 +123,8 @@ type Request struct {
 	Reason    string    `json:"reason,omitempty"`
 	Message   string    `json:"message,omitempty"`
 	Since     time.Time `json:"since"`
+	// TraceID is the trace of the request's latest call (see Completion.TraceID).
+	TraceID string `json:"traceId,omitempty"`
 }
 
 // Delivery is a GitHub webhook delivery, as the Event the listener wrote for it.

@@ -56,6 +56,15 @@
 
   const key = (ns, name) => (ns ? ns + '/' + name : name);
 
+  // Trace links show only when the console serves traces (snapshot.tracing); a link opens the
+  // waterfall through the location hash, #trace=<id>, so the panel has a URL of its own.
+  let tracing = false;
+  let shownTrace = null;
+  function traceLink(id) {
+    if (!tracing || !id) return null;
+    return h('a', { class: 'trace-link' + (id === shownTrace ? ' active' : ''), href: '#trace=' + id, 'data-trace': id, title: 'show the trace ' + id }, 'trace');
+  }
+
   function renderNodes(nodes) {
     if (!nodes.length) return [h('p', { class: 'empty' }, 'no nodes')];
     return nodes.map((n) => h('div', { class: 'node', 'data-node': n.name },
@@ -98,16 +107,16 @@
 
   function renderInFlight(reqs) {
     return table(['kind', 'name', 'reason', 'since'], reqs.map((r) =>
-      h('tr', { 'data-request': r.kind + '/' + key(r.namespace, r.name) },
-        h('td', {}, r.kind), h('td', { class: 'mono' }, key(r.namespace, r.name)),
+      h('tr', { 'data-request': r.kind + '/' + key(r.namespace, r.name), 'data-trace': r.traceId },
+        h('td', {}, r.kind), h('td', {}, h('span', { class: 'mono' }, key(r.namespace, r.name)), traceLink(r.traceId)),
         h('td', {}, phase(r.reason), r.message ? h('div', { class: 'msg' }, r.message) : null),
         h('td', { class: 'nowrap' }, age(r.since)))), 'nothing in flight');
   }
 
   function renderCompleted(cs) {
     return table(['kind', 'name', 'result', 'latency', 'done'], cs.map((c) =>
-      h('tr', { 'data-completion': c.kind + '/' + key(c.namespace, c.name), 'data-latency-ms': c.latencyMs },
-        h('td', {}, c.kind), h('td', { class: 'mono' }, key(c.namespace, c.name)),
+      h('tr', { 'data-completion': c.kind + '/' + key(c.namespace, c.name), 'data-latency-ms': c.latencyMs, 'data-trace': c.traceId },
+        h('td', {}, c.kind), h('td', {}, h('span', { class: 'mono' }, key(c.namespace, c.name)), traceLink(c.traceId)),
         h('td', {}, phase(c.succeeded ? 'Succeeded' : c.reason), !c.succeeded && c.message ? h('div', { class: 'msg' }, c.message) : null),
         h('td', { class: 'latency nowrap', title: c.approx ? 'from API timestamps (whole seconds)' : 'as watched by the console' }, latency(c.latencyMs, c.approx)),
         h('td', { class: 'nowrap' }, age(c.at)))), 'no completions yet');
@@ -141,6 +150,7 @@
   }
 
   function render(s) {
+    tracing = !!s.tracing;
     $('nodes').replaceChildren(...renderNodes(s.nodes));
     $('volumes').replaceChildren(renderVolumes(s.volumes));
     $('inflight').replaceChildren(renderInFlight(s.inFlight));
@@ -153,6 +163,126 @@
     $('updated').textContent = 'updated ' + new Date(s.time).toLocaleTimeString();
     document.body.dataset.snapshots = String(Number(document.body.dataset.snapshots || 0) + 1);
   }
+
+  // ms formats a span's duration: sub-millisecond spans (a cache read) keep their digits.
+  function ms(v) {
+    if (v < 1) return v.toFixed(3) + ' ms';
+    if (v < 100) return v.toFixed(1) + ' ms';
+    return latency(Math.round(v), false);
+  }
+
+  // renderWaterfall draws GET /traces/<id>: the spans in the tree's order (each under its
+  // parent, children by start), indented by depth, each bar placed at its start from the
+  // trace's start and sized by its duration, both as fractions of the whole trace.
+  function renderWaterfall(t) {
+    const byId = new Map(t.spans.map((s) => [s.spanId, s]));
+    const total = t.durationMs;
+    const rows = [];
+    const walk = (nodes) => {
+      for (const n of nodes || []) {
+        const s = byId.get(n.spanId);
+        if (s) rows.push(spanRow(s, total));
+        walk(n.children);
+      }
+    };
+    walk(t.tree);
+    const summary = h('p', { class: 'summary muted' }, t.spans.length + ' span' + (t.spans.length === 1 ? '' : 's') + ' over ' + ms(total),
+      ', from ' + new Date(t.start).toLocaleTimeString(),
+      t.dropped ? h('span', { class: 'msg' }, ' — ' + t.dropped + ' more not kept') : null);
+    return [summary, ...rows];
+  }
+
+  function spanRow(s, total) {
+    const left = total > 0 ? (s.offsetMs / total) * 100 : 0;
+    const width = total > 0 ? (s.durationMs / total) * 100 : 100;
+    const orphan = s.root && !!s.parentSpanId;
+    const about = [s.kind + ' span, +' + ms(s.offsetMs) + ', ' + ms(s.durationMs)];
+    if (orphan) about.push('its parent ' + s.parentSpanId + ' is not in this trace');
+    if (s.failed) about.push('failed: ' + (s.error || 'error'));
+    for (const [k, v] of Object.entries(s.attributes || {})) about.push(k + ' = ' + v);
+    return h('div', {
+      class: 'span-row' + (s.failed ? ' failed' : '') + (orphan ? ' orphan' : ''), title: about.join('\n'),
+      'data-span-id': s.spanId, 'data-parent-span-id': s.parentSpanId, 'data-service': s.service, 'data-name': s.name,
+      'data-depth': s.depth, 'data-duration-ms': s.durationMs, 'data-failed': s.failed, 'data-root': s.root,
+    },
+    h('div', { class: 'span-label', style: 'padding-left:' + Math.min(s.depth, 20) * 1.1 + 'em' },
+      s.failed ? h('span', { class: 'span-fail' }, '✕ ') : null,
+      h('span', { class: 'span-service' }, s.service || '?'), ' · ', h('span', { class: 'span-name' }, s.name)),
+    h('div', { class: 'span-track' }, h('span', { class: 'span-bar', style: 'left:' + left.toFixed(3) + '%;width:' + width.toFixed(3) + '%' })),
+    h('div', { class: 'span-ms' }, ms(s.durationMs)));
+  }
+
+  // openTrace shows trace id in the panel. Its state is on #waterfall for tests to wait on:
+  // data-state is loading, ready, missing (not kept, or tracing off) or error.
+  async function openTrace(id) {
+    shownTrace = id;
+    const wf = $('waterfall');
+    $('trace').hidden = false;
+    $('trace-id').textContent = id;
+    wf.dataset.trace = id;
+    wf.dataset.state = 'loading';
+    wf.replaceChildren(h('p', { class: 'empty' }, 'loading…'));
+    for (const a of document.querySelectorAll('a.trace-link')) a.classList.toggle('active', a.dataset.trace === id);
+    let state, kids, spans = 0;
+    try {
+      const res = await fetch('traces/' + encodeURIComponent(id), { cache: 'no-store' });
+      if (res.ok) {
+        const t = await res.json();
+        state = 'ready';
+        spans = t.spans.length;
+        kids = renderWaterfall(t);
+      } else {
+        state = res.status === 404 ? 'missing' : 'error';
+        kids = [h('p', { class: 'empty' }, (await res.text()).trim())];
+      }
+    } catch (e) {
+      state = 'error';
+      kids = [h('p', { class: 'empty' }, 'cannot read the trace: ' + e)];
+    }
+    if (shownTrace !== id) return; // another trace was opened meanwhile
+    wf.replaceChildren(...kids);
+    wf.dataset.spans = String(spans);
+    wf.dataset.state = state;
+  }
+
+  function closeTrace() {
+    shownTrace = null;
+    $('trace').hidden = true;
+    $('waterfall').replaceChildren();
+    delete $('waterfall').dataset.trace;
+    delete $('waterfall').dataset.state;
+    for (const a of document.querySelectorAll('a.trace-link.active')) a.classList.remove('active');
+  }
+
+  function traceInHash() {
+    const m = /(?:^#|&)trace=([^&]+)/.exec(location.hash);
+    return m ? decodeURIComponent(m[1]) : null;
+  }
+
+  function onHash() {
+    const id = traceInHash();
+    if (id) {
+      openTrace(id);
+      $('trace').scrollIntoView({ block: 'nearest' });
+    } else {
+      closeTrace();
+    }
+  }
+  window.addEventListener('hashchange', onHash);
+  // A link to the trace already in the hash changes nothing: read it again instead.
+  document.addEventListener('click', (e) => {
+    const a = e.target.closest && e.target.closest('a.trace-link');
+    if (a && traceInHash() === a.dataset.trace) {
+      e.preventDefault();
+      openTrace(a.dataset.trace);
+    }
+  });
+  $('trace-reload').addEventListener('click', () => { if (shownTrace) openTrace(shownTrace); });
+  $('trace-close').addEventListener('click', () => {
+    history.replaceState(null, '', location.pathname + location.search);
+    closeTrace();
+  });
+  onHash();
 
   function setConn(state, text) {
     const el = $('conn');
