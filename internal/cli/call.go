@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/trace"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/services"
+	"github.com/crdipc/crdipc/internal/tracing"
 	"github.com/crdipc/crdipc/ipc"
 )
 
@@ -30,6 +33,8 @@ type callOptions struct {
 	cluster   services.ClusterFlags
 	namespace string
 	apply     bool
+	trace     bool
+	console   string
 }
 
 func newCallCommand() *cobra.Command {
@@ -44,11 +49,19 @@ Events.
 
 It works on any kind that follows crdipc's status contract.
 
+With --trace, the request is traced (OpenTelemetry): its W3C trace context goes
+on the object (annotation tracing.k8s.io/traceparent), which the receiver
+continues, and on each API request, which kube-apiserver continues. When the
+reply comes back, call prints "trace <id>" and the span tree: its own spans,
+and kube-apiserver's and the receivers' from crdipc up's console (--console).
+The spans are also exported to $OTEL_EXPORTER_OTLP_ENDPOINT when it is set.
+
 Exit codes: 0 the condition holds; 1 the receiver reported a terminal failure
 (its message is printed) or another error; 2 the timeout passed first.`,
 		Example: `  crdipc call -f config/samples/library_v1alpha1_book.yaml
   crdipc call -f volume.yaml --timeout 2m
-  crdipc call -f book.yaml --apply      # idempotent: server-side apply, then wait`,
+  crdipc call -f book.yaml --apply      # idempotent: server-side apply, then wait
+  crdipc call -f book.yaml --trace      # and print the request's trace: sender, kube-apiserver, receiver`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runCall(cmd.Context(), cmd.OutOrStdout(), o)
@@ -60,6 +73,8 @@ Exit codes: 0 the condition holds; 1 the receiver reported a terminal failure
 	o.cluster.AddFlags(cmd.Flags())
 	cmd.Flags().StringVarP(&o.namespace, "namespace", "n", "", "namespace for a namespaced object that names none (default: the kubeconfig's)")
 	cmd.Flags().BoolVar(&o.apply, "apply", false, "server-side apply instead of create, so repeating the call is idempotent")
+	cmd.Flags().BoolVar(&o.trace, "trace", false, "trace the request and print its trace ID and span tree when the reply comes back")
+	cmd.Flags().StringVar(&o.console, "console", "http://"+defaultConsoleAddr, "with --trace: crdipc up's console, which holds the spans of kube-apiserver and the receivers ('' to print this process's spans only)")
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd
 }
@@ -109,6 +124,22 @@ func runCall(ctx context.Context, out io.Writer, o callOptions) error {
 	if err != nil {
 		return err
 	}
+	var opts []ipc.CallOption
+	var store *tracing.Store
+	if o.trace {
+		store = tracing.NewStore(1, 0)
+		p, err := tracing.New(ctx, tracing.Options{Store: store})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = p.Shutdown(sctx)
+		}()
+		cfg = p.RESTConfig(cfg, "crdipc-call")
+		opts = append(opts, ipc.WithTracerProvider(p.Service("crdipc-call")))
+	}
 	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme.Scheme})
 	if err != nil {
 		return fmt.Errorf("creating client: %w", err)
@@ -127,14 +158,13 @@ func runCall(ctx context.Context, out io.Writer, o callOptions) error {
 		obj.SetNamespace(ns)
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	cctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	var opts []ipc.CallOption
 	if o.apply {
 		opts = append(opts, ipc.WithServerSideApply("crdipc-call"))
 	}
 	start := time.Now()
-	callErr := ipc.Call(ctx, c, obj, cond, opts...)
+	callErr := ipc.Call(cctx, c, obj, cond, opts...)
 	ref := strings.ToLower(obj.GetKind()) + "." + obj.GroupVersionKind().Group + "/" + obj.GetName()
 
 	var terminal *ipc.TerminalError
@@ -153,6 +183,9 @@ func runCall(ctx context.Context, out io.Writer, o callOptions) error {
 	if obj.GetUID() != "" {
 		printStatus(out, obj)
 		printEvents(out, c, obj)
+	}
+	if o.trace {
+		printTrace(ctx, out, store, obj.GetAnnotations(), o.console)
 	}
 	switch {
 	case callErr == nil:
@@ -198,5 +231,21 @@ func printEvents(out io.Writer, c client.Client, obj *unstructured.Unstructured)
 			at = e.EventTime.Time
 		}
 		fmt.Fprintf(out, "  %s  %-7s  %-12s  %s\n", at.Format(time.TimeOnly), e.Type, e.Reason, e.Message)
+	}
+}
+
+// printTrace prints the request's trace ID and its span tree.
+func printTrace(ctx context.Context, out io.Writer, store *tracing.Store, annotations map[string]string, consoleURL string) {
+	id := ipc.ExtractTraceContext(ctx, &metav1.ObjectMeta{Annotations: annotations})
+	sc := trace.SpanContextFromContext(id)
+	if !sc.IsValid() {
+		fmt.Fprintln(out, "\ntrace: the request carries no trace context")
+		return
+	}
+	spans, err := traceSpans(ctx, store, sc.TraceID(), consoleURL, 5*time.Second)
+	fmt.Fprintf(out, "\ntrace %s\n", sc.TraceID())
+	printTraceTree(out, spans)
+	if err != nil {
+		fmt.Fprintf(out, "  (only this process's spans: %v)\n", err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/controlplane"
 	"github.com/crdipc/crdipc/internal/services"
+	"github.com/crdipc/crdipc/internal/tracing"
 )
 
 type upOptions struct {
@@ -34,6 +35,13 @@ type upOptions struct {
 	explicit map[string]bool
 	// consoleAddr: the live console (up_console.go).
 	consoleAddr string
+	// otlpEndpoint: where every service and kube-apiserver export spans (OTLP), besides
+	// the OTEL_EXPORTER_OTLP_* variables.
+	otlpEndpoint string
+	// tracing and traceStore are set by runUp: the services' tracer providers, and the
+	// recent traces the console shows.
+	tracing    *tracing.Provider
+	traceStore *tracing.Store
 	// services and disable pick entries of the service table.
 	services, disable string
 	// memoryLimit is the process's soft memory limit, as applied (memlimit.go).
@@ -130,6 +138,7 @@ Ctrl-C shuts everything down.`,
 	cmd.Flags().StringVar(&o.webhookOpsAddr, "webhook-ops-addr", "127.0.0.1:8091", "address of the webhook listener's /metrics, /healthz and /readyz, apart from /webhook")
 	cmd.Flags().StringVar(&o.scmMetricsAddr, "scm-metrics-addr", "127.0.0.1:9102", "address of the SCM metrics agent's /metrics")
 	cmd.Flags().StringVar(&o.scmNamespace, "scm-namespace", "default", "namespace for PullRequests, Branches and their Events")
+	cmd.Flags().StringVar(&o.otlpEndpoint, "otlp-endpoint", "", "base URL of an OpenTelemetry collector (OTLP, e.g. http://127.0.0.1:4318) to export every service's and kube-apiserver's spans to; default: $OTEL_EXPORTER_OTLP_ENDPOINT (and the other OTEL_EXPORTER_OTLP_* variables); the console keeps the recent traces either way")
 	cmd.Flags().StringVar(&o.consoleAddr, "console-addr", defaultConsoleAddr, "address of the live console, a web page of nodes, pools, replicas, volumes, requests, deliveries and networks (default taken: any free port on its host)")
 	cmd.Flags().IntVar(&o.nodes, "nodes", 3, "simulated nodes, each with a pool agent and a file-backed pool root under --data-dir, running pods as processes")
 	cmd.Flags().StringVar(&o.services, "services", "all", "services to run, comma-separated, from: "+strings.Join(services.Names(), ", ")+"; 'none' runs the control plane alone")
@@ -139,6 +148,9 @@ Ctrl-C shuts everything down.`,
 	mem.flag(cmd)
 	return cmd
 }
+
+// upTraces is how many recent traces up keeps in memory for its console.
+const upTraces = 200
 
 func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	start := time.Now()
@@ -159,8 +171,24 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 			return fmt.Errorf("--advertise-address %q: not an IP address", o.advertiseAddress)
 		}
 	}
+	// Traces: every service's and kube-apiserver's spans go to one bounded store, which
+	// the console shows, and to an OTLP collector when one is configured.
+	var err error
+	o.traceStore = tracing.NewStore(upTraces, 0)
+	o.tracing, err = tracing.New(ctx, tracing.Options{Endpoint: o.otlpEndpoint, Store: o.traceStore})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := o.tracing.Shutdown(sctx); err != nil {
+			fmt.Fprintf(out, "tracing: %v\n", err)
+		}
+	}()
 	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: o.dataDir, Port: o.port, Progress: step, CRDs: true,
-		Controllers: controlplane.ClusterControllers, Scheduler: true, AdvertiseAddress: advertise,
+		TracerProvider: o.tracing.APIServer(),
+		Controllers:    controlplane.ClusterControllers, Scheduler: true, AdvertiseAddress: advertise,
 		Install: func(ctx context.Context, admin *rest.Config, issue func(string, ...string) (*rest.Config, error)) (err error) {
 			ids, err = installCluster(ctx, admin, issue, o)
 			return err

@@ -26,7 +26,7 @@ func startConsole(ctx context.Context, cfg *rest.Config, o upOptions, svc *upSer
 	if err != nil {
 		return err
 	}
-	con, err := console.New(console.Options{Config: cfg, Logger: ctrl.Log.WithName("console")})
+	con, err := console.New(console.Options{Config: cfg, Logger: ctrl.Log.WithName("console"), Traces: o.traceStore})
 	if err != nil {
 		ln.Close()
 		return err

@@ -183,7 +183,7 @@ func startServices(ctx context.Context, kubelet func(node string) (*rest.Config,
 			return nil, err
 		}
 		s := e.New()
-		env := services.Env{Logger: logger.With("service", e.Name), Local: local}
+		env := services.Env{Logger: logger.With("service", e.Name), Local: local, Tracing: o.tracing}
 		mgr, err := services.Build(cfg, e, s, services.ManagerOptions{Repeatable: true}, env)
 		if err != nil {
 			return nil, err

@@ -27,6 +27,6 @@ type booksService struct{}
 
 func (*booksService) AddFlags(*pflag.FlagSet) {}
 
-func (*booksService) Setup(mgr manager.Manager, _ Env) error {
-	return books.Register(mgr, ipc.Options{})
+func (*booksService) Setup(mgr manager.Manager, env Env) error {
+	return books.Register(mgr, ipc.Options{TracerProvider: env.TracerProvider("books")})
 }

@@ -8,9 +8,12 @@ import (
 	"strings"
 
 	"github.com/spf13/pflag"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/crdipc/crdipc/internal/tracing"
 )
 
 // Kind says how an entry's service runs.
@@ -54,6 +57,18 @@ type Env struct {
 	Logger *slog.Logger
 	// Local is set when the service runs inside `crdipc up`, with every other service.
 	Local *Local
+	// Tracing, when set, traces the service's requests: Build wraps its client so that
+	// kube-apiserver continues a request's trace, and receivers take TracerProvider.
+	Tracing *tracing.Provider
+}
+
+// TracerProvider is the service's tracer provider, nil without Tracing (ipc then uses
+// the global one, a no-op unless a program sets it).
+func (env Env) TracerProvider(service string) trace.TracerProvider {
+	if env.Tracing == nil {
+		return nil
+	}
+	return env.Tracing.Service(service)
 }
 
 // Local is one machine running the selected services in one process (crdipc up).

@@ -186,6 +186,9 @@ func Build(cfg *rest.Config, e Entry, svc Service, mo ManagerOptions, env Env) (
 		}
 		mo.Cache = c
 	}
+	if env.Tracing != nil {
+		cfg = env.Tracing.RESTConfig(cfg, e.Name)
+	}
 	if mo.Logger.GetSink() == nil && env.Logger != nil {
 		mo.Logger = logr.FromSlogHandler(env.Logger.Handler())
 	}

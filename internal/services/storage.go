@@ -53,7 +53,10 @@ func (s *operatorService) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&s.o.ReplaceAfter, "replace-after", operator.DefaultReplaceAfter, "how long a replica may stay Offline on a node that still exists before it is replaced on another pool")
 }
 
-func (s *operatorService) Setup(mgr manager.Manager, _ Env) error {
+func (s *operatorService) Setup(mgr manager.Manager, env Env) error {
+	if s.o.Receiver.TracerProvider == nil {
+		s.o.Receiver.TracerProvider = env.TracerProvider("storage-operator")
+	}
 	return operator.Register(mgr, s.o)
 }
 
