@@ -18,6 +18,7 @@ import (
 	"github.com/crdipc/crdipc/api/conditions"
 	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/ipc"
 )
 
 // maxCompletions bounds the recent completions kept (and shown).
@@ -57,9 +58,8 @@ type Completion struct {
 	TraceID string `json:"traceId,omitempty"`
 }
 
-// traceParentAnnotation holds a request's W3C trace context. It is ipc.TraceParentAnnotation,
-// which ipc writes when it sends a request; spelled out here until ipc exports it.
-const traceParentAnnotation = "tracing.k8s.io/traceparent"
+// traceParentAnnotation holds a request's W3C trace context, written by its sender.
+const traceParentAnnotation = ipc.TraceParentAnnotation
 
 // traceIDOf returns the trace of o's trace context annotation, or "" when it has none or
 // an invalid one. The OpenTelemetry propagator parses it, as it does for the services that
