@@ -79,7 +79,7 @@ func Call(ctx context.Context, c client.WithWatch, obj client.Object, cond Condi
 		if span.IsRecording() {
 			span.SetAttributes(requestAttributes(obj)...)
 		}
-		endSpan(span, err)
+		EndSpan(span, err)
 	}()
 	InjectTraceContext(ctx, obj)
 	if o.apply {

@@ -164,7 +164,7 @@ func Register[T conditions.Object](mgr manager.Manager, proto T, h Handler[T], o
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(o.Name).
-		For(proto, builder.WithPredicates(requestChanged))
+		For(proto, builder.WithPredicates(requestChanged, r.queue.predicate()))
 	return addWatches(b, o.Watches).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: o.MaxConcurrentReconciles,
@@ -175,15 +175,32 @@ func Register[T conditions.Object](mgr manager.Manager, proto T, h Handler[T], o
 
 // requestChanged skips the update events caused by the receiver's own status
 // writes: only a new generation, deletion or finalizer/annotation change
-// needs the handler.
+// needs the handler. A new trace context alone (a sender applying the same
+// spec again) is not a change: the stored status already answers it.
 var requestChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld, e.ObjectNew
 		return o.GetGeneration() != n.GetGeneration() ||
 			o.GetDeletionTimestamp().IsZero() != n.GetDeletionTimestamp().IsZero() ||
 			!equality.Semantic.DeepEqual(o.GetFinalizers(), n.GetFinalizers()) ||
-			!equality.Semantic.DeepEqual(o.GetAnnotations(), n.GetAnnotations())
+			!sameBesidesTraceContext(o.GetAnnotations(), n.GetAnnotations())
 	},
+}
+
+// sameBesidesTraceContext compares two objects' annotations, leaving out the
+// trace context ones.
+func sameBesidesTraceContext(a, b map[string]string) bool {
+	for k, v := range a {
+		if bv, ok := b[k]; !isTraceAnnotation(k) && (!ok || bv != v) {
+			return false
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !isTraceAnnotation(k) && !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // receiver is the reconciler Register builds for one kind. Reconcile reads the request and
@@ -201,6 +218,7 @@ type receiver[T conditions.Object] struct {
 	opts      Options
 	tracer    trace.Tracer
 	events    *eventWriter
+	queue     queueWait
 	inFlight  sync.Map // types.UID → struct{}: the requests the in-flight gauge counts (see track)
 	owed      sync.Map // types.NamespacedName → owedEvent: Events of transitions not yet recorded (see settle)
 	away      awayBackoff

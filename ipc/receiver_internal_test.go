@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/crdipc/crdipc/api/conditions"
@@ -328,7 +329,7 @@ func TestOwnedEffectsAddFinalizerAlongside(t *testing.T) {
 			events: &eventWriter{c: env.Client, scheme: scheme.Scheme, controller: "crdipc.io/owned-test", instance: "test"},
 		}
 		req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(book)}
-		_, err := r.reconcile(ctx, req, env.Client)
+		_, err := r.reconcile(ctx, req, env.Client, queued{})
 		if err := env.Client.Get(ctx, req.NamespacedName, book); err != nil {
 			t.Fatal(err)
 		}
@@ -353,5 +354,32 @@ func TestOwnedEffectsAddFinalizerAlongside(t *testing.T) {
 		if c := meta.FindStatusCondition(book.Status.Conditions, conditions.TypeReady); c == nil || c.Status != metav1.ConditionTrue {
 			t.Errorf("%s: Ready = %+v, want True", name, c)
 		}
+	}
+}
+
+// A sender applying the same spec again writes a new trace context and nothing else: the
+// stored status answers it, so the receiver is not woken. Any other annotation change
+// does wake it.
+func TestRequestChangedIgnoresTraceContext(t *testing.T) {
+	const tp1, tp2 = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "00-1af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01"
+	for _, tc := range []struct {
+		name     string
+		old, new map[string]string
+		want     bool
+	}{
+		{"new traceparent", map[string]string{TraceParentAnnotation: tp1}, map[string]string{TraceParentAnnotation: tp2}, false},
+		{"first traceparent", nil, map[string]string{TraceParentAnnotation: tp1, TraceStateAnnotation: "k=v"}, false},
+		{"traceparent gone", map[string]string{TraceParentAnnotation: tp1, "a": "1"}, map[string]string{"a": "1"}, false},
+		{"another annotation changed", map[string]string{TraceParentAnnotation: tp1, "a": "1"}, map[string]string{TraceParentAnnotation: tp2, "a": "2"}, true},
+		{"another annotation added", map[string]string{TraceParentAnnotation: tp1}, map[string]string{TraceParentAnnotation: tp1, "a": ""}, true},
+		{"another annotation removed", map[string]string{"a": ""}, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := &libraryv1alpha1.Book{ObjectMeta: metav1.ObjectMeta{Generation: 1, Annotations: tc.old}}
+			n := &libraryv1alpha1.Book{ObjectMeta: metav1.ObjectMeta{Generation: 1, Annotations: tc.new}}
+			if got := requestChanged.Update(event.UpdateEvent{ObjectOld: o, ObjectNew: n}); got != tc.want {
+				t.Errorf("requestChanged = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

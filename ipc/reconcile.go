@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,13 +18,14 @@ import (
 )
 
 func (r *receiver[T]) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	res, err := r.reconcile(ctx, req, r.c)
+	wait := queued{since: r.queue.take(req.NamespacedName), until: time.Now()}
+	res, err := r.reconcile(ctx, req, r.c, wait)
 	if apierrors.IsConflict(err) {
 		// The cached object was older than the stored one, most often because the
 		// cache had not yet seen this receiver's own write of a moment ago. Going again
 		// at once from the API server costs one read; waiting for the cache costs a
 		// requeue, which measured as the largest single delay in a volume's round trip.
-		res, err = r.reconcile(ctx, req, r.live)
+		res, err = r.reconcile(ctx, req, r.live, queued{})
 	}
 	if err != nil && ctx.Err() != nil {
 		// Stopping: the request stays as stored and the next start takes it up; the
@@ -76,9 +78,15 @@ func (a *awayBackoff) reset() {
 	a.mu.Unlock()
 }
 
+// queued is the time a request waited in the workqueue, when a watch event queued it.
+type queued struct{ since, until time.Time }
+
 // reconcile reads the request through reader and handles it. A conflict on the
-// finalizer or status write is returned as is, for Reconcile to decide.
-func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, reader client.Reader) (reconcile.Result, error) {
+// finalizer or status write is returned as is, for Reconcile to decide. The
+// reconcile's span starts when the request was queued, with the wait for a
+// worker as its first child, so that the time from the write to the reply is
+// all in the trace.
+func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, reader client.Reader, wait queued) (reconcile.Result, error) {
 	obj := r.newObject()
 	if err := reader.Get(ctx, req.NamespacedName, obj); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -87,9 +95,17 @@ func (r *receiver[T]) reconcile(ctx context.Context, req reconcile.Request, read
 		}
 		return reconcile.Result{}, err
 	}
-	ctx, span := startSpan(ctx, r.tracer, "reconcile "+r.kind, obj)
+	var opts []trace.SpanStartOption
+	if !wait.since.IsZero() {
+		opts = append(opts, trace.WithTimestamp(wait.since))
+	}
+	ctx, span := startSpan(ctx, r.tracer, "reconcile "+r.kind, []client.Object{obj}, opts...)
+	if !wait.since.IsZero() && span.IsRecording() {
+		_, w := r.tracer.Start(ctx, "queue wait", trace.WithTimestamp(wait.since))
+		w.End(trace.WithTimestamp(wait.until))
+	}
 	res, err := r.serve(ctx, req, obj)
-	endSpan(span, err)
+	EndSpan(span, err)
 	return res, err
 }
 
@@ -125,7 +141,7 @@ func (r *receiver[T]) serve(ctx context.Context, req reconcile.Request, obj T) (
 	before := obj.DeepCopyObject().(T)
 	hctx, hspan := r.tracer.Start(ctx, "handle "+r.kind)
 	res, herr := r.handler.Handle(hctx, obj)
-	endSpan(hspan, herr)
+	EndSpan(hspan, herr)
 	if err := finalized(obj, before); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -148,7 +164,7 @@ func (r *receiver[T]) serve(ctx context.Context, req reconcile.Request, obj T) (
 	if !equality.Semantic.DeepEqual(before, obj) {
 		sctx, sspan := r.tracer.Start(ctx, "write status")
 		err := r.c.Status().Update(sctx, obj)
-		endSpan(sspan, err)
+		EndSpan(sspan, err)
 		if err != nil {
 			return reconcile.Result{}, err
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"maps"
 	"reflect"
+	"sync"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -11,7 +13,10 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 )
 
 // TraceParentAnnotation holds the W3C traceparent of the trace a request
@@ -37,6 +42,10 @@ type annotationCarrier map[string]string
 var traceAnnotations = map[string]string{
 	"traceparent": TraceParentAnnotation,
 	"tracestate":  TraceStateAnnotation,
+}
+
+func isTraceAnnotation(key string) bool {
+	return key == TraceParentAnnotation || key == TraceStateAnnotation
 }
 
 func (c annotationCarrier) Get(key string) string {
@@ -81,6 +90,25 @@ func InjectTraceContext(ctx context.Context, obj metav1.Object) {
 	obj.SetAnnotations(annotations)
 }
 
+// TraceContextAnnotations returns the trace context annotations stored on obj
+// (TraceParentAnnotation, TraceStateAnnotation), nil when it has none. A
+// receiver that keeps an object in shape on every reconcile (server-side
+// apply) copies them from its request onto that object, rather than
+// injecting its own span: the value then changes only with the request's
+// trace, and rewriting it does not wake the receiver again.
+func TraceContextAnnotations(obj metav1.Object) map[string]string {
+	var out map[string]string
+	for _, a := range traceAnnotations {
+		if v, ok := obj.GetAnnotations()[a]; ok {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[a] = v
+		}
+	}
+	return out
+}
+
 // ExtractTraceContext returns ctx carrying the span context stored on obj by
 // InjectTraceContext, as a remote parent; ctx itself when obj holds none, or
 // none that parses.
@@ -103,11 +131,11 @@ func StartSpan(ctx context.Context, tp trace.TracerProvider, name string, objs .
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
-	return startSpan(ctx, tp.Tracer(tracerName), name, objs...)
+	return startSpan(ctx, tp.Tracer(tracerName), name, objs)
 }
 
-func startSpan(ctx context.Context, tracer trace.Tracer, name string, objs ...client.Object) (context.Context, trace.Span) {
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+func startSpan(ctx context.Context, tracer trace.Tracer, name string, objs []client.Object, extra ...trace.SpanStartOption) (context.Context, trace.Span) {
+	opts := append([]trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}, extra...)
 	if len(objs) == 1 {
 		ctx = ExtractTraceContext(ctx, objs[0])
 		opts = append(opts, trace.WithAttributes(requestAttributes(objs[0])...))
@@ -145,11 +173,42 @@ func kindOf(obj client.Object) string {
 	return t.Name()
 }
 
-// endSpan ends span, marking it failed when err is not nil.
-func endSpan(span trace.Span, err error) {
+// EndSpan ends span, marking it failed with err when err is not nil.
+func EndSpan(span trace.Span, err error) {
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()
+}
+
+// queueWait remembers when a watch event queued each request, for the span of
+// the time it waited for a worker (see receiver.reconcile). The workqueue
+// holds a key once however many events arrive for it, so the first event's
+// time is when the wait began. Requeues (after errors, RequeueAfter) and
+// events of watched kinds are not remembered: their reconciles have no
+// queue wait span.
+type queueWait struct{ m sync.Map } // types.NamespacedName → time.Time
+
+// predicate remembers the time of every event it is shown; it goes after the
+// predicates that filter, so that it sees only the events that queue.
+func (q *queueWait) predicate() predicate.Predicate {
+	mark := func(o client.Object) bool {
+		q.m.LoadOrStore(client.ObjectKeyFromObject(o), time.Now())
+		return true
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(e event.CreateEvent) bool { return mark(e.Object) },
+		UpdateFunc:  func(e event.UpdateEvent) bool { return mark(e.ObjectNew) },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return mark(e.Object) },
+		GenericFunc: func(e event.GenericEvent) bool { return mark(e.Object) },
+	}
+}
+
+// take returns when key was queued and forgets it; zero when no event queued it.
+func (q *queueWait) take(key types.NamespacedName) time.Time {
+	if v, ok := q.m.LoadAndDelete(key); ok {
+		return v.(time.Time)
+	}
+	return time.Time{}
 }

@@ -9,6 +9,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	libraryv1alpha1 "github.com/crdipc/crdipc/api/library/v1alpha1"
 )
@@ -17,17 +19,23 @@ import (
 // spans and the carrier, without the API calls.
 func benchmarkRequestSpans(b *testing.B, tp trace.TracerProvider) {
 	tracer := tp.Tracer(tracerName)
+	var q queueWait
+	queue := q.predicate()
 	for b.Loop() {
 		obj := &libraryv1alpha1.Book{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "dune", Generation: 1}}
 		ctx, call := tracer.Start(context.Background(), "call "+kindOf(obj), trace.WithSpanKind(trace.SpanKindClient))
 		InjectTraceContext(ctx, obj)
-		rctx, rec := startSpan(context.Background(), tracer, "reconcile Book", obj)
+		queue.Create(event.CreateEvent{Object: obj})
+		since := q.take(client.ObjectKeyFromObject(obj))
+		rctx, rec := startSpan(context.Background(), tracer, "reconcile Book", []client.Object{obj}, trace.WithTimestamp(since))
+		_, wait := tracer.Start(rctx, "queue wait", trace.WithTimestamp(since))
+		wait.End()
 		_, handle := tracer.Start(rctx, "handle Book")
-		endSpan(handle, nil)
+		EndSpan(handle, nil)
 		_, status := tracer.Start(rctx, "write status")
-		endSpan(status, nil)
-		endSpan(rec, nil)
-		endSpan(call, nil)
+		EndSpan(status, nil)
+		EndSpan(rec, nil)
+		EndSpan(call, nil)
 	}
 }
 

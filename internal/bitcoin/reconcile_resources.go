@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	bitcoinv1alpha1 "github.com/crdipc/crdipc/api/bitcoin/v1alpha1"
+	"github.com/crdipc/crdipc/ipc"
 )
 
 // Labels on everything the operator makes for a network.
@@ -187,8 +188,11 @@ func (h *handler) applyStatefulSet(ctx context.Context, n *bitcoinv1alpha1.Bitco
 		// The chain of a test network is disposable unless spec.storage asks otherwise.
 		pod.WithVolumes(corev1ac.Volume().WithName("data").WithEmptyDir(corev1ac.EmptyDirVolumeSource()))
 	}
+	// The network's trace goes on the StatefulSet, not on its pod template: a template
+	// that changed with every trace would roll the pods each time.
 	sts := appsv1ac.StatefulSet(n.Name, n.Namespace).
 		WithLabels(selectorLabels(n)).WithOwnerReferences(ownerRef(n)).
+		WithAnnotations(ipc.TraceContextAnnotations(n)).
 		WithSpec(spec.WithTemplate(corev1ac.PodTemplateSpec().WithLabels(selectorLabels(n)).WithSpec(pod)))
 	if err := h.c.Apply(ctx, sts, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
 		return fmt.Errorf("applying statefulset %s: %w", n.Name, err)

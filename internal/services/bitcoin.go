@@ -47,4 +47,8 @@ func (s *bitcoinService) CacheOptions() (cache.Options, error) {
 	}}, nil
 }
 
-func (s *bitcoinService) Setup(mgr manager.Manager, _ Env) error { return bitcoin.Add(mgr, s.o) }
+func (s *bitcoinService) Setup(mgr manager.Manager, env Env) error {
+	o := s.o
+	o.TracerProvider = env.TracerProvider("bitcoin-operator")
+	return bitcoin.Add(mgr, o)
+}

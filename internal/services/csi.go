@@ -103,6 +103,7 @@ func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 		return err
 	}
 	o.Config = env.Config
+	o.TracerProvider = env.TracerProvider("csi-driver")
 	d, err := driver.New(o)
 	if err != nil {
 		return err
@@ -183,6 +184,7 @@ func (s *csiSidecarService) Setup(mgr manager.Manager, env Env) error {
 	if env.Local != nil {
 		o.DriverEndpoint = filepath.Join(env.Local.DataDir, "csi", "csi.sock")
 	}
+	o.TracerProvider = env.TracerProvider("csi-sidecar")
 	return sidecar.Add(mgr, o)
 }
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/pflag"
@@ -25,6 +26,7 @@ import (
 	"github.com/crdipc/crdipc/internal/cpushare"
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/scheme"
+	"github.com/crdipc/crdipc/internal/tracing"
 )
 
 // ClusterFlags say which cluster a command talks to: the one --kubeconfig of every command.
@@ -127,6 +129,8 @@ type Standalone struct {
 	Cluster   ClusterFlags
 	Manager   ManagerOptions
 	LogFormat string
+	// OTLPEndpoint is where the service exports its spans (see tracing.Options.Endpoint).
+	OTLPEndpoint string
 }
 
 // AddFlags adds the flags every service command has: the cluster, the log format, and for
@@ -134,6 +138,7 @@ type Standalone struct {
 func (s *Standalone) AddFlags(fs *pflag.FlagSet, e Entry) {
 	s.Cluster.AddFlags(fs)
 	fs.StringVar(&s.LogFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&s.OTLPEndpoint, "otlp-endpoint", "", "base URL of an OpenTelemetry collector (OTLP, e.g. http://127.0.0.1:4318) to export the service's spans to; default: $OTEL_EXPORTER_OTLP_ENDPOINT (and the other OTEL_EXPORTER_OTLP_* variables); neither: no tracing")
 	if e.Kind == Controllers {
 		s.Manager.AddFlags(fs)
 	}
@@ -168,7 +173,24 @@ func Run(ctx context.Context, e Entry, svc Service, s Standalone) error {
 	if e.Kind == Server {
 		mo = ManagerOptions{MetricsAddr: "0", HealthAddr: "0"}
 	}
-	mgr, err := Build(cfg, e, svc, mo, Env{Config: cfg, Logger: logger.With("service", e.Name)})
+	tp, err := tracing.New(ctx, tracing.Options{Endpoint: s.OTLPEndpoint})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// The spans of the last requests still go out; a collector that is gone does not
+		// hold the exit up for long.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(sctx); err != nil {
+			logger.Warn("flushing spans", "error", err)
+		}
+	}()
+	env := Env{Config: cfg, Logger: logger.With("service", e.Name)}
+	if tp.Enabled() {
+		env.Tracing = tp
+	}
+	mgr, err := Build(cfg, e, svc, mo, env)
 	if err != nil {
 		return err
 	}

@@ -100,6 +100,7 @@ func (s *webhookService) Setup(mgr manager.Manager, env Env) error {
 		return err
 	}
 	o.Config, o.Secret, o.Logger = env.Config, secret, env.Logger
+	o.TracerProvider = env.TracerProvider("webhook-listener")
 	l, err := webhook.New(o)
 	if err != nil {
 		return err
@@ -173,6 +174,7 @@ func (s *metricsAgentService) Setup(mgr manager.Manager, env Env) error {
 		o.Namespace, addr = env.Local.SCMNamespace, DefaultSCMMetricsAddr
 	}
 	o.Config, o.Logger = env.Config, env.Logger
+	o.TracerProvider = env.TracerProvider("metrics-agent")
 	a, err := metricsagent.New(o)
 	if err != nil {
 		return err

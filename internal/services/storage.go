@@ -125,6 +125,7 @@ func (s *poolAgentService) Setup(mgr manager.Manager, env Env) error {
 		root := filepath.Join(env.Local.DataDir, "nodes")
 		o := s.o
 		o.MetricsAddr, o.HealthAddr = "0", "0"
+		o.TracerProvider = env.TracerProvider("pool-agent")
 		// What starts an agent for each node is the cluster's part (a DaemonSet controller
 		// and the kubelet): it watches Nodes with the nodes' credentials, on a manager of its
 		// own; each agent acts as the pool agent's ServiceAccount.
@@ -140,7 +141,13 @@ func (s *poolAgentService) Setup(mgr manager.Manager, env Env) error {
 		if env.Local.NodeConfig != nil {
 			// Each agent with a token bound to its node: the node restriction lets it
 			// write only that node's pools, replicas and Lease.
-			so.Config = func(node string) (*rest.Config, error) { return env.Local.NodeConfig("pool-agent", node) }
+			so.Config = func(node string) (*rest.Config, error) {
+				cfg, err := env.Local.NodeConfig("pool-agent", node)
+				if err != nil {
+					return nil, err
+				}
+				return env.Tracing.RESTConfig(cfg, "pool-agent"), nil
+			}
 		}
 		if _, err := agent.AddSupervisor(infra, env.Config, so); err != nil {
 			return err
@@ -164,6 +171,7 @@ func (s *poolAgentService) Setup(mgr manager.Manager, env Env) error {
 	if o.DataAdvertiseHost == "" {
 		o.DataAdvertiseHost = os.Getenv("POD_IP")
 	}
+	o.TracerProvider = env.TracerProvider("pool-agent")
 	a, err := agent.New(env.Config, o)
 	if err != nil {
 		return err

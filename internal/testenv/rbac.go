@@ -2,8 +2,10 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/client-go/rest"
 
 	"github.com/crdipc/crdipc/internal/identity"
@@ -61,4 +63,43 @@ func (e *Env) AsNode(t testing.TB, node string) *rest.Config {
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// WithToken is cfg, a config from AsServiceAccount (or BoundTo), authenticating with a token
+// of that ServiceAccount (bound to the node, for BoundTo's) instead of impersonating it, as
+// `crdipc up`'s services do. Impersonation is resolved after authentication by the admin's
+// certificate, so the filters before it (kube-apiserver's tracing, for one, which trusts a
+// caller's trace context only from system:masters) see the admin, not the ServiceAccount.
+func (e *Env) WithToken(t testing.TB, cfg *rest.Config) *rest.Config {
+	t.Helper()
+	tokenCfg, err := e.Tokens(t).For(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tokenCfg
+}
+
+// Tokens hands out ServiceAccount tokens (see WithToken), also where a test may not fail.
+type Tokens struct{ k *identity.Keeper }
+
+// Tokens returns a source of tokens, kept in a directory of the test.
+func (e *Env) Tokens(t testing.TB) *Tokens {
+	t.Helper()
+	k, err := identity.NewKeeper(e.Config, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Tokens{k: k}
+}
+
+// For is WithToken's config for cfg.
+func (tk *Tokens) For(cfg *rest.Config) (*rest.Config, error) {
+	ns, name, err := serviceaccount.SplitUsername(cfg.Impersonate.UserName)
+	if err != nil {
+		return nil, fmt.Errorf("not a ServiceAccount config: %w", err)
+	}
+	if node := cfg.Impersonate.Extra[NodeNameExtra]; len(node) == 1 {
+		return tk.k.NodeConfig(context.Background(), ns, name, node[0])
+	}
+	return tk.k.Config(context.Background(), ns, name)
 }

@@ -18,8 +18,8 @@
 //
 // The trace crosses processes in two carriers. Over HTTP, the W3C traceparent
 // header, which RESTConfig's transport writes on every request made inside a
-// trace; kube-apiserver continues it (as a child for system:masters clients,
-// as a new trace linked to it for others: see APIServer). Through the API,
+// trace; kube-apiserver continues it (for every client: see APIServer).
+// Through the API,
 // the annotation ipc.TraceParentAnnotation on the request object, which
 // package ipc writes and reads.
 package tracing

@@ -66,8 +66,8 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	return p, nil
 }
 
-// Enabled reports whether spans go anywhere.
-func (p *Provider) Enabled() bool { return len(p.processors) > 0 }
+// Enabled reports whether spans go anywhere. A nil Provider is off.
+func (p *Provider) Enabled() bool { return p != nil && len(p.processors) > 0 }
 
 // Service returns the tracer provider of the named service (its
 // service.name). The sampler is OTEL_TRACES_SAMPLER's, by default parent
@@ -85,9 +85,14 @@ func (p *Provider) Service(name string) trace.TracerProvider {
 // kube-apiserver makes a request's span a child of the caller's only for
 // system:masters (and system:monitoring) clients; for other users it starts a
 // new trace that links to the caller's (k8s.io/apiserver's WithTracing, a
-// public endpoint), and this sampler, seeing no parent, drops it.
+// public endpoint). This provider makes that span the caller's child too
+// (adoptCaller): every client of the embedded API server is one of the
+// process's own services, whose writes belong in the request's trace.
 func (p *Provider) APIServer() trace.TracerProvider {
-	return p.service(APIServerService, sdktrace.ParentBased(sdktrace.NeverSample()))
+	if !p.Enabled() {
+		return noop.NewTracerProvider()
+	}
+	return adoptCaller{p.service(APIServerService, sdktrace.ParentBased(sdktrace.NeverSample()))}
 }
 
 func (p *Provider) service(name string, sampler sdktrace.Sampler) trace.TracerProvider {
@@ -143,6 +148,9 @@ func (p *Provider) RESTConfig(cfg *rest.Config, service string) *rest.Config {
 
 // ForceFlush exports the spans that have ended and are still queued.
 func (p *Provider) ForceFlush(ctx context.Context) error {
+	if p == nil {
+		return nil
+	}
 	var errs []error
 	for _, sp := range p.processors {
 		errs = append(errs, sp.ForceFlush(ctx))
@@ -156,6 +164,9 @@ func (p *Provider) ForceFlush(ctx context.Context) error {
 // Shutdown flushes the spans still queued and stops export. Spans that end
 // afterwards are dropped.
 func (p *Provider) Shutdown(ctx context.Context) error {
+	if p == nil {
+		return nil
+	}
 	p.mu.Lock()
 	services := p.services
 	p.services = map[string]*sdktrace.TracerProvider{}
@@ -235,4 +246,27 @@ func newExporter(ctx context.Context, endpoint string) (sdktrace.SpanExporter, e
 		return nil, fmt.Errorf("creating OTLP exporter: %w", err)
 	}
 	return exp, nil
+}
+
+// ChildOnly returns tp restricted to spans that continue a trace: a span
+// started where ctx carries no span context is not started at all (the
+// returned context is ctx, the span a no-op). For instrumentation that wraps
+// every call of a client or a server (gRPC's stats handlers), of which only
+// those made for a request belong in a trace: probes, health checks and
+// calls from tools outside crdipc would each start a trace of their own.
+func ChildOnly(tp trace.TracerProvider) trace.TracerProvider { return childOnly{tp} }
+
+type childOnly struct{ trace.TracerProvider }
+
+func (p childOnly) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
+	return childOnlyTracer{p.TracerProvider.Tracer(name, opts...)}
+}
+
+type childOnlyTracer struct{ trace.Tracer }
+
+func (t childOnlyTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return ctx, trace.SpanFromContext(ctx)
+	}
+	return t.Tracer.Start(ctx, name, opts...)
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/collector/pdata/ptrace"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -126,78 +125,52 @@ func TestCallIsOneTraceThroughAPIServerAndReceiver(t *testing.T) {
 	if traceparent == "" || traceparent != b.Annotations[ipc.TraceParentAnnotation] {
 		t.Fatalf("stored traceparent %q, want the one Call wrote, %q", traceparent, b.Annotations[ipc.TraceParentAnnotation])
 	}
-	sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": traceparent}))
-	if !sc.IsSampled() {
-		t.Fatalf("traceparent %q: not a sampled span context", traceparent)
-	}
+	sc := traceparentOf(t, stored)
 	id := sc.TraceID()
 
-	// Spans reach the collector when their batches are exported; the API server's
-	// last ones end after Call has returned (its watch closes then).
-	var spans []span
 	var call span
-	testenv.Eventually(t, 20*time.Second, "the collector to receive the request's trace", func(ctx context.Context) (bool, error) {
-		if err := provider.ForceFlush(ctx); err != nil {
-			return false, err
-		}
-		spans = otlp.Spans(func(s span) bool { return s.TraceID == id })
-		byID := map[trace.SpanID]span{}
-		for _, s := range spans {
-			byID[s.SpanID] = s
-		}
-		// under says whether s descends from the span with the given ID, and the spans
-		// between them.
-		under := func(s span, ancestor trace.SpanID) bool {
-			for p := s.Parent; p.IsValid(); p = byID[p].Parent {
-				if p == ancestor {
-					return true
-				}
-				if _, ok := byID[p]; !ok {
-					return false
-				}
-			}
-			return false
-		}
+	tr := waitTrace(t, id, "the collector to receive the request's trace", func(tr traceSpans) error {
+		spans, under := tr.all, tr.under
 		var ok bool
 		if call, ok = find(spans, senderService, "call Book"); !ok {
-			return false, errors.New("no call span from the sender")
+			return errors.New("no call span from the sender")
 		}
 		if call.SpanID != sc.SpanID() {
-			return false, fmt.Errorf("the annotation names span %s, the call span is %s", sc.SpanID(), call.SpanID)
+			return fmt.Errorf("the annotation names span %s, the call span is %s", sc.SpanID(), call.SpanID)
 		}
 		if call.Parent.IsValid() || call.Kind != ptrace.SpanKindClient {
-			return false, fmt.Errorf("call span %s: want a root client span", call)
+			return fmt.Errorf("call span %s: want a root client span", call)
 		}
 		create, ok := findFunc(spans, func(s span) bool {
 			return s.Service == tracing.APIServerService && strings.HasPrefix(s.Name, "POST /apis/library.crdipc.io/v1alpha1/namespaces/{:namespace}/books")
 		})
 		if !ok {
-			return false, errors.New("no kube-apiserver span for the create")
+			return errors.New("no kube-apiserver span for the create")
 		}
 		if !under(create, call.SpanID) {
-			return false, fmt.Errorf("kube-apiserver's create span %s does not descend from the call span", create)
+			return fmt.Errorf("kube-apiserver's create span %s does not descend from the call span", create)
 		}
 		// A request may be reconciled more than once (the cache behind a write); each
 		// reconcile continues the same trace.
 		reconciles := map[trace.SpanID]bool{}
 		for _, r := range filter(spans, func(s span) bool { return s.Service == receiverService && s.Name == "reconcile Book" }) {
 			if r.Parent != call.SpanID {
-				return false, fmt.Errorf("reconcile span %s: want the call span %s, from the annotation, as its parent", r, call.SpanID)
+				return fmt.Errorf("reconcile span %s: want the call span %s, from the annotation, as its parent", r, call.SpanID)
 			}
 			reconciles[r.SpanID] = true
 		}
 		if len(reconciles) == 0 {
-			return false, errors.New("no reconcile span from the receiver")
+			return errors.New("no reconcile span from the receiver")
 		}
 		var writes []span
-		for _, name := range []string{"handle Book", "write status"} {
+		for _, name := range []string{"queue wait", "handle Book", "write status"} {
 			found := filter(spans, func(s span) bool { return s.Service == receiverService && s.Name == name })
 			if len(found) == 0 {
-				return false, fmt.Errorf("no %q span from the receiver", name)
+				return fmt.Errorf("no %q span from the receiver", name)
 			}
 			for _, s := range found {
 				if !reconciles[s.Parent] {
-					return false, fmt.Errorf("%s: want a reconcile span as its parent", s)
+					return fmt.Errorf("%s: want a reconcile span as its parent", s)
 				}
 			}
 			writes = found
@@ -206,12 +179,12 @@ func TestCallIsOneTraceThroughAPIServerAndReceiver(t *testing.T) {
 			return s.Service == tracing.APIServerService && strings.HasSuffix(s.Name, "/books/{:name}/status")
 		})
 		if !ok {
-			return false, errors.New("no kube-apiserver span for the status write")
+			return errors.New("no kube-apiserver span for the status write")
 		}
 		if !slices.ContainsFunc(writes, func(w span) bool { return under(status, w.SpanID) }) {
-			return false, fmt.Errorf("kube-apiserver's status span %s does not descend from the receiver's status write", status)
+			return fmt.Errorf("kube-apiserver's status span %s does not descend from the receiver's status write", status)
 		}
-		return true, nil
+		return nil
 	})
 
 	// One trace: every span about this request, from every service, is in it.
@@ -223,9 +196,7 @@ func TestCallIsOneTraceThroughAPIServerAndReceiver(t *testing.T) {
 			t.Errorf("span %s of the request is in trace %s, not %s", s, s.TraceID, id)
 		}
 	}
-	for _, s := range spans {
-		t.Logf("%s", s)
-	}
+	tr.log(t)
 }
 
 func find(spans []span, service, name string) (span, bool) {

@@ -86,6 +86,8 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 			vol.Annotations[AnnotationContentSource] = source
 			vol.Spec.Source = &storagev1alpha1.VolumeSource{Snapshot: fill}
 		}
+		// The claim's trace, when the call came in one, goes on with the operator.
+		ipc.InjectTraceContext(ctx, vol)
 		if err := d.c.Create(ctx, vol); apierrors.IsAlreadyExists(err) {
 			// A concurrent call with the same name won: use its volume (compatible, below,
 			// refuses it if it is another name's).

@@ -19,6 +19,9 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -28,6 +31,7 @@ import (
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/scheme"
+	"github.com/crdipc/crdipc/internal/tracing"
 )
 
 // The driver's permissions: the storage kinds it needs and nothing else. In particular no
@@ -107,6 +111,11 @@ type Options struct {
 	// Registerer takes the driver's metrics; default controller-runtime's registry, which
 	// `crdipc up` serves on its /metrics.
 	Registerer prometheus.Registerer
+	// TracerProvider, when set, continues the trace of each CSI call that arrives in one
+	// (the sidecar's, in the gRPC metadata) with a server span, and CreateVolume stores
+	// it on the CStorVolume it creates, for the operator to continue. Calls outside a
+	// trace (probes, csi-sanity, the kubelet) start none.
+	TracerProvider trace.TracerProvider
 }
 
 // Driver implements the CSI Identity, Controller and Node services.
@@ -225,7 +234,13 @@ func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
 		d.data.life = ctx
 	}
 	d.data.Unlock()
-	srv := grpc.NewServer(grpc.UnaryInterceptor(d.intercept))
+	opts := []grpc.ServerOption{grpc.UnaryInterceptor(d.intercept)}
+	if d.o.TracerProvider != nil {
+		opts = append(opts, grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(tracing.ChildOnly(d.o.TracerProvider)),
+			otelgrpc.WithPropagators(propagation.TraceContext{}))))
+	}
+	srv := grpc.NewServer(opts...)
 	csi.RegisterIdentityServer(srv, d)
 	csi.RegisterControllerServer(srv, d)
 	if d.o.NodeID == "" && d.o.NodeRelay != "" {

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/sig-storage-lib-external-provisioner/v13/controller"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/ipc"
 )
 
 // ParamFSType is the StorageClass parameter naming the file system of mount volumes, as
@@ -96,8 +97,10 @@ func newProvisioner(ctx context.Context, cfg *rest.Config, kube kubernetes.Inter
 // still wants it (the library goes on with a deleted claim it was provisioning; the
 // clone-protection reconciler deletes what was begun for it), and, once started, with its
 // source protected (provisioner_clone.go).
-func (p *provisioner) Provision(ctx context.Context, opts controller.ProvisionOptions) (*corev1.PersistentVolume, controller.ProvisioningState, error) {
+func (p *provisioner) Provision(ctx context.Context, opts controller.ProvisionOptions) (_ *corev1.PersistentVolume, _ controller.ProvisioningState, err error) {
 	pvc, class := opts.PVC, opts.StorageClass
+	ctx, span := ipc.StartSpan(ctx, p.o.TracerProvider, "provision PersistentVolumeClaim", pvc)
+	defer func() { ipc.EndSpan(span, err) }()
 	_, clone := cloneOf(pvc)
 	if clone {
 		unlock, ok := p.clones.busy.tryLock(pvc.UID)

@@ -10,6 +10,9 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -24,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/crdipc/crdipc/internal/csi/driver"
+	"github.com/crdipc/crdipc/internal/tracing"
 )
 
 // The sidecar's permissions: exactly what provisioning and attaching need, and no access to
@@ -64,6 +68,10 @@ type Options struct {
 	Resync time.Duration
 	// Logger; default the controller-runtime global logger.
 	Logger *logr.Logger
+	// TracerProvider traces each provisioning of a claim (continuing the claim's trace
+	// when it carries one, ipc.TraceParentAnnotation) and carries it to the driver in the
+	// CSI call's metadata. Default: the global provider.
+	TracerProvider trace.TracerProvider
 }
 
 func (o *Options) defaults() {
@@ -96,12 +104,13 @@ func Retryable(err error) bool {
 
 // Dial connects to the driver's Unix socket. The connection is lazy: a driver that is not
 // up yet (or restarting) shows as Unavailable on the first calls, which are retried.
-func Dial(endpoint string) (*grpc.ClientConn, error) {
+func Dial(endpoint string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	path, err := driver.SocketPath(endpoint)
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+	conn, err := grpc.NewClient("unix://"+path, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("csi sidecar: dialing %s: %w", endpoint, err)
 	}
@@ -195,7 +204,15 @@ func Add(mgr manager.Manager, o Options) error {
 		return fmt.Errorf("csi sidecar: %w", err)
 	}
 	o.DriverEndpoint = endpoint
-	conn, err := Dial(endpoint)
+	var dialOpts []grpc.DialOption
+	if o.TracerProvider != nil {
+		// A call made while provisioning continues the claim's trace in a client span; the
+		// others (probes, the driver's name) carry none.
+		dialOpts = append(dialOpts, grpc.WithStatsHandler(otelgrpc.NewClientHandler(
+			otelgrpc.WithTracerProvider(tracing.ChildOnly(o.TracerProvider)),
+			otelgrpc.WithPropagators(propagation.TraceContext{}))))
+	}
+	conn, err := Dial(endpoint, dialOpts...)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -59,6 +60,10 @@ type Options struct {
 	// CheckpointInterval is how often a changed state is written (default
 	// DefaultCheckpointInterval); it is also written once synced and on shutdown.
 	CheckpointInterval time.Duration
+	// TracerProvider records a span when an Event that carries a trace
+	// (ipc.TraceParentAnnotation, as the webhook listener writes it) is counted, in that
+	// trace. Default: the global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Agent turns Events and resources into Prometheus metrics.
@@ -119,6 +124,7 @@ func New(opts Options) (*Agent, error) {
 		return nil, fmt.Errorf("creating client: %w", err)
 	}
 	a := &Agent{opts: opts, kube: kube, client: c, counter: newEventCounter(), stopped: make(chan struct{})}
+	a.counter.tp = opts.TracerProvider
 	a.lists = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "crdipc_scm_agent_lists_total",
 		Help: "Successful full lists (initial and after a broken watch) by resource; each is a re-list the event counter must not double count.",

@@ -1,15 +1,20 @@
 package metricsagent
 
 import (
+	"context"
 	"maps"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/crdipc/crdipc/ipc"
 )
 
 // Group is the API group whose Events the agent counts.
@@ -110,7 +115,8 @@ type state struct {
 // eventCounter implements the counting rules of the package comment. It is an informer
 // event handler and the collector of crdipc_scm_events_total.
 type eventCounter struct {
-	start time.Time // without a checkpoint, Events stamped before it are history
+	start time.Time            // without a checkpoint, Events stamped before it are history
+	tp    trace.TracerProvider // of the spans of counted Events that carry a trace; nil: global
 
 	mu      sync.Mutex
 	resumed bool      // from a checkpoint: an Event it does not list is new...
@@ -168,9 +174,23 @@ func (c *eventCounter) snapshot() (state, map[types.UID]int64, uint64) {
 
 func (c *eventCounter) add(ev *corev1.Event, n int32) {
 	if n > 0 {
-		c.totals[labels(ev)] += uint64(n)
+		l := labels(ev)
+		c.totals[l] += uint64(n)
 		c.gen++
+		c.traceCount(ev, l, n)
 	}
+}
+
+// traceCount records the counting of ev in the trace ev carries, if any: the last step of
+// a webhook delivery, whose listener stored its trace on the Event. Events without one
+// start no trace.
+func (c *eventCounter) traceCount(ev *corev1.Event, l labelSet, n int32) {
+	if ev.Annotations[ipc.TraceParentAnnotation] == "" {
+		return
+	}
+	_, span := ipc.StartSpan(context.Background(), c.tp, "count Event", ev)
+	span.SetAttributes(attribute.String("scm.kind", l.Kind), attribute.String("scm.reason", l.Reason), attribute.Int("scm.occurrences", int(n)))
+	span.End()
 }
 
 // OnAdd: an Event the counter already knows (a re-list, or the first list after a restart

@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"github.com/google/go-github/v84/github"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -114,6 +117,7 @@ func (l *Listener) serveWebhook(w http.ResponseWriter, r *http.Request) {
 // handle checks a request in order of cost, so that nothing is parsed before the signature
 // proves the body came from GitHub, and writes nothing unless every check passed.
 func (l *Listener) handle(r *http.Request) *response {
+	arrived := time.Now()
 	if r.Method != http.MethodPost {
 		return fail(http.StatusMethodNotAllowed, resultMethod, "method %s not allowed: GitHub delivers webhooks with POST", r.Method)
 	}
@@ -200,8 +204,22 @@ func (l *Listener) handle(r *http.Request) *response {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), l.opts.Timeout)
 	defer cancel()
-	return l.record(ctx, c, RecordName(body), event, delivery, payload, received)
+	// Only a delivery that proved its origin is traced, so that nobody else can fill the
+	// traces; its span starts when it arrived, to count the reading and the checks.
+	ctx, span := l.opts.TracerProvider.Tracer(tracerName).Start(ctx, "delivery "+event,
+		trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(arrived),
+		trace.WithAttributes(attribute.String("github.event", event), attribute.String("github.delivery", delivery)))
+	resp = l.record(ctx, c, RecordName(body), event, delivery, payload, received)
+	span.SetAttributes(attribute.String("webhook.result", resp.Result), attribute.Int("http.response.status_code", resp.status))
+	if resp.status >= http.StatusInternalServerError {
+		span.SetStatus(codes.Error, resp.Error)
+	}
+	span.End()
+	return resp
 }
+
+// tracerName is the instrumentation scope of the listener's spans.
+const tracerName = "github.com/crdipc/crdipc/internal/scm/webhook"
 
 // record writes a delivery that changes an object, guarded by the Delivery record of its
 // body. The record is looked up first (in the cache), so that a body seen before writes

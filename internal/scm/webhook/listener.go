@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/netutil"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
@@ -102,6 +104,11 @@ type Options struct {
 	// Registry receives the listener's metrics (default: a new registry with Go and process
 	// collectors). Never the global registry, so several listeners can live in one process.
 	Registry *prometheus.Registry
+	// TracerProvider traces each delivery whose signature holds, from its arrival to its
+	// answer, and stores the trace on the objects and the Event it writes
+	// (ipc.TraceParentAnnotation), where the metrics agent continues it. Default: the
+	// global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Listener receives GitHub webhook deliveries.
@@ -163,6 +170,9 @@ func New(opts Options) (*Listener, error) {
 		opts.RecordGCInterval = min(opts.DeliveryRetention/4, time.Hour)
 	case opts.RecordGCInterval < 0:
 		return nil, fmt.Errorf("record collection interval %s is negative", opts.RecordGCInterval)
+	}
+	if opts.TracerProvider == nil {
+		opts.TracerProvider = otel.GetTracerProvider()
 	}
 	if opts.Instance == "" {
 		h, err := os.Hostname()

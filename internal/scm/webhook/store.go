@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	scmv1alpha1 "github.com/crdipc/crdipc/api/scm/v1alpha1"
+	"github.com/crdipc/crdipc/ipc"
 )
 
 // ReportingController is the reportingController of every Event the listener writes.
@@ -87,6 +88,7 @@ func (l *Listener) store(ctx context.Context, c *change, record, delivery, legac
 		}
 	}
 	ev := l.newEvent(evName, s, c, delivery)
+	ipc.InjectTraceContext(ctx, ev)
 	if err := l.client.Create(ctx, ev); err != nil {
 		if !apierrors.IsAlreadyExists(err) {
 			return nil, "", fmt.Errorf("%s/%s is stored but its event is not: %w", c.resource(), s.obj.GetName(), err)
@@ -128,6 +130,7 @@ func (l *Listener) writeObject(ctx context.Context, name string, c *change, reco
 				obj.SetNamespace(l.opts.Namespace)
 				obj.SetName(name)
 				setSpec(obj, c, delivery)
+				ipc.InjectTraceContext(ctx, obj)
 				if err := l.client.Create(ctx, obj); err != nil {
 					return err
 				}
@@ -152,6 +155,7 @@ func (l *Listener) writeObject(ctx context.Context, name string, c *change, reco
 				out = &stored{obj: cur, result: result, event: event}
 				return nil
 			}
+			ipc.InjectTraceContext(ctx, next)
 			if err := l.client.Update(ctx, next); err != nil {
 				return err
 			}

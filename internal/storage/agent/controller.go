@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
@@ -72,6 +73,10 @@ type Options struct {
 	MaxConcurrentReconciles int
 	// Logger for the agent; default: controller-runtime's global logger.
 	Logger *logr.Logger
+	// TracerProvider traces the pools' and replicas' reconciles, each continuing the trace
+	// of the request that created the object (ipc.Options.TracerProvider); default the
+	// global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Agent serves one node. Run it with Run.
@@ -260,7 +265,8 @@ func (a *Agent) register(mgr manager.Manager, data *dataServer) error {
 		BackoffMax:  30 * time.Second,
 		// The node Lease already says whether this node's agent is alive; one heartbeat
 		// Lease per kind shared by every node's agent would say nothing more.
-		LeaseDuration: -1,
+		LeaseDuration:  -1,
+		TracerProvider: a.o.TracerProvider,
 	}
 	pools := &poolHandler{node: a.o.Node, c: mgr.GetClient(), live: mgr.GetAPIReader(), backends: backends, resync: a.o.Resync}
 	po := base

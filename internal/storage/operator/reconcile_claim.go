@@ -47,6 +47,7 @@ func (h *claimHandler) Handle(ctx context.Context, claim *storagev1alpha1.Storag
 	var collisions []string
 	for _, node := range newPoolNodes(claim, eligible, have) {
 		pool := newPool(claim, node)
+		ipc.InjectTraceContext(ctx, pool)
 		err := h.c.Create(ctx, pool)
 		if apierrors.IsAlreadyExists(err) {
 			// Another operator made it a moment ago (the cache does not show it yet) — or

@@ -284,6 +284,8 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 					// (a replacement) is rebuilt from its peers, which hold newer writes.
 					r.Spec.Source = &storagev1alpha1.ReplicaSource{Snapshot: vol.Spec.Source.Snapshot}
 				}
+				// The agent that makes the replica continues this reconcile's trace.
+				ipc.InjectTraceContext(ctx, r)
 				errs[i] = h.c.Create(ctx, r)
 				created[i] = r
 			}()

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -16,6 +17,7 @@ import (
 	"github.com/crdipc/crdipc/internal/storage/agent"
 	"github.com/crdipc/crdipc/internal/storage/operator"
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/tracing"
 	"github.com/crdipc/crdipc/ipc"
 )
 
@@ -28,6 +30,12 @@ type Options struct {
 	// Agent is the template of every pool agent. Resync defaults to 300 ms, so tests see
 	// what changes on disk quickly.
 	Agent agent.Options
+	// Tracing, when set, traces the operator (service storage-operator) and the agents
+	// (pool-agent), as up does: their reconciles and their API requests.
+	Tracing *tracing.Provider
+	// Tokens has each agent authenticate with a token bound to its node, as in up, rather
+	// than impersonate one (testenv.Env.WithToken).
+	Tokens bool
 }
 
 // Cluster is a running storage system.
@@ -51,8 +59,12 @@ func Start(t *testing.T, o Options) *Cluster {
 	if o.Agent.Resync == 0 {
 		o.Agent.Resync = 300 * time.Millisecond
 	}
-	mgr := testenv.NewManager(t, env.Config)
-	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: -1}}); err != nil {
+	var operatorTP trace.TracerProvider
+	if o.Tracing.Enabled() {
+		operatorTP, o.Agent.TracerProvider = o.Tracing.Service("storage-operator"), o.Tracing.Service("pool-agent")
+	}
+	mgr := testenv.NewManager(t, o.Tracing.RESTConfig(env.Config, "storage-operator"))
+	if err := operator.Register(mgr, operator.Options{Receiver: ipc.Options{LeaseDuration: -1, TracerProvider: operatorTP}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := simnode.Add(mgr, simnode.Options{Nodes: o.Nodes}); err != nil {
@@ -61,8 +73,21 @@ func Start(t *testing.T, o Options) *Cluster {
 	// Each agent as its node's pool agent, as in up: the operator approves the data-path
 	// certificate of a token bound to the node only.
 	poolAgent := env.AsServiceAccount(t, "pool-agent")
+	var tokens *testenv.Tokens
+	if o.Tokens {
+		tokens = env.Tokens(t)
+	}
 	sup, err := agent.AddSupervisor(mgr, env.Config, agent.SupervisorOptions{Root: o.Root, Agent: o.Agent,
-		Config: func(node string) (*rest.Config, error) { return testenv.BoundTo(poolAgent, node), nil }})
+		Config: func(node string) (*rest.Config, error) {
+			cfg := testenv.BoundTo(poolAgent, node)
+			if tokens != nil {
+				var err error
+				if cfg, err = tokens.For(cfg); err != nil {
+					return nil, err
+				}
+			}
+			return o.Tracing.RESTConfig(cfg, "pool-agent"), nil
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
