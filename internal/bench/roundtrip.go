@@ -20,6 +20,7 @@ import (
 	"github.com/crdipc/crdipc/internal/books"
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/services"
+	"github.com/crdipc/crdipc/internal/tracing"
 	"github.com/crdipc/crdipc/ipc"
 )
 
@@ -35,6 +36,11 @@ type RoundTripOptions struct {
 	// InProcess says the API server runs in this process (the embedded control plane):
 	// its request counter is read from this process's registry, not from its /metrics.
 	InProcess bool
+	// Tracing, when enabled, traces every Call as up does: the senders' spans and the
+	// receiver's, their clients carrying the trace to the API server (whose own spans
+	// are traced when it runs in this process with the same provider). Off: what a
+	// service without OTEL_* variables runs.
+	Tracing *tracing.Provider
 }
 
 // DefaultRoundTripOptions take ~30 s on a 2-core machine.
@@ -66,6 +72,8 @@ type RoundTrip struct {
 	// APIRequests are what one Call costs the API server, counted over the sequential
 	// Calls of Latency (nothing else loads it then).
 	APIRequests *APIRequests `json:"apiRequestsPerCall,omitempty"`
+	// Tracing says every Call was traced (RoundTripOptions.Tracing).
+	Tracing bool `json:"tracing"`
 	// CallAPIRequests are what one Call costs the API server in each throughput run, by
 	// sender count, and WritesAPIRequests what the same three writes made without ipc cost
 	// it: side by side, the requests, etcd requests and watch events ipc adds.
@@ -84,7 +92,13 @@ func MeasureRoundTrip(ctx context.Context, cfg *rest.Config, o RoundTripOptions)
 	if err != nil {
 		return nil, err
 	}
-	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme.Scheme})
+	// The senders' config: with tracing, each request made in a Call carries its trace.
+	senderCfg := o.Tracing.RESTConfig(cfg, "bench-sender")
+	var call []ipc.CallOption
+	if o.Tracing.Enabled() {
+		call = append(call, ipc.WithTracerProvider(o.Tracing.Service("bench-sender")))
+	}
+	c, err := client.NewWithWatch(senderCfg, client.Options{Scheme: scheme.Scheme})
 	if err != nil {
 		return nil, fmt.Errorf("creating client: %w", err)
 	}
@@ -93,17 +107,17 @@ func MeasureRoundTrip(ctx context.Context, cfg *rest.Config, o RoundTripOptions)
 		return nil, err
 	}
 	defer cleanup()
-	stop, err := startBooks(cfg, ns)
+	stop, err := startBooks(cfg, ns, o.Tracing)
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
 
-	rt := &RoundTrip{Floor: floor, CallsPerSec: map[int]float64{}, RequestWritesPerSec: map[int]float64{},
+	rt := &RoundTrip{Floor: floor, Tracing: o.Tracing.Enabled(), CallsPerSec: map[int]float64{}, RequestWritesPerSec: map[int]float64{},
 		ThroughputRatio: map[int]float64{}, WritesRatio: map[int]float64{},
 		CallAPIRequests: map[int]*APIRequests{}, WritesAPIRequests: map[int]*APIRequests{}}
 	// Warm up: the first requests pay for informer start and connection setup.
-	if _, err := callBooks(ctx, []client.WithWatch{c}, ns, "warm", 20); err != nil {
+	if _, err := callBooks(ctx, []client.WithWatch{c}, ns, "warm", 20, call...); err != nil {
 		return nil, err
 	}
 	counter, err := newRequestCounter(cfg, o.InProcess)
@@ -112,7 +126,7 @@ func MeasureRoundTrip(ctx context.Context, cfg *rest.Config, o RoundTripOptions)
 	}
 	var lat callResult
 	rt.APIRequests, err = countRequests(ctx, counter, roundTripPath, fmt.Sprintf("%d sequential Calls", o.Samples), o.Samples, func() (err error) {
-		lat, err = callBooks(ctx, []client.WithWatch{c}, ns, "lat", o.Samples)
+		lat, err = callBooks(ctx, []client.WithWatch{c}, ns, "lat", o.Samples, call...)
 		return err
 	})
 	if err != nil {
@@ -138,13 +152,13 @@ func MeasureRoundTrip(ctx context.Context, cfg *rest.Config, o RoundTripOptions)
 		}
 		clients := make([]client.WithWatch, s)
 		for i := range clients {
-			if clients[i], err = client.NewWithWatch(rest.CopyConfig(cfg), client.Options{Scheme: scheme.Scheme}); err != nil {
+			if clients[i], err = client.NewWithWatch(rest.CopyConfig(senderCfg), client.Options{Scheme: scheme.Scheme}); err != nil {
 				return nil, fmt.Errorf("creating client: %w", err)
 			}
 		}
 		var res callResult
 		if rt.CallAPIRequests[s], err = countRequests(ctx, counter, roundTripPath, fmt.Sprintf("%d Calls, %d senders", o.Calls, s), o.Calls, func() (err error) {
-			res, err = callBooks(ctx, clients, ns, fmt.Sprintf("tp%d", s), o.Calls)
+			res, err = callBooks(ctx, clients, ns, fmt.Sprintf("tp%d", s), o.Calls, call...)
 			return err
 		}); err != nil {
 			return nil, err
@@ -161,9 +175,10 @@ func MeasureRoundTrip(ctx context.Context, cfg *rest.Config, o RoundTripOptions)
 }
 
 // startBooks runs a Book receiver that watches only ns: the floor's
-// thousands of Books elsewhere are not requests for it.
-func startBooks(cfg *rest.Config, ns string) (func(), error) {
-	mgr, err := ctrl.NewManager(rest.CopyConfig(cfg), ctrl.Options{
+// thousands of Books elsewhere are not requests for it. With tracing, as up
+// runs it.
+func startBooks(cfg *rest.Config, ns string, tp *tracing.Provider) (func(), error) {
+	mgr, err := ctrl.NewManager(tp.RESTConfig(rest.CopyConfig(cfg), "books"), ctrl.Options{
 		Scheme:                 scheme.Scheme,
 		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -174,7 +189,11 @@ func startBooks(cfg *rest.Config, ns string) (func(), error) {
 	}
 	// As many workers as the largest sender count, so the receiver is not
 	// the queue that limits throughput.
-	if err := books.Register(mgr, ipc.Options{Name: "bench-book", MaxConcurrentReconciles: 32, LeaseDuration: -1}); err != nil {
+	o := ipc.Options{Name: "bench-book", MaxConcurrentReconciles: 32, LeaseDuration: -1}
+	if tp.Enabled() {
+		o.TracerProvider = tp.Service("books")
+	}
+	if err := books.Register(mgr, o); err != nil {
 		return nil, err
 	}
 	stop, err := services.Start(context.Background(), "books", mgr)
@@ -185,11 +204,11 @@ func startBooks(cfg *rest.Config, ns string) (func(), error) {
 }
 
 // timedCall is one ipc.Call of b, waiting at most 30 s for Ready, and how long it took.
-func timedCall(ctx context.Context, c client.WithWatch, b *libraryv1alpha1.Book) (time.Duration, error) {
+func timedCall(ctx context.Context, c client.WithWatch, b *libraryv1alpha1.Book, opts ...ipc.CallOption) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	t := time.Now()
-	err := ipc.Call(ctx, c, b, ipc.Ready)
+	err := ipc.Call(ctx, c, b, ipc.Ready, opts...)
 	return time.Since(t), err
 }
 
@@ -199,7 +218,7 @@ type callResult struct {
 }
 
 // callBooks makes n Calls spread over the clients (one goroutine each).
-func callBooks(ctx context.Context, clients []client.WithWatch, ns, prefix string, n int) (callResult, error) {
+func callBooks(ctx context.Context, clients []client.WithWatch, ns, prefix string, n int, opts ...ipc.CallOption) (callResult, error) {
 	var next atomic.Int64
 	var mu sync.Mutex
 	var firstErr error
@@ -216,7 +235,7 @@ func callBooks(ctx context.Context, clients []client.WithWatch, ns, prefix strin
 					return
 				}
 				b := newBook(ns, fmt.Sprintf("%s-%d", prefix, i), "roundtrip")
-				d, err := timedCall(ctx, c, b)
+				d, err := timedCall(ctx, c, b, opts...)
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = fmt.Errorf("call %s: %w", b.Name, err)

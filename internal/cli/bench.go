@@ -22,6 +22,7 @@ import (
 	"github.com/crdipc/crdipc/internal/controlplane"
 	"github.com/crdipc/crdipc/internal/cpushare"
 	"github.com/crdipc/crdipc/internal/services"
+	"github.com/crdipc/crdipc/internal/tracing"
 )
 
 func newBenchCommand() *cobra.Command {
@@ -71,6 +72,21 @@ type benchTarget struct {
 	logLevel   uberzap.AtomicLevel
 	// memory is the embedded control plane's process limit, as up's.
 	memory memoryLimit
+	// tracing, when set, traces the embedded kube-apiserver too (see traced).
+	tracing *tracing.Provider
+}
+
+// traced turns tracing on for a bench, as up traces: spans kept in memory (up's store
+// for its console), and exported where the OTEL_EXPORTER_OTLP_* variables say. The
+// embedded control plane then traces too; stop it with the func returned, after the
+// bench.
+func (b *benchTarget) traced(ctx context.Context) (*tracing.Provider, func(), error) {
+	p, err := tracing.New(ctx, tracing.Options{Store: tracing.NewStore(upTraces, 0)})
+	if err != nil {
+		return nil, nil, err
+	}
+	b.tracing = p
+	return p, func() { _ = p.Shutdown(context.WithoutCancel(ctx)) }, nil
 }
 
 // quiet silences the in-process services' logs: once the measurement is over, stopping
@@ -102,7 +118,11 @@ func (b *benchTarget) cluster(ctx context.Context, out io.Writer) (*rest.Config,
 		return nil, nil, err
 	}
 	t := time.Now()
-	cp, err := controlplane.Start(ctx, controlplane.Config{DataDir: dir, CRDs: true})
+	cpc := controlplane.Config{DataDir: dir, CRDs: true}
+	if b.tracing.Enabled() {
+		cpc.TracerProvider = b.tracing.APIServer()
+	}
+	cp, err := controlplane.Start(ctx, cpc)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, nil, err
@@ -180,6 +200,7 @@ func printFloor(out io.Writer, f *bench.Floor) {
 
 func newBenchRoundTripCommand() *cobra.Command {
 	var target benchTarget
+	var traced bool
 	o := bench.DefaultRoundTripOptions
 	cmd := &cobra.Command{
 		Use:   "roundtrip",
@@ -209,6 +230,14 @@ in this process and measures ipc.Call round trips through it:
 Every goal is printed with its figure and "met" or "missed".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if traced {
+				p, stop, err := target.traced(cmd.Context())
+				if err != nil {
+					return err
+				}
+				defer stop()
+				o.Tracing = p
+			}
 			return runBench(cmd, &target, func(ctx context.Context, cfg *rest.Config) (*bench.RoundTrip, error) {
 				o.InProcess = target.kubeconfig == ""
 				return bench.MeasureRoundTrip(ctx, cfg, o)
@@ -216,6 +245,7 @@ Every goal is printed with its figure and "met" or "missed".`,
 		},
 	}
 	target.flags(cmd)
+	cmd.Flags().BoolVar(&traced, "tracing", false, "trace every Call as up does: the sender's, the receiver's and (embedded) kube-apiserver's spans, kept in memory as up's console keeps them and exported where OTEL_EXPORTER_OTLP_* say; compare with a run without it for what tracing costs")
 	cmd.Flags().IntVar(&o.Samples, "samples", o.Samples, "sequential Calls for the latency measurement")
 	cmd.Flags().IntVar(&o.Calls, "calls", o.Calls, "Calls per throughput level")
 	cmd.Flags().IntSliceVar(&o.Senders, "senders", o.Senders, "concurrency levels for the throughput measurement")
@@ -225,6 +255,9 @@ Every goal is printed with its figure and "met" or "missed".`,
 func printRoundTrip(out io.Writer, rt *bench.RoundTrip) {
 	printFloor(out, rt.Floor)
 	fmt.Fprintln(out)
+	if rt.Tracing {
+		fmt.Fprintln(out, "every Call traced (--tracing): sender, receiver and kube-apiserver spans")
+	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "ipc.Call\tvalue\tratio to floor\tthree writes/s\tratio to them\t")
 	fmt.Fprintf(tw, "latency p50 (ms)\t%.2f\t%.2f×\t\t\t\n", rt.Latency.P50, rt.P50Ratio)

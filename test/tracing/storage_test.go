@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -26,13 +27,10 @@ const (
 	agentService    = "pool-agent"
 )
 
-// TestVolumeIsOneTraceThroughOperatorAndAgents: a CStorVolume requested with Call is one
-// trace, in which the operator's reconciles continue the call, every replica's agent
-// continues the operator reconcile that created the replica, and kube-apiserver's spans
-// of the agents' status writes (an agent acts as its node's ServiceAccount) sit under
-// them.
-func TestVolumeIsOneTraceThroughOperatorAndAgents(t *testing.T) {
-	env := testenv.Get(t)
+// TestStorageRequestIsOneTrace runs both kinds of storage request on one storage cluster
+// (three simulated nodes with a pool each): a CStorVolume sent with Call, and a claim that
+// the CSI sidecar and driver turn into one.
+func TestStorageRequestIsOneTrace(t *testing.T) {
 	cluster := storagecluster.Start(t, storagecluster.Options{Nodes: 3, Tracing: provider, Tokens: true})
 	cluster.PoolClaim(t, &storagev1alpha1.StoragePoolClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "traced"},
@@ -41,6 +39,16 @@ func TestVolumeIsOneTraceThroughOperatorAndAgents(t *testing.T) {
 			MinPools: 3, MaxPools: ptr.To[int32](3), Capacity: resource.MustParse("1Gi"),
 		},
 	})
+	t.Run("CStorVolume", testVolumeTrace)
+	t.Run("PersistentVolumeClaim", testClaimTrace)
+}
+
+// testVolumeTrace: a CStorVolume requested with Call is one trace, in which the operator's
+// reconciles continue the call, every replica's agent continues the operator reconcile that
+// created the replica, and kube-apiserver's spans of the agents' status writes (an agent
+// acts with a token of its node's ServiceAccount, as in up) sit under them.
+func testVolumeTrace(t *testing.T) {
+	env := testenv.Get(t)
 	ns := env.Namespace(t)
 	sender, err := client.NewWithWatch(provider.RESTConfig(env.Config, senderService), client.Options{Scheme: scheme.Scheme})
 	if err != nil {
@@ -66,8 +74,19 @@ func TestVolumeIsOneTraceThroughOperatorAndAgents(t *testing.T) {
 	}
 	call := traceparentOf(t, vol)
 
+	names := replicasOf(t, vol)
+
+	tr := waitTrace(t, call.TraceID(), "the operator's and every agent's spans in the call's trace", func(tr traceSpans) error {
+		return volumeTraced(tr, call.SpanID(), names)
+	})
+	tr.log(t)
+}
+
+// replicasOf names vol's replicas, which must be 3.
+func replicasOf(t *testing.T, vol *storagev1alpha1.CStorVolume) []string {
+	t.Helper()
 	var replicas storagev1alpha1.CStorVolumeReplicaList
-	if err := env.Client.List(ctx, &replicas, client.InNamespace(ns)); err != nil {
+	if err := testenv.Get(t).Client.List(context.Background(), &replicas, client.InNamespace(vol.Namespace)); err != nil {
 		t.Fatal(err)
 	}
 	var names []string
@@ -79,47 +98,47 @@ func TestVolumeIsOneTraceThroughOperatorAndAgents(t *testing.T) {
 	if len(names) != 3 {
 		t.Fatalf("volume has replicas %v, want 3", names)
 	}
+	return names
+}
 
-	tr := waitTrace(t, call.TraceID(), "the operator's and every agent's spans in the call's trace", func(tr traceSpans) error {
-		reconciles := tr.of(operatorService, "reconcile CStorVolume")
-		if len(reconciles) == 0 {
-			return errors.New("no reconcile span from the operator")
+// volumeTraced checks the part of a trace that a volume's request caused: the operator's
+// reconciles children of the span that stored the volume (parent), and for each replica
+// an agent's reconcile, child of the operator's handle span that created it, with
+// kube-apiserver's span of an agent's status write under the agent's span.
+func volumeTraced(tr traceSpans, parent trace.SpanID, replicas []string) error {
+	reconciles := tr.of(operatorService, "reconcile CStorVolume")
+	if len(reconciles) == 0 {
+		return errors.New("no reconcile span from the operator")
+	}
+	for _, r := range reconciles {
+		if r.Parent != parent {
+			return fmt.Errorf("operator span %s: want span %s, from the volume's annotation, as its parent", r, parent)
 		}
-		for _, r := range reconciles {
-			if r.Parent != call.SpanID() {
-				return fmt.Errorf("operator span %s: want the call span %s, from the volume's annotation, as its parent", r, call.SpanID())
+	}
+	handles := map[trace.SpanID]bool{}
+	for _, h := range tr.of(operatorService, "handle CStorVolume") {
+		handles[h.SpanID] = true
+	}
+	for _, name := range replicas {
+		found := filter(tr.of(agentService, "reconcile CStorVolumeReplica"), func(s span) bool { return s.Attributes["ipc.name"] == name })
+		if len(found) == 0 {
+			return fmt.Errorf("no agent reconcile span for replica %s", name)
+		}
+		for _, s := range found {
+			if !handles[s.Parent] {
+				return fmt.Errorf("agent span %s: want the operator's handle span that created the replica as its parent", s)
 			}
 		}
-		handles := map[string]bool{}
-		for _, h := range tr.of(operatorService, "handle CStorVolume") {
-			handles[h.SpanID.String()] = true
+	}
+	if len(tr.of(agentService, "queue wait")) == 0 {
+		return errors.New("no queue wait span from the agents")
+	}
+	for _, w := range tr.of(agentService, "write status") {
+		if _, ok := findFunc(tr.all, func(s span) bool {
+			return s.Service == tracing.APIServerService && strings.HasSuffix(s.Name, "/cstorvolumereplicas/{:name}/status") && tr.under(s, w.SpanID)
+		}); ok {
+			return nil
 		}
-		for _, name := range names {
-			found := filter(tr.of(agentService, "reconcile CStorVolumeReplica"), func(s span) bool { return s.Attributes["ipc.name"] == name })
-			if len(found) == 0 {
-				return fmt.Errorf("no agent reconcile span for replica %s", name)
-			}
-			for _, s := range found {
-				if !handles[s.Parent.String()] {
-					return fmt.Errorf("agent span %s: want the operator's handle span that created the replica as its parent", s)
-				}
-			}
-		}
-		if len(tr.of(agentService, "queue wait")) == 0 {
-			return errors.New("no queue wait span from the agents")
-		}
-		writes := tr.of(agentService, "write status")
-		if len(writes) == 0 {
-			return errors.New("no status write span from the agents")
-		}
-		for _, w := range writes {
-			if _, ok := findFunc(tr.all, func(s span) bool {
-				return s.Service == tracing.APIServerService && strings.HasSuffix(s.Name, "/cstorvolumereplicas/{:name}/status") && tr.under(s, w.SpanID)
-			}); ok {
-				return nil
-			}
-		}
-		return errors.New("no kube-apiserver span of an agent's status write under it")
-	})
-	tr.log(t)
+	}
+	return errors.New("no kube-apiserver span of an agent's status write under the agent's")
 }
