@@ -74,7 +74,7 @@ Exit codes: 0 the condition holds; 1 the receiver reported a terminal failure
 	cmd.Flags().StringVarP(&o.namespace, "namespace", "n", "", "namespace for a namespaced object that names none (default: the kubeconfig's)")
 	cmd.Flags().BoolVar(&o.apply, "apply", false, "server-side apply instead of create, so repeating the call is idempotent")
 	cmd.Flags().BoolVar(&o.trace, "trace", false, "trace the request and print its trace ID and span tree when the reply comes back")
-	cmd.Flags().StringVar(&o.console, "console", "http://"+defaultConsoleAddr, "with --trace: crdipc up's console, which holds the spans of kube-apiserver and the receivers ('' to print this process's spans only)")
+	cmd.Flags().StringVar(&o.console, "console", "http://"+defaultConsoleAddr, "with --trace: crdipc up's console, which holds the spans of kube-apiserver and the receivers and receives this process's ('' to print this process's spans only)")
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd
 }
@@ -126,12 +126,20 @@ func runCall(ctx context.Context, out io.Writer, o callOptions) error {
 	}
 	var opts []ipc.CallOption
 	var store *tracing.Store
+	flush := func(context.Context) error { return nil }
 	if o.trace {
 		store = tracing.NewStore(1, 0)
-		p, err := tracing.New(ctx, tracing.Options{Store: store})
+		to := tracing.Options{Store: store}
+		if o.console != "" {
+			// up's console receives this process's spans too: its waterfall of the request
+			// then starts at the sender.
+			to.Receivers = []string{o.console}
+		}
+		p, err := tracing.New(ctx, to)
 		if err != nil {
 			return err
 		}
+		flush = p.ForceFlush
 		defer func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -185,6 +193,9 @@ func runCall(ctx context.Context, out io.Writer, o callOptions) error {
 		printEvents(out, c, obj)
 	}
 	if o.trace {
+		fctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		_ = flush(fctx) // a console that is not there is said by printTrace
+		cancel()
 		printTrace(ctx, out, store, obj.GetAnnotations(), o.console)
 	}
 	switch {

@@ -26,7 +26,7 @@ func startConsole(ctx context.Context, cfg *rest.Config, o upOptions, svc *upSer
 	if err != nil {
 		return err
 	}
-	con, err := console.New(console.Options{Config: cfg, Logger: ctrl.Log.WithName("console"), Traces: o.traceStore})
+	con, err := console.New(console.Options{Config: cfg, Logger: ctrl.Log.WithName("console"), Traces: o.traceStore, Spans: o.traceStore.OTLPHandler()})
 	if err != nil {
 		ln.Close()
 		return err

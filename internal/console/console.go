@@ -52,6 +52,11 @@ type Options struct {
 	// Traces, when set, serves GET /traces and the page's waterfalls; nil turns them off
 	// (as does a nil *tracing.Store).
 	Traces TraceSource
+	// Spans, when set, serves POST /v1/traces: an OTLP/HTTP receiver (up's:
+	// tracing.Store.OTLPHandler), so that other processes' spans, `crdipc call`'s among
+	// them, join the traces the page shows. A process points its OTLP exporter at the
+	// console's address.
+	Spans http.Handler
 }
 
 // Console watches the cluster and serves the page and its event stream. It is an
@@ -64,7 +69,8 @@ type Console struct {
 	dirty    chan struct{}
 	files    http.Handler
 	interval time.Duration
-	traces   TraceSource // nil: tracing off
+	traces   TraceSource  // nil: tracing off
+	spans    http.Handler // nil: no OTLP receiver
 }
 
 // New builds a console reading through cfg. Nothing is watched until Start.
@@ -100,6 +106,7 @@ func New(o Options) (*Console, error) {
 		files:    http.FileServerFS(static),
 		interval: MinInterval,
 		traces:   o.Traces,
+		spans:    o.Spans,
 	}
 	if s, ok := o.Traces.(*tracing.Store); ok && s == nil {
 		// up holds a nil store when tracing is off; in the interface it would not be nil.
@@ -245,13 +252,20 @@ func (c *Console) Start(ctx context.Context) error {
 
 // ServeHTTP serves the page and its assets, GET /events (server-sent events: one JSON
 // snapshot per message), GET /state (the latest snapshot, for curl and scripts), and
-// GET /traces and /traces/<trace id> (see serveTraces).
+// GET /traces and /traces/<trace id> (see serveTraces), and with Options.Spans POST
+// /v1/traces (OTLP/HTTP).
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/traces" || strings.HasPrefix(r.URL.Path, "/traces/") {
 		c.serveTraces(w, r)
 		return
 	}
 	switch r.URL.Path {
+	case "/v1/traces":
+		if c.spans == nil {
+			http.Error(w, "console: no OTLP receiver (tracing is off)", http.StatusNotFound)
+			return
+		}
+		c.spans.ServeHTTP(w, r)
 	case "/events":
 		c.serveEvents(w, r)
 	case "/state":

@@ -220,6 +220,36 @@ func TestTracesOff(t *testing.T) {
 			t.Errorf("GET %s with no trace source: %d %q, want 404 saying tracing is off", path, rec.Code, rec.Body)
 		}
 	}
+	rec := httptest.NewRecorder()
+	c.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/traces", strings.NewReader("")))
+	if rec.Code != http.StatusNotFound || !strings.Contains(rec.Body.String(), "no OTLP receiver") {
+		t.Errorf("POST /v1/traces with no receiver: %d %q, want 404 saying there is none", rec.Code, rec.Body)
+	}
+}
+
+// Another process's exporter, pointed at the console as its OTLP endpoint (what `crdipc
+// call --trace` does), adds its spans to the trace the page shows.
+func TestConsoleReceivesOTLP(t *testing.T) {
+	store := tracing.NewStore(10, 0)
+	srv := httptest.NewServer(&Console{traces: store, spans: store.OTLPHandler()})
+	t.Cleanup(srv.Close)
+	p, err := tracing.New(context.Background(), tracing.Options{Receivers: []string{srv.URL}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := p.Service("crdipc-call").Tracer("test").Start(context.Background(), "call Book")
+	span.End()
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var tr Trace
+	id := span.SpanContext().TraceID()
+	if rec := get(t, &Console{traces: store}, "/traces/"+id.String(), &tr); rec.Code != http.StatusOK {
+		t.Fatalf("GET /traces/%s: %d %s", id, rec.Code, rec.Body)
+	}
+	if len(tr.Spans) != 1 || tr.Spans[0].Service != "crdipc-call" || tr.Spans[0].Name != "call Book" {
+		t.Fatalf("trace %s = %+v, want the sender's call Book", id, tr.Spans)
+	}
 }
 
 // Spans that name each other as parent (a process may export anything) are still shown,

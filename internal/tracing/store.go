@@ -112,7 +112,12 @@ func (s *Store) OnEnd(ro sdktrace.ReadOnlySpan) {
 	if !ro.SpanContext().IsSampled() {
 		return
 	}
-	span := toSpan(ro)
+	s.add(toSpan(ro))
+}
+
+// add keeps span, forgetting the least recently active trace when a new one
+// does not fit.
+func (s *Store) add(span Span) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.traces[span.TraceID]

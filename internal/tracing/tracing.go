@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -37,6 +38,10 @@ type Options struct {
 	Endpoint string
 	// Store, when set, keeps the recent traces in memory.
 	Store *Store
+	// Receivers are more OTLP/HTTP receivers (base URLs) that get every span, whatever
+	// the environment says: up's console, for `crdipc call --trace`. Sent without
+	// retries: a receiver that is not there loses the spans and holds nothing up.
+	Receivers []string
 }
 
 // Provider hands out the tracer providers of one process's services. Its
@@ -63,7 +68,30 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	if o.Store != nil {
 		p.processors = append(p.processors, o.Store)
 	}
+	for _, r := range o.Receivers {
+		u, err := tracesURL(r)
+		if err != nil {
+			return nil, err
+		}
+		exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(u),
+			otlptracehttp.WithRetry(otlptracehttp.RetryConfig{Enabled: false}), otlptracehttp.WithTimeout(2*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("creating OTLP exporter for %s: %w", r, err)
+		}
+		p.processors = append(p.processors, sdktrace.NewBatchSpanProcessor(exp))
+	}
 	return p, nil
+}
+
+// tracesURL is the traces URL of an OTLP/HTTP base URL, as the specification
+// derives it from OTEL_EXPORTER_OTLP_ENDPOINT.
+func tracesURL(base string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", fmt.Errorf("OTLP endpoint: %w", err)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/traces"
+	return u.String(), nil
 }
 
 // Enabled reports whether spans go anywhere. A nil Provider is off.
@@ -231,12 +259,11 @@ func newExporter(ctx context.Context, endpoint string) (sdktrace.SpanExporter, e
 		if endpoint != "" {
 			// The exporter takes a signal's URL (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT's form);
 			// a base URL names the traces path as the specification says.
-			u, err := url.Parse(endpoint)
+			u, err := tracesURL(endpoint)
 			if err != nil {
-				return nil, fmt.Errorf("OTLP endpoint: %w", err)
+				return nil, err
 			}
-			u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/traces"
-			opts = append(opts, otlptracehttp.WithEndpointURL(u.String()))
+			opts = append(opts, otlptracehttp.WithEndpointURL(u))
 		}
 		exp, err = otlptracehttp.New(ctx, opts...)
 	default:
