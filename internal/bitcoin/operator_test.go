@@ -287,3 +287,28 @@ func TestStorageIsAClaimTemplate(t *testing.T) {
 		t.Fatalf("dropping spec.storage: got %v, want refused", err)
 	}
 }
+
+// The network's trace goes on its StatefulSet, as the request's, and not on the pod
+// template: a template that changed with each trace would roll the pods.
+func TestStatefulSetCarriesTheNetworksTrace(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	n := w.network("traced", 1)
+	n.Spec.Image = "example.com/not/bitcoind:1" // the StatefulSet is what is looked at
+	const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	n.Annotations = map[string]string{ipc.TraceParentAnnotation: traceparent}
+	if err := w.env.Client.Create(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	var sts appsv1.StatefulSet
+	testenv.Eventually(t, 30*time.Second, "the statefulset", func(ctx context.Context) (bool, error) {
+		err := w.env.Client.Get(ctx, client.ObjectKeyFromObject(n), &sts)
+		return err == nil, err
+	})
+	if got := sts.Annotations[ipc.TraceParentAnnotation]; got != traceparent {
+		t.Errorf("statefulset traceparent %q, want the network's %q", got, traceparent)
+	}
+	if _, ok := sts.Spec.Template.Annotations[ipc.TraceParentAnnotation]; ok {
+		t.Errorf("pod template carries a traceparent: %v", sts.Spec.Template.Annotations)
+	}
+}
