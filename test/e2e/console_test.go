@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sync"
 	"testing"
@@ -28,13 +29,10 @@ func TestConsole(t *testing.T) {
 	chromium := findChromium(t)
 	dataDir := t.TempDir()
 	up := startUp(t, dataDir, "--console-addr", "127.0.0.1:0")
-	m := regexp.MustCompile(`(?m)^\s*console\s+(http://\S+/)\s*$`).FindStringSubmatch(up.output.String())
-	if m == nil {
-		t.Fatalf("up did not print the console address:\n%s", up.output.String())
-	}
+	console := consoleURL(t, up)
 	page := openBrowser(t, chromium, 1360, 900)
-	if err := chromedp.Do(page.ctx, chromedp.Navigate(m[1])); err != nil {
-		t.Fatalf("opening %s: %v\n%s", m[1], err, page.log.String())
+	if err := chromedp.Do(page.ctx, chromedp.Navigate(console)); err != nil {
+		t.Fatalf("opening %s: %v\n%s", console, err, page.log.String())
 	}
 	page.waitFor(t, "the page to connect and list up's 3 nodes", time.Minute,
 		`document.getElementById('conn').textContent === 'live' && document.querySelectorAll('[data-node]').length === 3`)
@@ -64,6 +62,8 @@ func TestConsole(t *testing.T) {
 			/^\d+(\.\d+)? (ms|s)$/.test(r.querySelector('.latency').textContent);
 	})()`)
 
+	traceWaterfall(t, up, page, console)
+
 	delivery := "0f6a4a2e-5c1d-4e7b-9f0e-3b8c2d1a9e57"
 	newWebhookSender(t, up, dataDir).send(t, "pull_request", "pull_request-opened.json", delivery, http.StatusOK)
 	page.waitFor(t, "the webhook delivery", 30*time.Second,
@@ -76,6 +76,48 @@ func TestConsole(t *testing.T) {
 	if path := os.Getenv("CRDIPC_CONSOLE_SCREENSHOT"); path != "" {
 		screenshot(t, up, page, path)
 	}
+}
+
+// traceWaterfall sends a new Book with `crdipc call --trace` and opens its trace from the
+// page: the completion's trace link is the trace call printed, and the waterfall it opens
+// shows kube-apiserver's spans and the books receiver's, the reconcile under the call's span.
+func traceWaterfall(t *testing.T, up *upProcess, page *browserPage, console string) {
+	t.Helper()
+	// A Book of its own: applying the sample again would be no new generation, so no
+	// reconcile, no receiver span.
+	book := filepath.Join(t.TempDir(), "book.yaml")
+	if err := os.WriteFile(book, []byte("apiVersion: library.crdipc.io/v1alpha1\nkind: Book\nmetadata:\n  name: great-expectations\n  namespace: default\nspec:\n  title: Great Expectations\n  author: Charles Dickens\n  isbn: 978-0-14-143956-3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id := callTraced(t, up, console, book)
+	// The sender's span is the reconcile's parent; call wrote it on the Book.
+	tp := up.kubectl(t, "get", "book", "great-expectations", "-o", `jsonpath={.metadata.annotations.tracing\.k8s\.io/traceparent}`)
+	m := regexp.MustCompile(`^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$`).FindStringSubmatch(tp)
+	if m == nil || m[1] != id {
+		t.Fatalf("the Book's traceparent %q does not carry the trace %s that call printed", tp, id)
+	}
+	callSpan := m[2]
+
+	row := `[data-completion="Book/default/great-expectations"]`
+	page.waitFor(t, "the traced Book's completion, linked to its trace", 30*time.Second,
+		fmt.Sprintf(`document.querySelector('%s a.trace-link')?.dataset.trace === %q`, row, id))
+	// A click in the page, as a user's; the table is redrawn on every update, so it is
+	// found and clicked in one step.
+	page.eval(t, fmt.Sprintf(`document.querySelector('%s a.trace-link').click(); true`, row))
+	if got := page.eval(t, `location.hash`); got != "#trace="+id {
+		t.Fatalf("the trace link led to %v, want #trace=%s", got, id)
+	}
+	page.waitFor(t, "the request's waterfall: kube-apiserver's spans and the receiver's, the reconcile under the call's span", 30*time.Second,
+		fmt.Sprintf(`(() => {
+		const wf = document.getElementById('waterfall');
+		if (wf.dataset.trace !== %[1]q || wf.dataset.state !== 'ready' || document.getElementById('trace').hidden) return false;
+		const rows = [...wf.querySelectorAll('.span-row')];
+		const row = (service, name) => rows.find((r) => r.dataset.service === service && (name === undefined || r.dataset.name === name));
+		return row('kube-apiserver') !== undefined && row('books', 'handle Book') !== undefined &&
+			row('books', 'write status') !== undefined && row('books', 'reconcile Book')?.dataset.parentSpanId === %[2]q &&
+			Number(wf.dataset.spans) === rows.length;
+	})()`, id, callSpan))
+	t.Logf("waterfall rows: %v", page.eval(t, `[...document.querySelectorAll('#waterfall .span-row')].map((r) => r.dataset.service + ' · ' + r.dataset.name).join('; ')`))
 }
 
 // screenshot fills the page with the walkthrough's objects and saves it as a PNG.

@@ -23,22 +23,37 @@ import (
 	"time"
 
 	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
+	"github.com/crdipc/crdipc/internal/testenv/collector"
 	"github.com/crdipc/crdipc/internal/testenv/wait"
+	"go.opentelemetry.io/otel/trace"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
 // TestUpServicesBooks: `up --services=books` runs the Book controller and nothing else, and
-// runs it as its ServiceAccount, with only its role.
+// runs it as its ServiceAccount, with only its role. With OTEL_EXPORTER_OTLP_ENDPOINT set,
+// as in the user's shell, a `crdipc call --trace` is one trace at the collector: the
+// sender's spans, kube-apiserver's and the receiver's.
 func TestUpServicesBooks(t *testing.T) {
 	requireKubectl(t)
-	up := startUp(t, t.TempDir(), "--services=books")
+	col, err := collector.Start(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered before up's cleanup, so it runs after: up's last spans may still arrive.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = col.Stop(ctx)
+	})
+	up := startUpEnv(t, []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + col.HTTP}, t.TempDir(), "--services=books")
 	if !regexp.MustCompile(`services: books\s`).MatchString(up.output.String()) {
 		t.Fatalf("up --services=books did not start only books:\n%s", up.output.String())
 	}
-	up.kubectl(t, "apply", "-f", "../../config/samples/library_v1alpha1_book.yaml")
+	id := callTraced(t, up, consoleURL(t, up), "../../config/samples/library_v1alpha1_book.yaml")
 	up.kubectl(t, "wait", "--for=condition=Ready", "book/david-copperfield", "--timeout=30s")
+	collectorHasTrace(t, col, id)
 	// No simulated nodes, so no other service: no Node was created.
 	if nodes := up.kubectl(t, "get", "nodes", "-o", "name"); strings.TrimSpace(nodes) != "" {
 		t.Errorf("up --services=books created nodes: %s", nodes)
@@ -58,6 +73,54 @@ func TestUpServicesBooks(t *testing.T) {
 			t.Errorf("kubectl auth can-i --as=%s %s %s = %q, want %s", books, c.verb, c.resource, got, c.want)
 		}
 	}
+}
+
+// collectorHasTrace waits until the collector holds trace id from the sender, kube-apiserver
+// and the books receiver, joined as one request: kube-apiserver's spans under the sender's
+// HTTP spans, the reconcile under the sender's call span.
+func collectorHasTrace(t *testing.T, col *collector.Collector, id string) {
+	t.Helper()
+	tid, err := trace.TraceIDFromHex(id)
+	if err != nil {
+		t.Fatalf("trace id %q: %v", id, err)
+	}
+	// up's and call's batch span processors export every few seconds.
+	wait.Eventually(t, 30*time.Second, "the collector to hold trace "+id+" from crdipc-call, kube-apiserver and books", func(context.Context) (bool, error) {
+		spans := col.Spans(func(s collector.Span) bool { return s.TraceID == tid })
+		sender := map[trace.SpanID]bool{}
+		var call, reconcile, handle *collector.Span
+		for i, s := range spans {
+			switch {
+			case s.Service == "crdipc-call":
+				sender[s.SpanID] = true
+				if s.Name == "call Book" {
+					call = &spans[i]
+				}
+			case s.Service == "books" && s.Name == "reconcile Book":
+				reconcile = &spans[i]
+			case s.Service == "books" && s.Name == "handle Book":
+				handle = &spans[i]
+			}
+		}
+		apiserver := false
+		for _, s := range spans {
+			apiserver = apiserver || (s.Service == "kube-apiserver" && sender[s.Parent])
+		}
+		switch {
+		case call == nil:
+			return false, fmt.Errorf("no crdipc-call span %q among %v", "call Book", spans)
+		case !apiserver:
+			return false, fmt.Errorf("no kube-apiserver span under a crdipc-call span among %v", spans)
+		case reconcile == nil || handle == nil:
+			return false, fmt.Errorf("no books spans %q and %q among %v", "reconcile Book", "handle Book", spans)
+		case reconcile.Parent != call.SpanID:
+			t.Fatalf("the reconcile %v is not under the call span %v", reconcile, call)
+		case handle.Parent != reconcile.SpanID:
+			t.Fatalf("the handler %v is not under the reconcile %v", handle, reconcile)
+		}
+		t.Logf("the collector holds trace %s: %d spans", id, len(spans))
+		return true, nil
+	})
 }
 
 // serviceProcess is one crdipc service running as an OS process of its own, restarted

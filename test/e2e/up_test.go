@@ -64,23 +64,41 @@ type upProcess struct {
 	kubeconfig string
 	output     *bytes.Buffer
 	exited     chan error
+	// env is added to up's environment and to that of every command run on it, as
+	// variables exported in the user's shell are.
+	env []string
 }
 
 // startUp runs `crdipc up` on dataDir, on ports of its own, and returns once it printed its
 // export line.
 func startUp(t *testing.T, dataDir string, extra ...string) *upProcess {
 	t.Helper()
+	return startUpEnv(t, nil, dataDir, extra...)
+}
+
+// startUpEnv is startUp with env ("NAME=value") added to up's environment and to that of
+// every command run on it.
+func startUpEnv(t *testing.T, env []string, dataDir string, extra ...string) *upProcess {
+	t.Helper()
 	args := append([]string{"up", "--data-dir", dataDir, "--metrics-addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0",
 		"--webhook-addr", "127.0.0.1:0", "--webhook-ops-addr", "127.0.0.1:0", "--scm-metrics-addr", "127.0.0.1:0"}, extra...)
-	return startIn(t, "", args...)
+	return startInEnv(t, "", env, args...)
 }
 
 // startIn runs `crdipc args...` in the working directory dir ("" for the test's) and returns
 // once it printed its export line.
 func startIn(t *testing.T, dir string, args ...string) *upProcess {
 	t.Helper()
+	return startInEnv(t, dir, nil, args...)
+}
+
+// startInEnv is startIn with env added to the process's environment and to that of every
+// command run on it.
+func startInEnv(t *testing.T, dir string, env []string, args ...string) *upProcess {
+	t.Helper()
 	cmd := exec.Command(binary, args...)
 	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +108,7 @@ func startIn(t *testing.T, dir string, args ...string) *upProcess {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &upProcess{cmd: cmd, output: &out, exited: make(chan error, 1)}
+	p := &upProcess{cmd: cmd, output: &out, exited: make(chan error, 1), env: env}
 	found := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -149,7 +167,7 @@ func (p *upProcess) runIn(t *testing.T, dir, name string, args ...string) (strin
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+p.kubeconfig)
+	cmd.Env = append(append(os.Environ(), p.env...), "KUBECONFIG="+p.kubeconfig)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
