@@ -107,13 +107,16 @@ func traceWaterfall(t *testing.T, up *upProcess, page *browserPage, console stri
 	if got := page.eval(t, `location.hash`); got != "#trace="+id {
 		t.Fatalf("the trace link led to %v, want #trace=%s", got, id)
 	}
-	page.waitFor(t, "the request's waterfall: kube-apiserver's spans and the receiver's, the reconcile under the call's span", 30*time.Second,
+	// The sender's spans are there too: call --trace sends them to the console (its OTLP
+	// receiver) before it prints.
+	page.waitFor(t, "the request's waterfall: the sender's, kube-apiserver's and the receiver's spans, the reconcile under the call's span", 30*time.Second,
 		fmt.Sprintf(`(() => {
 		const wf = document.getElementById('waterfall');
 		if (wf.dataset.trace !== %[1]q || wf.dataset.state !== 'ready' || document.getElementById('trace').hidden) return false;
 		const rows = [...wf.querySelectorAll('.span-row')];
 		const row = (service, name) => rows.find((r) => r.dataset.service === service && (name === undefined || r.dataset.name === name));
-		return row('kube-apiserver') !== undefined && row('books', 'handle Book') !== undefined &&
+		return row('crdipc-call', 'call Book')?.dataset.spanId === %[2]q && row('kube-apiserver') !== undefined &&
+			row('books', 'queue wait') !== undefined && row('books', 'handle Book') !== undefined &&
 			row('books', 'write status') !== undefined && row('books', 'reconcile Book')?.dataset.parentSpanId === %[2]q &&
 			Number(wf.dataset.spans) === rows.length;
 	})()`, id, callSpan))
