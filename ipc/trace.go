@@ -137,13 +137,16 @@ func StartSpan(ctx context.Context, tp trace.TracerProvider, name string, objs .
 func startSpan(ctx context.Context, tracer trace.Tracer, name string, objs []client.Object, extra ...trace.SpanStartOption) (context.Context, trace.Span) {
 	opts := append([]trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}, extra...)
 	if len(objs) == 1 {
-		ctx = ExtractTraceContext(ctx, objs[0])
-		opts = append(opts, trace.WithAttributes(requestAttributes(objs[0])...))
-	} else {
-		for _, obj := range objs {
-			if sc := trace.SpanContextFromContext(ExtractTraceContext(context.Background(), obj)); sc.IsValid() {
-				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: requestAttributes(obj)}))
-			}
+		ctx, span := tracer.Start(ExtractTraceContext(ctx, objs[0]), name, opts...)
+		if span.IsRecording() {
+			// Named once the span is known to be kept: tracing that is off pays nothing for it.
+			span.SetAttributes(requestAttributes(objs[0])...)
+		}
+		return ctx, span
+	}
+	for _, obj := range objs {
+		if sc := trace.SpanContextFromContext(ExtractTraceContext(context.Background(), obj)); sc.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc, Attributes: requestAttributes(obj)}))
 		}
 	}
 	return tracer.Start(ctx, name, opts...)

@@ -109,6 +109,14 @@ the kubelet with them; kube-scheduler places pods on simulated and real nodes al
 and 'kubectl apply -k config/default' deploys crdipc itself onto real nodes.
 hack/realnode.sh does all of it on this machine; see docs/deploy.md.
 
+Every request is traced (OpenTelemetry): its W3C trace context travels on the
+object (annotation tracing.k8s.io/traceparent) from the sender through
+kube-apiserver to every receiver and the objects they create. The console keeps
+the recent traces and draws a request's waterfall; it also receives OTLP/HTTP at
+<console>/v1/traces, where 'crdipc call --trace' sends its own spans.
+--otlp-endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT) exports every span to a
+collector as well; see docs/architecture.md, "Tracing".
+
 Everything is kept in --data-dir: run up again on the same directory and every
 object is still there. Only one up may use a data directory at a time.
 Ctrl-C shuts everything down.`,
