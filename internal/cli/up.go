@@ -187,6 +187,9 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 	if err != nil {
 		return err
 	}
+	if !o.tracing.Enabled() {
+		o.traceStore = nil // OTEL_SDK_DISABLED=true: the console says tracing is off
+	}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -26,7 +26,11 @@ func startConsole(ctx context.Context, cfg *rest.Config, o upOptions, svc *upSer
 	if err != nil {
 		return err
 	}
-	con, err := console.New(console.Options{Config: cfg, Logger: ctrl.Log.WithName("console"), Traces: o.traceStore, Spans: o.traceStore.OTLPHandler()})
+	co := console.Options{Config: cfg, Logger: ctrl.Log.WithName("console"), Traces: o.traceStore}
+	if o.traceStore != nil {
+		co.Spans = o.traceStore.OTLPHandler()
+	}
+	con, err := console.New(co)
 	if err != nil {
 		ln.Close()
 		return err

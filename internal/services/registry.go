@@ -62,10 +62,10 @@ type Env struct {
 	Tracing *tracing.Provider
 }
 
-// TracerProvider is the service's tracer provider, nil without Tracing (ipc then uses
+// TracerProvider is the service's tracer provider, nil without Tracing or with it off (ipc then uses
 // the global one, a no-op unless a program sets it).
 func (env Env) TracerProvider(service string) trace.TracerProvider {
-	if env.Tracing == nil {
+	if !env.Tracing.Enabled() {
 		return nil
 	}
 	return env.Tracing.Service(service)

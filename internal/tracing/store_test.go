@@ -132,3 +132,22 @@ func TestOffIsNoop(t *testing.T) {
 		t.Errorf("span of a provider that is off records or has a trace: %v", span.SpanContext())
 	}
 }
+
+// OTEL_SDK_DISABLED=true turns tracing off altogether, the store included: up's console
+// then says tracing is off.
+func TestSDKDisabledTurnsEverythingOff(t *testing.T) {
+	t.Setenv("OTEL_SDK_DISABLED", "true")
+	store := tracing.NewStore(10, 0)
+	p, err := tracing.New(context.Background(), tracing.Options{Store: store, Receivers: []string{"http://127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Enabled() {
+		t.Fatal("provider enabled with OTEL_SDK_DISABLED=true")
+	}
+	_, span := p.Service("books").Tracer("test").Start(context.Background(), "reconcile Book")
+	span.End()
+	if span.SpanContext().IsValid() || len(store.Recent()) != 0 {
+		t.Fatalf("a span was recorded (%v), store holds %v", span.SpanContext(), store.Recent())
+	}
+}

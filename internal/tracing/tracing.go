@@ -54,10 +54,15 @@ type Provider struct {
 }
 
 // New builds the span processors that o and the environment ask for. With
-// none, the Provider is off and everything it returns is a no-op. Shutdown
+// none, or with OTEL_SDK_DISABLED=true, the Provider is off and everything it
+// returns is a no-op. Shutdown
 // flushes and stops it.
 func New(ctx context.Context, o Options) (*Provider, error) {
 	p := &Provider{services: map[string]*sdktrace.TracerProvider{}}
+	if sdkDisabled() {
+		// The specification's switch for the whole SDK: no store, no receivers either.
+		return p, nil
+	}
 	if exportOn(o.Endpoint) {
 		exp, err := newExporter(ctx, o.Endpoint)
 		if err != nil {
@@ -223,9 +228,6 @@ func (shared) Shutdown(context.Context) error { return nil }
 // environment turns the SDK or trace export off. The exporters' own default,
 // localhost, is not reason enough: most runs have no collector.
 func exportOn(endpoint string) bool {
-	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
-		return false
-	}
 	switch exporter := strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER")); exporter {
 	case "none":
 		return false
@@ -234,6 +236,9 @@ func exportOn(endpoint string) bool {
 	}
 	return endpoint != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != ""
 }
+
+// sdkDisabled says whether OTEL_SDK_DISABLED turns tracing off altogether.
+func sdkDisabled() bool { return strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") }
 
 // newExporter is the OTLP exporter for the protocol the environment names
 // (http/protobuf by default, as the specification says), configured by the
