@@ -259,14 +259,7 @@ func TestStorageIsAClaimTemplate(t *testing.T) {
 	n.Spec.Image = "example.com/not/bitcoind:1" // the StatefulSet is what is looked at
 	class := "fast"
 	n.Spec.Storage = &bitcoinv1alpha1.BitcoinStorage{StorageClassName: &class, Size: resource.MustParse("64Mi")}
-	if err := w.env.Client.Create(ctx, n); err != nil {
-		t.Fatal(err)
-	}
-	var sts appsv1.StatefulSet
-	testenv.Eventually(t, 30*time.Second, "the statefulset", func(ctx context.Context) (bool, error) {
-		err := w.env.Client.Get(ctx, client.ObjectKeyFromObject(n), &sts)
-		return err == nil, err
-	})
+	sts := w.createForStatefulSet(t, n)
 	if len(sts.Spec.VolumeClaimTemplates) != 1 {
 		t.Fatalf("claim templates %+v, want one named data", sts.Spec.VolumeClaimTemplates)
 	}
@@ -292,12 +285,23 @@ func TestStorageIsAClaimTemplate(t *testing.T) {
 // template: a template that changed with each trace would roll the pods.
 func TestStatefulSetCarriesTheNetworksTrace(t *testing.T) {
 	w := newWorld(t)
-	ctx := context.Background()
 	n := w.network("traced", 1)
 	n.Spec.Image = "example.com/not/bitcoind:1" // the StatefulSet is what is looked at
 	const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	n.Annotations = map[string]string{ipc.TraceParentAnnotation: traceparent}
-	if err := w.env.Client.Create(ctx, n); err != nil {
+	sts := w.createForStatefulSet(t, n)
+	if got := sts.Annotations[ipc.TraceParentAnnotation]; got != traceparent {
+		t.Errorf("statefulset traceparent %q, want the network's %q", got, traceparent)
+	}
+	if _, ok := sts.Spec.Template.Annotations[ipc.TraceParentAnnotation]; ok {
+		t.Errorf("pod template carries a traceparent: %v", sts.Spec.Template.Annotations)
+	}
+}
+
+// createForStatefulSet creates n and returns the StatefulSet the operator makes for it.
+func (w *world) createForStatefulSet(t *testing.T, n *bitcoinv1alpha1.BitcoinNetwork) *appsv1.StatefulSet {
+	t.Helper()
+	if err := w.env.Client.Create(context.Background(), n); err != nil {
 		t.Fatal(err)
 	}
 	var sts appsv1.StatefulSet
@@ -305,10 +309,5 @@ func TestStatefulSetCarriesTheNetworksTrace(t *testing.T) {
 		err := w.env.Client.Get(ctx, client.ObjectKeyFromObject(n), &sts)
 		return err == nil, err
 	})
-	if got := sts.Annotations[ipc.TraceParentAnnotation]; got != traceparent {
-		t.Errorf("statefulset traceparent %q, want the network's %q", got, traceparent)
-	}
-	if _, ok := sts.Spec.Template.Annotations[ipc.TraceParentAnnotation]; ok {
-		t.Errorf("pod template carries a traceparent: %v", sts.Spec.Template.Annotations)
-	}
+	return &sts
 }
