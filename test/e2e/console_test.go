@@ -10,11 +10,17 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
 )
@@ -121,6 +127,40 @@ func traceWaterfall(t *testing.T, up *upProcess, page *browserPage, console stri
 			Number(wf.dataset.spans) === rows.length;
 	})()`, id, callSpan))
 	t.Logf("waterfall rows: %v", page.eval(t, `[...document.querySelectorAll('#waterfall .span-row')].map((r) => r.dataset.service + ' · ' + r.dataset.name).join('; ')`))
+
+	// A span of the trace that arrives after the waterfall was drawn, as another process's
+	// batch does, sent to the console's OTLP receiver by the SDK's own exporter: the open
+	// waterfall shows it without a click.
+	late := lateSpan(t, console, id, callSpan)
+	page.waitFor(t, "the open waterfall to show a span that arrived after it was drawn", 20*time.Second,
+		fmt.Sprintf(`(() => {
+		const r = document.querySelector('#waterfall .span-row[data-span-id=%q]');
+		return r !== null && r.dataset.service === 'e2e-late' && r.dataset.parentSpanId === %q;
+	})()`, late, callSpan))
+}
+
+// lateSpan exports one span of trace traceID, a child of span parent, to up's console as
+// service e2e-late, and returns its span ID.
+func lateSpan(t *testing.T, console, traceID, parent string) string {
+	t.Helper()
+	tid, err := trace.TraceIDFromHex(traceID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid, err := trace.SpanIDFromHex(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(strings.TrimSuffix(console, "/")+"/v1/traces"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithResource(resource.NewSchemaless(semconv.ServiceName("e2e-late"))))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	ctx := trace.ContextWithRemoteSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true}))
+	_, span := tp.Tracer("e2e").Start(ctx, "late span")
+	span.End()
+	return span.SpanContext().SpanID().String()
 }
 
 // screenshot fills the page with the walkthrough's objects and saves it as a PNG.

@@ -212,17 +212,29 @@
     h('div', { class: 'span-ms' }, ms(s.durationMs)));
   }
 
+  // A trace's spans keep arriving for a moment after its request is answered (a receiver's
+  // reconcile ends after the status write the sender saw; other processes export in
+  // batches), so an open trace is read again every second for its first half minute, and
+  // redrawn when it has more spans.
+  const followMs = 30000;
+  let followTimer = null;
+
   // openTrace shows trace id in the panel. Its state is on #waterfall for tests to wait on:
-  // data-state is loading, ready, missing (not kept, or tracing off) or error.
-  async function openTrace(id) {
+  // data-state is loading, ready, missing (not kept, or tracing off) or error. follow is set
+  // on the quiet re-reads: they show no "loading…" and redraw only what changed.
+  async function openTrace(id, follow) {
+    clearTimeout(followTimer);
     shownTrace = id;
     const wf = $('waterfall');
-    $('trace').hidden = false;
-    $('trace-id').textContent = id;
-    wf.dataset.trace = id;
-    wf.dataset.state = 'loading';
-    wf.replaceChildren(h('p', { class: 'empty' }, 'loading…'));
-    for (const a of document.querySelectorAll('a.trace-link')) a.classList.toggle('active', a.dataset.trace === id);
+    if (!follow) {
+      follow = { since: Date.now() };
+      $('trace').hidden = false;
+      $('trace-id').textContent = id;
+      wf.dataset.trace = id;
+      wf.dataset.state = 'loading';
+      wf.replaceChildren(h('p', { class: 'empty' }, 'loading…'));
+      for (const a of document.querySelectorAll('a.trace-link')) a.classList.toggle('active', a.dataset.trace === id);
+    }
     let state, kids, spans = 0;
     try {
       const res = await fetch('traces/' + encodeURIComponent(id), { cache: 'no-store' });
@@ -239,13 +251,20 @@
       state = 'error';
       kids = [h('p', { class: 'empty' }, 'cannot read the trace: ' + e)];
     }
-    if (shownTrace !== id) return; // another trace was opened meanwhile
-    wf.replaceChildren(...kids);
-    wf.dataset.spans = String(spans);
-    wf.dataset.state = state;
+    if (shownTrace !== id) return; // another trace was opened (or it was closed) meanwhile
+    if (!follow.shown || state !== wf.dataset.state || String(spans) !== wf.dataset.spans) {
+      wf.replaceChildren(...kids);
+      wf.dataset.spans = String(spans);
+      wf.dataset.state = state;
+    }
+    follow.shown = true;
+    if (state !== 'error' && Date.now() - follow.since < followMs) {
+      followTimer = setTimeout(() => openTrace(id, follow), 1000);
+    }
   }
 
   function closeTrace() {
+    clearTimeout(followTimer);
     shownTrace = null;
     $('trace').hidden = true;
     $('waterfall').replaceChildren();
