@@ -145,12 +145,13 @@ func createThroughput(ctx context.Context, cfg *rest.Config, ns string, w, n int
 	return float64(n) / time.Since(start).Seconds(), nil
 }
 
-func watchBooks(ctx context.Context, c client.WithWatch, ns string) (watch.Interface, error) {
-	var list libraryv1alpha1.BookList
-	if err := c.List(ctx, &list, client.InNamespace(ns), client.Limit(1)); err != nil {
+// watchFromNow watches the objects of list's kind in ns from now on: from the resource
+// version of a list of one, so that no earlier event is replayed.
+func watchFromNow(ctx context.Context, c client.WithWatch, list client.ObjectList, ns string) (watch.Interface, error) {
+	if err := c.List(ctx, list, client.InNamespace(ns), client.Limit(1)); err != nil {
 		return nil, fmt.Errorf("list: %w", err)
 	}
-	w, err := c.Watch(ctx, &libraryv1alpha1.BookList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
+	w, err := c.Watch(ctx, list, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.GetResourceVersion()}})
 	if err != nil {
 		return nil, fmt.Errorf("watch: %w", err)
 	}
@@ -175,7 +176,7 @@ func nextEvent(ctx context.Context, w watch.Interface, name string, ok func(*lib
 }
 
 func createToWatch(ctx context.Context, c client.WithWatch, ns string, n int) (Latencies, error) {
-	w, err := watchBooks(ctx, c, ns)
+	w, err := watchFromNow(ctx, c, &libraryv1alpha1.BookList{}, ns)
 	if err != nil {
 		return Latencies{}, err
 	}
@@ -198,7 +199,7 @@ func createToWatch(ctx context.Context, c client.WithWatch, ns string, n int) (L
 func statusRoundTrip(ctx context.Context, c, responder client.WithWatch, ns string, n int) (Latencies, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	rw, err := watchBooks(ctx, responder, ns)
+	rw, err := watchFromNow(ctx, responder, &libraryv1alpha1.BookList{}, ns)
 	if err != nil {
 		return Latencies{}, err
 	}
@@ -217,7 +218,7 @@ func statusRoundTrip(ctx context.Context, c, responder client.WithWatch, ns stri
 			}
 		}
 	}()
-	w, err := watchBooks(ctx, c, ns)
+	w, err := watchFromNow(ctx, c, &libraryv1alpha1.BookList{}, ns)
 	if err != nil {
 		return Latencies{}, err
 	}

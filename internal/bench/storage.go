@@ -217,24 +217,16 @@ func volumeReady(v *storagev1alpha1.CStorVolume) bool {
 	return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration >= v.Generation && v.Status.ObservedGeneration >= v.Generation
 }
 
-func watchVolumes(ctx context.Context, c client.WithWatch, ns string) (watch.Interface, error) {
-	var list storagev1alpha1.CStorVolumeList
-	if err := c.List(ctx, &list, client.InNamespace(ns), client.Limit(1)); err != nil {
-		return nil, fmt.Errorf("list: %w", err)
-	}
-	return c.Watch(ctx, &storagev1alpha1.CStorVolumeList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
-}
-
 // volumeLatency creates volumes one at a time and times each until it is Ready, step by
 // step, and counts the API requests they cost. The count starts once the watches are set
 // up and ends before they stop, so that the bench's own requests are not in it.
 func volumeLatency(ctx context.Context, c client.WithWatch, counter *requestCounter, ns string, o StorageOptions) (Latencies, []StorageStep, *APIRequests, error) {
-	vw, err := watchVolumes(ctx, c, ns)
+	vw, err := watchFromNow(ctx, c, &storagev1alpha1.CStorVolumeList{}, ns)
 	if err != nil {
 		return Latencies{}, nil, nil, err
 	}
 	defer vw.Stop()
-	rw, err := watchReplicas(ctx, c, ns)
+	rw, err := watchFromNow(ctx, c, &storagev1alpha1.CStorVolumeReplicaList{}, ns)
 	if err != nil {
 		return Latencies{}, nil, nil, err
 	}
@@ -304,7 +296,7 @@ func createVolumesOneByOne(ctx context.Context, c client.Client, vw, rw watch.In
 func volumeThroughput(ctx context.Context, cfg *rest.Config, c client.WithWatch, ns string, o StorageOptions) (float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	vw, err := watchVolumes(ctx, c, ns)
+	vw, err := watchFromNow(ctx, c, &storagev1alpha1.CStorVolumeList{}, ns)
 	if err != nil {
 		return 0, err
 	}

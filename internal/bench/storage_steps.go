@@ -1,13 +1,7 @@
 package bench
 
 import (
-	"context"
-	"fmt"
 	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 )
@@ -93,13 +87,4 @@ func storageSteps(d []volumeTimes) []StorageStep {
 		{Name: stepHealthy, P50Ms: summarize(healthy).P50},
 		{Name: stepReady, P50Ms: summarize(ready).P50},
 	}
-}
-
-// watchReplicas watches the CStorVolumeReplicas of ns from now on.
-func watchReplicas(ctx context.Context, c client.WithWatch, ns string) (watch.Interface, error) {
-	var list storagev1alpha1.CStorVolumeReplicaList
-	if err := c.List(ctx, &list, client.InNamespace(ns), client.Limit(1)); err != nil {
-		return nil, fmt.Errorf("list replicas: %w", err)
-	}
-	return c.Watch(ctx, &storagev1alpha1.CStorVolumeReplicaList{}, client.InNamespace(ns), &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
 }

@@ -86,7 +86,7 @@ func (b *benchTarget) traced(ctx context.Context) (*tracing.Provider, func(), er
 		return nil, nil, err
 	}
 	b.tracing = p
-	return p, func() { _ = p.Shutdown(context.WithoutCancel(ctx)) }, nil
+	return p, func() { _ = p.ShutdownWithin(5 * time.Second) }, nil
 }
 
 // quiet silences the in-process services' logs: once the measurement is over, stopping

@@ -140,11 +140,7 @@ func runCall(ctx context.Context, out io.Writer, o callOptions) error {
 			return err
 		}
 		flush = p.ForceFlush
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = p.Shutdown(sctx)
-		}()
+		defer func() { _ = p.ShutdownWithin(5 * time.Second) }()
 		cfg = p.RESTConfig(cfg, "crdipc-call")
 		opts = append(opts, ipc.WithTracerProvider(p.Service("crdipc-call")))
 	}

@@ -191,9 +191,7 @@ func runUp(ctx context.Context, out io.Writer, o upOptions) error {
 		o.traceStore = nil // OTEL_SDK_DISABLED=true: the console says tracing is off
 	}
 	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := o.tracing.Shutdown(sctx); err != nil {
+		if err := o.tracing.ShutdownWithin(5 * time.Second); err != nil {
 			fmt.Fprintf(out, "tracing: %v\n", err)
 		}
 	}()

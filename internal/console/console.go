@@ -27,6 +27,7 @@ import (
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
 	"github.com/crdipc/crdipc/internal/tracing"
+	"github.com/crdipc/crdipc/ipc"
 )
 
 //go:embed assets
@@ -184,9 +185,7 @@ func slimBook(obj any) (any, error) {
 		},
 		Status: libraryv1alpha1.BookStatus{ObservedGeneration: b.Status.ObservedGeneration},
 	}
-	if tp, ok := b.Annotations[traceParentAnnotation]; ok {
-		slim.Annotations = map[string]string{traceParentAnnotation: tp}
-	}
+	slim.Annotations = ipc.TraceContextAnnotations(b)
 	if c := meta.FindStatusCondition(b.Status.Conditions, conditions.TypeReady); c != nil {
 		slim.Status.Conditions = []metav1.Condition{*c}
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
 	"github.com/crdipc/crdipc/internal/simnode"
+	"github.com/crdipc/crdipc/ipc"
 )
 
 var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
@@ -167,7 +168,7 @@ func TestOldestInFlightOfMany(t *testing.T) {
 
 func TestSlimBook(t *testing.T) {
 	full := book("a", 2, 2, metav1.ConditionTrue, conditions.ReasonSucceeded, t0.Add(time.Second))
-	full.Annotations = map[string]string{"ipc.crdipc.io/call-id": "x", traceParentAnnotation: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+	full.Annotations = map[string]string{"ipc.crdipc.io/call-id": "x", ipc.TraceParentAnnotation: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
 	full.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "m"}}
 	full.Spec = libraryv1alpha1.BookSpec{Title: "Dune", Author: "Frank Herbert"}
 	full.Status.Conditions = append(full.Status.Conditions, metav1.Condition{Type: "Progressing", Status: metav1.ConditionFalse})

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,19 +57,11 @@ type Completion struct {
 	TraceID string `json:"traceId,omitempty"`
 }
 
-// traceParentAnnotation holds a request's W3C trace context, written by its sender.
-const traceParentAnnotation = ipc.TraceParentAnnotation
-
 // traceIDOf returns the trace of o's trace context annotation, or "" when it has none or
-// an invalid one. The OpenTelemetry propagator parses it, as it does for the services that
-// continue the trace: what they would not follow, the console does not link.
+// an invalid one. It is read as the services that continue the trace read it: what they
+// would not follow, the console does not link.
 func traceIDOf(o metav1.Object) string {
-	tp := o.GetAnnotations()[traceParentAnnotation]
-	if tp == "" {
-		return ""
-	}
-	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
-	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+	if sc := trace.SpanContextFromContext(ipc.ExtractTraceContext(context.Background(), o)); sc.IsValid() {
 		return sc.TraceID().String()
 	}
 	return ""

@@ -17,6 +17,7 @@ import (
 
 	"github.com/crdipc/crdipc/api/conditions"
 	"github.com/crdipc/crdipc/internal/tracing"
+	"github.com/crdipc/crdipc/ipc"
 )
 
 const (
@@ -38,7 +39,7 @@ func TestTraceIDOf(t *testing.T) {
 	} {
 		b := book("a", 1, 0, "", "", t0)
 		if tc.annotation != "" {
-			b.Annotations = map[string]string{traceParentAnnotation: tc.annotation}
+			b.Annotations = map[string]string{ipc.TraceParentAnnotation: tc.annotation}
 		}
 		if got := traceIDOf(b); got != tc.want {
 			t.Errorf("trace ID of %q = %q, want %q", tc.annotation, got, tc.want)
@@ -49,7 +50,7 @@ func TestTraceIDOf(t *testing.T) {
 func TestTrackerCarriesTraceIDs(t *testing.T) {
 	tr := newTracker()
 	pending := book("a", 1, 0, "", "", t0)
-	pending.Annotations = map[string]string{traceParentAnnotation: traceParam}
+	pending.Annotations = map[string]string{ipc.TraceParentAnnotation: traceParam}
 	tr.observe("Book", pending, false, t0)
 	if r, _ := tr.oldestInFlight(1); len(r) != 1 || r[0].TraceID != traceHex {
 		t.Fatalf("in flight = %+v, want trace %s", r, traceHex)

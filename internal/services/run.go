@@ -178,11 +178,8 @@ func Run(ctx context.Context, e Entry, svc Service, s Standalone) error {
 		return err
 	}
 	defer func() {
-		// The spans of the last requests still go out; a collector that is gone does not
-		// hold the exit up for long.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := tp.Shutdown(sctx); err != nil {
+		// The spans of the last requests still go out.
+		if err := tp.ShutdownWithin(5 * time.Second); err != nil {
 			logger.Warn("flushing spans", "error", err)
 		}
 	}()

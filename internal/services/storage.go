@@ -54,10 +54,9 @@ func (s *operatorService) AddFlags(fs *pflag.FlagSet) {
 }
 
 func (s *operatorService) Setup(mgr manager.Manager, env Env) error {
-	if s.o.Receiver.TracerProvider == nil {
-		s.o.Receiver.TracerProvider = env.TracerProvider("storage-operator")
-	}
-	return operator.Register(mgr, s.o)
+	o := s.o
+	o.Receiver.TracerProvider = env.TracerProvider("storage-operator")
+	return operator.Register(mgr, o)
 }
 
 func poolAgentEntry() Entry {
@@ -120,12 +119,12 @@ func (s *poolAgentService) AddFlags(fs *pflag.FlagSet) {
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools/status;cstorvolumereplicas/status,verbs=update
 
 func (s *poolAgentService) Setup(mgr manager.Manager, env Env) error {
+	o := s.o
+	o.TracerProvider = env.TracerProvider("pool-agent")
 	if env.Local != nil {
 		// One agent per simulated node, each with the node's pools under the data dir.
 		root := filepath.Join(env.Local.DataDir, "nodes")
-		o := s.o
 		o.MetricsAddr, o.HealthAddr = "0", "0"
-		o.TracerProvider = env.TracerProvider("pool-agent")
 		// What starts an agent for each node is the cluster's part (a DaemonSet controller
 		// and the kubelet): it watches Nodes with the nodes' credentials, on a manager of its
 		// own; each agent acts as the pool agent's ServiceAccount.
@@ -158,7 +157,6 @@ func (s *poolAgentService) Setup(mgr manager.Manager, env Env) error {
 		env.say("nodes    %d simulated, a pool agent each, pools under %s", env.Local.Nodes, root)
 		return nil
 	}
-	o := s.o
 	if o.Node == "" {
 		o.Node = os.Getenv("NODE_NAME")
 	}
@@ -171,7 +169,6 @@ func (s *poolAgentService) Setup(mgr manager.Manager, env Env) error {
 	if o.DataAdvertiseHost == "" {
 		o.DataAdvertiseHost = os.Getenv("POD_IP")
 	}
-	o.TracerProvider = env.TracerProvider("pool-agent")
 	a, err := agent.New(env.Config, o)
 	if err != nil {
 		return err

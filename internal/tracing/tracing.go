@@ -217,6 +217,15 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 	return nil
 }
 
+// ShutdownWithin is Shutdown bounded by d, from a context of its own: it runs as a
+// process stops, when the caller's context is often done already, and a collector that
+// is gone must not hold the exit up for long.
+func (p *Provider) ShutdownWithin(d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return p.Shutdown(ctx)
+}
+
 // shared is a span processor of several tracer providers: the Provider, not
 // each of them, shuts it down.
 type shared struct{ sdktrace.SpanProcessor }

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -16,10 +15,9 @@ import (
 // traceparentOf is the sampled span context stored on obj (ipc.TraceParentAnnotation).
 func traceparentOf(t *testing.T, obj metav1.Object) trace.SpanContext {
 	t.Helper()
-	traceparent := obj.GetAnnotations()[ipc.TraceParentAnnotation]
-	sc := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": traceparent}))
+	sc := trace.SpanContextFromContext(ipc.ExtractTraceContext(context.Background(), obj))
 	if !sc.IsSampled() {
-		t.Fatalf("%s/%s: traceparent %q is not a sampled span context", obj.GetNamespace(), obj.GetName(), traceparent)
+		t.Fatalf("%s/%s: traceparent %q is not a sampled span context", obj.GetNamespace(), obj.GetName(), obj.GetAnnotations()[ipc.TraceParentAnnotation])
 	}
 	return sc
 }
