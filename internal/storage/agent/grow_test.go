@@ -118,36 +118,53 @@ type agentAndReplica struct {
 	ready func(total string)
 }
 
-// startAgent creates a pool of poolSize and a replica of size on node <prefix>-<namespace>
-// and runs an agent for that node, stopped and the objects deleted with the test.
+// startAgent creates a volume "vol" of size in a namespace of its own, a pool of poolSize
+// and a replica of the volume on node <prefix>-<namespace>, and runs an agent for that
+// node, stopped and the objects deleted with the test.
 func startAgent(t *testing.T, prefix, poolSize, size string) *agentAndReplica {
 	t.Helper()
 	env := testenv.Get(t)
-	ns := env.Namespace(t)
-	ctx := t.Context()
-	c := env.Client
-	node := prefix + "-" + ns
-	ca, err := dataca.Ensure(ctx, c, c, install.SystemNamespace)
+	ca, err := dataca.Ensure(t.Context(), env.Client, env.Client, install.SystemNamespace)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := dataca.Publish(ctx, c, c, install.SystemNamespace, ca); err != nil {
+	if err := dataca.Publish(t.Context(), env.Client, env.Client, install.SystemNamespace, ca); err != nil {
 		t.Fatal(err)
 	}
 	signRequests(t, ca)
+	vol := &storagev1alpha1.CStorVolume{
+		ObjectMeta: metav1.ObjectMeta{Namespace: env.Namespace(t), Name: "vol"},
+		Spec:       storagev1alpha1.CStorVolumeSpec{Capacity: resource.MustParse(size)},
+	}
+	if err := env.Client.Create(t.Context(), vol); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		bg := context.Background()
+		_ = env.Client.Patch(bg, vol, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`)))
+		_ = env.Client.Delete(bg, vol)
+	})
+	return startAgentFor(t, ca, vol, prefix, poolSize)
+}
+
+// startAgentFor is startAgent for another replica of vol, on node <prefix>-<namespace>;
+// ca is the data CA whose requests the test signs.
+func startAgentFor(t *testing.T, ca replica.CA, vol *storagev1alpha1.CStorVolume, prefix, poolSize string) *agentAndReplica {
+	t.Helper()
+	env := testenv.Get(t)
+	ns, size := vol.Namespace, vol.Spec.Capacity.String()
+	ctx := t.Context()
+	c := env.Client
+	node := prefix + "-" + ns
 	pool := &storagev1alpha1.CStorPool{
 		ObjectMeta: metav1.ObjectMeta{Name: "claim-" + node},
 		Spec:       storagev1alpha1.CStorPoolSpec{NodeName: node, Claim: "claim", Capacity: resource.MustParse(poolSize), Backend: storagev1alpha1.BackendFile},
 	}
-	vol := &storagev1alpha1.CStorVolume{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vol"},
-		Spec:       storagev1alpha1.CStorVolumeSpec{Capacity: resource.MustParse(size)},
-	}
 	r := &storagev1alpha1.CStorVolumeReplica{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vol-" + pool.Name},
-		Spec:       storagev1alpha1.CStorVolumeReplicaSpec{Volume: "vol", Pool: pool.Name, NodeName: node, Capacity: resource.MustParse(size)},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: vol.Name + "-" + pool.Name},
+		Spec:       storagev1alpha1.CStorVolumeReplicaSpec{Volume: vol.Name, Pool: pool.Name, NodeName: node, Capacity: resource.MustParse(size)},
 	}
-	for _, o := range []client.Object{vol, pool, r} {
+	for _, o := range []client.Object{pool, r} {
 		if err := c.Create(ctx, o); err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +172,7 @@ func startAgent(t *testing.T, prefix, poolSize, size string) *agentAndReplica {
 	t.Cleanup(func() {
 		// The agent is stopped by then: release its finalizers so the objects go.
 		bg := context.Background()
-		for _, o := range []client.Object{r, pool, vol} {
+		for _, o := range []client.Object{r, pool} {
 			_ = c.Patch(bg, o, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`)))
 			_ = c.Delete(bg, o)
 		}

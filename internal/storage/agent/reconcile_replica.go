@@ -66,7 +66,7 @@ func backendReplica(r *storagev1alpha1.CStorVolumeReplica) backend.Replica {
 
 // Handle implements ipc.Handler.
 func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica) (ipc.Result, error) {
-	created := replicaCreated(r.Status.Phase)
+	before, created := r.Status.Phase, replicaCreated(r.Status.Phase)
 	offline := func(msg string) (ipc.Result, error) {
 		r.Status.Phase = storagev1alpha1.ReplicaPhaseOffline
 		return ipc.Result{Reason: conditions.ReasonDegraded, Message: msg, RequeueAfter: h.resync}, nil
@@ -151,7 +151,12 @@ func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVol
 			if ctx.Err() != nil {
 				return ipc.Result{}, ctx.Err()
 			}
-			// The file is there; whether its data is current is not known yet.
+			// The file is there; whether its data is current is not known yet. A replica
+			// that was not Healthy is not called so until it is known to be: the volume
+			// would count a new, empty one as a copy of its data.
+			if before != storagev1alpha1.ReplicaPhaseHealthy && !h.data.current(r.UID) {
+				r.Status.Phase = storagev1alpha1.ReplicaPhaseRebuilding
+			}
 			return ipc.Result{Reason: conditions.ReasonReconciling, Message: err.Error(), RequeueAfter: rebuildPoll}, nil
 		}
 		// Housekeeping, not the replica's state: a failure is logged and tried at the next

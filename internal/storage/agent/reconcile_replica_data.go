@@ -2,7 +2,9 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -58,7 +60,7 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 	if info.Rebuilding {
 		// The last copy failed (its source went away or changed) and no target is there to
 		// start another: start one from the freshest clean peer, or report the failure.
-		source, _, _, err := h.freshestPeer(ctx, r)
+		source, _, _, _, err := h.freshestPeer(ctx, r)
 		if err != nil || source == nil {
 			return h.rebuilding(r, info), err
 		}
@@ -89,7 +91,7 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 	if !info.Dirty && h.data.current(r.UID) {
 		return dataState{}, nil
 	}
-	source, sourceInfo, writing, err := h.freshestPeer(ctx, r)
+	source, sourceInfo, writing, unasked, err := h.freshestPeer(ctx, r)
 	if err != nil {
 		return dataState{}, err
 	}
@@ -99,14 +101,16 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 		// in and rebuilds it, which the target retries every few seconds.
 		return dataState{rebuilding: true, message: "not in the write set of the volume's target yet: waiting for the target to take it in and rebuild it"}, nil
 	}
-	if source == nil {
-		h.data.setCurrent(r.UID)
-		return dataState{}, nil
-	}
 	// A clean replica is current when no clean peer is ahead of it. A dirty one with no
 	// writer (its target faulted it, or died) may hold writes the others never got, or miss
 	// some: a clean peer, closed by a target that counted it healthy, is the truth.
-	if !info.Dirty && sourceInfo.Revision <= info.Revision {
+	if source == nil || (!info.Dirty && sourceInfo.Revision <= info.Revision) {
+		if unasked != nil {
+			// A Healthy peer that could not be asked may hold the writes: a replica just
+			// placed on a new node is refused by its peers until the volume's status lists
+			// that node. Calling it current would serve an empty file as the volume's data.
+			return dataState{}, fmt.Errorf("cannot tell whether the replica is current: %w", unasked)
+		}
 		h.data.setCurrent(r.UID)
 		return dataState{}, nil
 	}
@@ -141,29 +145,45 @@ func (h *replicaHandler) rebuilding(r *storagev1alpha1.CStorVolumeReplica, info 
 
 // freshestPeer returns the Healthy peer replica of r's volume that holds the most writes,
 // if it is clean (no target writing it now); nil when there is none. writing says that a
-// target has a peer open for writing.
-func (h *replicaHandler) freshestPeer(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica) (_ *storagev1alpha1.CStorVolumeReplica, _ replica.Info, writing bool, _ error) {
+// target has a peer open for writing. unasked says which Healthy peers could not be asked
+// (unreachable, or refusing this node), nil when all were.
+func (h *replicaHandler) freshestPeer(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica) (_ *storagev1alpha1.CStorVolumeReplica, _ replica.Info, writing bool, unasked, _ error) {
 	// The agent's cache holds only its node's replicas: peers come from the API server.
 	var list storagev1alpha1.CStorVolumeReplicaList
 	if err := h.live.List(ctx, &list, client.InNamespace(r.Namespace), client.MatchingFields{storagev1alpha1.FieldVolume: r.Spec.Volume}); err != nil {
-		return nil, replica.Info{}, false, fmt.Errorf("listing the replicas of volume %s: %w", r.Spec.Volume, err)
+		return nil, replica.Info{}, false, nil, fmt.Errorf("listing the replicas of volume %s: %w", r.Spec.Volume, err)
 	}
 	var (
 		peers []*storagev1alpha1.CStorVolumeReplica
 		infos []replica.Info
+		vol   *storagev1alpha1.CStorVolume // read once a peer cannot be asked
 	)
 	for i := range list.Items {
 		p := &list.Items[i]
 		if p.Name == r.Name || p.Status.Phase != storagev1alpha1.ReplicaPhaseHealthy || p.Status.Endpoint == "" || !p.DeletionTimestamp.IsZero() {
 			continue
 		}
+		var info replica.Info
 		c, err := h.data.client(ctx, p.Status.Endpoint, storagev1alpha1.ReplicaDataID(p.Namespace, p.Name))
-		if err != nil {
-			continue // an unreachable peer is no source
+		if err == nil {
+			if info, err = c.Info(ctx); err != nil && !errors.Is(err, replica.ErrForbidden) {
+				h.data.drop(p.Status.Endpoint)
+			}
 		}
-		info, err := c.Info(ctx)
 		if err != nil {
-			h.data.drop(p.Status.Endpoint)
+			// An unreachable peer is no source, but it may hold what the others lack,
+			// unless the operator counts it Offline (its node is down: it will be replaced).
+			if vol == nil {
+				vol = &storagev1alpha1.CStorVolume{}
+				if gerr := h.live.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: r.Spec.Volume}, vol); gerr != nil {
+					return nil, replica.Info{}, false, nil, fmt.Errorf("volume %s: %w", r.Spec.Volume, gerr)
+				}
+			}
+			if !slices.ContainsFunc(vol.Status.Replicas, func(s storagev1alpha1.VolumeReplicaStatus) bool {
+				return s.Name == p.Name && s.Phase != storagev1alpha1.ReplicaPhaseHealthy
+			}) {
+				unasked = errors.Join(unasked, fmt.Errorf("peer %s on node %s: %w", p.Name, p.Spec.NodeName, err))
+			}
 			continue
 		}
 		peers, infos = append(peers, p), append(infos, info)
@@ -171,9 +191,9 @@ func (h *replicaHandler) freshestPeer(ctx context.Context, r *storagev1alpha1.CS
 	}
 	i, ok := replica.ChooseSource(infos)
 	if !ok || infos[i].Dirty {
-		return nil, replica.Info{}, writing, nil
+		return nil, replica.Info{}, writing, unasked, nil
 	}
-	return peers[i], infos[i], writing, nil
+	return peers[i], infos[i], writing, unasked, nil
 }
 
 // fillFromSnapshot starts filling replica r (self, on this node) from a copy of its source
