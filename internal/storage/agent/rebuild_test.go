@@ -14,6 +14,7 @@ import (
 
 	"github.com/crdipc/crdipc/api/conditions"
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/storage/dataca"
 	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
@@ -39,22 +40,7 @@ func TestNewReplicaWaitsForPeersThatRefuseIt(t *testing.T) {
 	if err := session.CloseSession(ctx); err != nil {
 		t.Fatal(err)
 	}
-	listNodes := func(replicas ...*storagev1alpha1.CStorVolumeReplica) {
-		t.Helper()
-		vol := &storagev1alpha1.CStorVolume{}
-		if err := a.c.Get(ctx, client.ObjectKeyFromObject(a.vol), vol); err != nil {
-			t.Fatal(err)
-		}
-		vol.Status.Replicas = nil
-		for _, r := range replicas {
-			vol.Status.Replicas = append(vol.Status.Replicas, storagev1alpha1.VolumeReplicaStatus{
-				Name: r.Name, Pool: r.Spec.Pool, Node: r.Spec.NodeName, Phase: storagev1alpha1.ReplicaPhaseHealthy})
-		}
-		if err := a.c.Status().Update(ctx, vol); err != nil {
-			t.Fatal(err)
-		}
-	}
-	listNodes(a.r)
+	listReplicas(t, a.c, a.vol, a.r)
 
 	// The new replica's node is not listed yet: the holder refuses it.
 	b := startAgentFor(t, a.ca, a.vol, "joiner", "1Gi")
@@ -77,13 +63,76 @@ func TestNewReplicaWaitsForPeersThatRefuseIt(t *testing.T) {
 	t.Logf("waiting: %s", meta.FindStatusCondition(b.r.Status.Conditions, conditions.TypeReady).Message)
 
 	// Listed: rebuilt from the holder.
-	listNodes(a.r, b.r)
+	listReplicas(t, a.c, a.vol, a.r, b.r)
 	b.ready("4Mi")
-	got, err := os.ReadFile(b.r.Status.Location)
+	holds(t, b.r, 1<<20, data)
+}
+
+// A replica whose target died stays dirty (it may hold writes that were never
+// acknowledged). A new replica placed while no target writes the volume copies it, the
+// freshest copy there is, rather than count as a copy of the volume while it holds
+// nothing until a target next opens the volume.
+func TestNewReplicaCopiesADirtyPeer(t *testing.T) {
+	ctx := t.Context()
+	a := startAgent(t, "dirty", "1Gi", "4Mi")
+	a.ready("4Mi")
+
+	// A target writes, then its connection drops without CloseSession: the session ends,
+	// the replica stays dirty.
+	data := bytes.Repeat([]byte("crdipc-dirty "), 4096)
+	conn := a.connAs(t, dataca.CommonName(dataca.RoleCSINode, "test-node"))
+	session := conn.Replica(storagev1alpha1.ReplicaDataID(a.r.Namespace, a.r.Name))
+	if _, err := session.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := session.WriteAt(ctx, data, 2<<20, 1); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	probe := a.dial(t)
+	wait.Eventually(t, 30*time.Second, "the holder dirty with no writer", func(ctx context.Context) (bool, error) {
+		in, err := probe.Info(ctx)
+		if err != nil || in.Session || !in.Dirty || in.Revision != 1 {
+			return false, fmt.Errorf("info %+v, %v", in, err)
+		}
+		return true, nil
+	})
+
+	b := startAgentFor(t, a.ca, a.vol, "joiner", "1Gi")
+	listReplicas(t, a.c, a.vol, a.r, b.r)
+	b.ready("4Mi")
+	if b.r.Status.Revision != 1 {
+		t.Fatalf("the new replica is at revision %d, want its source's 1", b.r.Status.Revision)
+	}
+	holds(t, b.r, 2<<20, data)
+}
+
+// listReplicas writes vol's status as the operator would with replicas on their nodes,
+// all Healthy: a replica's data service serves the agents of the nodes listed.
+func listReplicas(t *testing.T, c client.Client, vol *storagev1alpha1.CStorVolume, replicas ...*storagev1alpha1.CStorVolumeReplica) {
+	t.Helper()
+	latest := &storagev1alpha1.CStorVolume{}
+	if err := c.Get(t.Context(), client.ObjectKeyFromObject(vol), latest); err != nil {
+		t.Fatal(err)
+	}
+	latest.Status.Replicas = nil
+	for _, r := range replicas {
+		latest.Status.Replicas = append(latest.Status.Replicas, storagev1alpha1.VolumeReplicaStatus{
+			Name: r.Name, Pool: r.Spec.Pool, Node: r.Spec.NodeName, Phase: storagev1alpha1.ReplicaPhaseHealthy})
+	}
+	if err := c.Status().Update(t.Context(), latest); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// holds fails t unless replica r's file holds data at off.
+func holds(t *testing.T, r *storagev1alpha1.CStorVolumeReplica, off int, data []byte) {
+	t.Helper()
+	got, err := os.ReadFile(r.Status.Location)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(got[1<<20:1<<20+len(data)], data) {
-		t.Fatal("the rebuilt replica does not hold its peer's data")
+	if len(got) < off+len(data) || !bytes.Equal(got[off:off+len(data)], data) {
+		t.Fatalf("replica %s does not hold its peer's data", r.Name)
 	}
 }

@@ -59,9 +59,10 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 	}
 	if info.Rebuilding {
 		// The last copy failed (its source went away or changed) and no target is there to
-		// start another: start one from the freshest clean peer, or report the failure.
-		source, _, _, _, err := h.freshestPeer(ctx, r)
-		if err != nil || source == nil {
+		// start another: start one from the freshest peer, or report the failure. A dirty
+		// peer is a source only while no target writes the volume: it may be the one written.
+		source, sourceInfo, writing, _, err := h.freshestPeer(ctx, r)
+		if err != nil || source == nil || (sourceInfo.Dirty && writing) {
 			return h.rebuilding(r, info), err
 		}
 		if err := self.Rebuild(ctx, source.Status.Endpoint, storagev1alpha1.ReplicaDataID(source.Namespace, source.Name)); err != nil {
@@ -101,10 +102,13 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 		// in and rebuilds it, which the target retries every few seconds.
 		return dataState{rebuilding: true, message: "not in the write set of the volume's target yet: waiting for the target to take it in and rebuild it"}, nil
 	}
-	// A clean replica is current when no clean peer is ahead of it. A dirty one with no
-	// writer (its target faulted it, or died) may hold writes the others never got, or miss
-	// some: a clean peer, closed by a target that counted it healthy, is the truth.
-	if source == nil || (!info.Dirty && sourceInfo.Revision <= info.Revision) {
+	// A clean replica is current when no peer is ahead of it. A dirty one with no writer
+	// (its target faulted it, or died) may hold writes the others never got, or miss some:
+	// a clean peer, closed by a target that counted it healthy, is the truth; among dirty
+	// ones only, the next target to open the volume settles which (the freshest, as here).
+	// A clean replica behind a dirty peer copies it now: a new replica would otherwise
+	// count as a copy of the volume while holding nothing until that next open.
+	if source == nil || (!info.Dirty && sourceInfo.Revision <= info.Revision) || (info.Dirty && sourceInfo.Dirty) {
 		if unasked != nil {
 			// A Healthy peer that could not be asked may hold the writes: a replica just
 			// placed on a new node is refused by its peers until the volume's status lists
@@ -118,7 +122,11 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 		return dataState{}, fmt.Errorf("starting a rebuild from %s: %w", source.Name, err)
 	}
 	r.Status.Rebuild = &storagev1alpha1.ReplicaRebuild{Source: source.Name, Progress: "0%"}
-	return dataState{rebuilding: true, message: fmt.Sprintf("rebuilding from %s (revision %d, this replica %d)", source.Name, sourceInfo.Revision, info.Revision)}, nil
+	msg := fmt.Sprintf("rebuilding from %s (revision %d, this replica %d)", source.Name, sourceInfo.Revision, info.Revision)
+	if sourceInfo.Dirty {
+		msg += "; the source is dirty (its target did not close it), the freshest left"
+	}
+	return dataState{rebuilding: true, message: msg}, nil
 }
 
 // rebuilding reports a rebuild in progress in r's status.
@@ -143,8 +151,8 @@ func (h *replicaHandler) rebuilding(r *storagev1alpha1.CStorVolumeReplica, info 
 	return dataState{rebuilding: true, message: msg}
 }
 
-// freshestPeer returns the Healthy peer replica of r's volume that holds the most writes,
-// if it is clean (no target writing it now); nil when there is none. writing says that a
+// freshestPeer returns the Healthy peer replica of r's volume that holds the most writes
+// (a clean one on a tie, replica.ChooseSource); nil when there is none. writing says that a
 // target has a peer open for writing. unasked says which Healthy peers could not be asked
 // (unreachable, or refusing this node), nil when all were.
 func (h *replicaHandler) freshestPeer(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica) (_ *storagev1alpha1.CStorVolumeReplica, _ replica.Info, writing bool, unasked, _ error) {
@@ -190,7 +198,7 @@ func (h *replicaHandler) freshestPeer(ctx context.Context, r *storagev1alpha1.CS
 		writing = writing || info.Session
 	}
 	i, ok := replica.ChooseSource(infos)
-	if !ok || infos[i].Dirty {
+	if !ok {
 		return nil, replica.Info{}, writing, unasked, nil
 	}
 	return peers[i], infos[i], writing, unasked, nil
