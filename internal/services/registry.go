@@ -57,8 +57,9 @@ type Env struct {
 	Logger *slog.Logger
 	// Local is set when the service runs inside `crdipc up`, with every other service.
 	Local *Local
-	// Tracing, when set, traces the service's requests: Build wraps its client so that
-	// kube-apiserver continues a request's trace, and receivers take TracerProvider.
+	// Tracing, when set and enabled, traces the service's requests: Build wraps its client
+	// so that kube-apiserver continues a request's trace, and receivers take
+	// TracerProvider. nil and a Provider that is off trace nothing.
 	Tracing *tracing.Provider
 }
 

@@ -183,11 +183,7 @@ func Run(ctx context.Context, e Entry, svc Service, s Standalone) error {
 			logger.Warn("flushing spans", "error", err)
 		}
 	}()
-	env := Env{Config: cfg, Logger: logger.With("service", e.Name)}
-	if tp.Enabled() {
-		env.Tracing = tp
-	}
-	mgr, err := Build(cfg, e, svc, mo, env)
+	mgr, err := Build(cfg, e, svc, mo, Env{Config: cfg, Logger: logger.With("service", e.Name), Tracing: tp})
 	if err != nil {
 		return err
 	}
@@ -205,9 +201,7 @@ func Build(cfg *rest.Config, e Entry, svc Service, mo ManagerOptions, env Env) (
 		}
 		mo.Cache = c
 	}
-	if env.Tracing != nil {
-		cfg = env.Tracing.RESTConfig(cfg, e.Name)
-	}
+	cfg = env.Tracing.RESTConfig(cfg, e.Name) // as is when tracing is off
 	if mo.Logger.GetSink() == nil && env.Logger != nil {
 		mo.Logger = logr.FromSlogHandler(env.Logger.Handler())
 	}

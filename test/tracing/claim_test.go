@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,6 +20,7 @@ import (
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/storagecluster"
 )
 
 const (
@@ -37,25 +36,10 @@ const (
 func testClaimTrace(t *testing.T) {
 	env := testenv.Get(t)
 	ns := env.Namespace(t)
-	dir, err := os.MkdirTemp("", "csi") // short: a socket path is at most 107 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	socket := "unix://" + filepath.Join(dir, "csi.sock")
-
-	d, err := driver.New(driver.Options{
+	socket := storagecluster.ServeDriver(t, driver.Options{
 		Config:         provider.RESTConfig(env.WithToken(t, env.AsServiceAccount(t, driverService)), driverService),
 		TracerProvider: provider.Service(driverService),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := driver.Listen(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Start(t, "csi driver", func(ctx context.Context) error { return d.ServeListener(ctx, l) })
 	sm := testenv.NewManager(t, provider.RESTConfig(env.WithToken(t, env.AsServiceAccount(t, sidecarService)), sidecarService))
 	if err := sidecar.Add(sm, sidecar.Options{DriverEndpoint: socket, DriverName: driver.Name, TracerProvider: provider.Service(sidecarService)}); err != nil {
 		t.Fatal(err)

@@ -3,8 +3,6 @@ package sidecar_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -77,23 +75,8 @@ next:
 // its own until the test ends, and returns the socket's endpoint.
 func serveDriver(t *testing.T, env *testenv.Env, o driver.Options) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "csi")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	socket := "unix://" + filepath.Join(dir, "csi.sock")
 	o.Config = env.AsServiceAccount(t, "csi-driver")
-	d, err := driver.New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := driver.Listen(socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Start(t, "driver", func(ctx context.Context) error { return d.ServeListener(ctx, l) })
-	return socket
+	return storagecluster.ServeDriver(t, o)
 }
 
 func TestOutOfRangeIsNotRetried(t *testing.T) {

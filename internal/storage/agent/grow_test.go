@@ -139,11 +139,7 @@ func startAgent(t *testing.T, prefix, poolSize, size string) *agentAndReplica {
 	if err := env.Client.Create(t.Context(), vol); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		bg := context.Background()
-		_ = env.Client.Patch(bg, vol, client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"finalizers":null}}`)))
-		_ = env.Client.Delete(bg, vol)
-	})
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), vol) }) // no operator here: no finalizer
 	return startAgentFor(t, ca, vol, prefix, poolSize)
 }
 

@@ -3,6 +3,8 @@ package storagecluster
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/simnode"
 	"github.com/crdipc/crdipc/internal/storage/agent"
 	"github.com/crdipc/crdipc/internal/storage/operator"
@@ -155,4 +158,26 @@ func (c *Cluster) PoolClaim(t testing.TB, claim *storagev1alpha1.StoragePoolClai
 			return true, nil
 		})
 	})
+}
+
+// ServeDriver serves the CSI driver with o (o.Config is whom it acts as) on a Unix socket of
+// its own until the test ends, and returns the socket's endpoint, unix://….
+func ServeDriver(t *testing.T, o driver.Options) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "csi") // short: a socket path is at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	socket := "unix://" + filepath.Join(dir, "csi.sock")
+	d, err := driver.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := driver.Listen(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Start(t, "csi driver", func(ctx context.Context) error { return d.ServeListener(ctx, l) })
+	return socket
 }
