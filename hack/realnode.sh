@@ -10,6 +10,9 @@
 #       apt-get installs what is missing, builds kubelet + kube-proxy (cached per Kubernetes
 #       and Go version) and the pause, busybox and fio images (docker-archive tars, no
 #       registry). Prints KUBELET=, KUBE_PROXY=, PAUSE_TAR=, BUSYBOX_TAR=, FIO_TAR= lines.
+#   hack/realnode.sh tools
+#       Lists the commands deps installs, one a line (a test compares them with the tests'
+#       capability checks).
 #   hack/realnode.sh network
 #       Creates the bridge crdipc0 with 10.88.0.1/24, the host's address on the nodes' link
 #       (idempotent). Start the control plane after it: crdipc up --advertise-address 10.88.0.1
@@ -109,14 +112,17 @@ pkg_installed() {
   dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
 }
 
+# Commands deps installs, each from the Debian package of its name; `tools` lists them.
+readonly deps_tools=(containerd runc umoci skopeo iptables conntrack gcc fio)
+
+cmd_tools() { printf '%s\n' "${deps_tools[@]}"; }
+
 install_packages() {
   local pkgs=() p
-  command -v containerd >/dev/null 2>&1 || pkgs+=(containerd)
-  command -v runc >/dev/null 2>&1 || pkgs+=(runc)
   [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
   # The static build: the busybox image holds nothing else.
   pkg_installed busybox-static || pkgs+=(busybox-static)
-  for p in umoci skopeo iptables conntrack gcc fio; do
+  for p in "${deps_tools[@]}"; do
     command -v "$p" >/dev/null 2>&1 || pkgs+=("$p")
   done
   pkg_installed libc6-dev || pkgs+=(libc6-dev) # libc.a for the static pause
@@ -1148,6 +1154,7 @@ sub=$1
 shift
 case $sub in
 deps) cmd_deps "$@" ;;
+tools) cmd_tools ;; # the commands deps installs, one a line
 network) cmd_network "$@" ;;
 join) cmd_join "$@" ;;
 kill) cmd_kill "$@" ;;

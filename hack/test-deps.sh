@@ -14,22 +14,37 @@
 # and, from the Go module proxy:
 #  - btcd, a Bitcoin full node in Go: the simulated nodes run BitcoinNetwork pods with it
 #    (without it the Bitcoin tests skip, unless CRDIPC_REQUIRE_BTCD=1).
+#
+# `hack/test-deps.sh --list` prints, one a line, the commands it guarantees (from the same
+# lists it installs from): internal/testenv/require's tests check that every tool a test's
+# capability check names is installed by a script or on a fresh machine.
 set -euo pipefail
 
-btcd_module=github.com/btcsuite/btcd@v0.26.2 # keep in step with internal/bitcoin/btcd.Module
-if ! command -v btcd >/dev/null 2>&1 && [ ! -x "$(go env GOPATH)/bin/btcd" ]; then
-  echo "== installing btcd ($btcd_module)"
-  go install "$btcd_module"
+# command:package, for each command the tests look up, from Debian.
+apt_tools=(prometheus:prometheus mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs xfs_growfs:xfsprogs
+  blkid:util-linux losetup:mount mount:mount fio:fio chromium:chromium)
+# command:module, from the Go module proxy (btcd: keep in step with internal/bitcoin/btcd.Module).
+go_tools=(btcd:github.com/btcsuite/btcd@v0.26.2)
+
+if [ "${1:-}" = --list ]; then
+  for entry in "${apt_tools[@]}" "${go_tools[@]}"; do echo "${entry%%:*}"; done
+  exit 0
 fi
+[ $# -eq 0 ] || { echo "usage: hack/test-deps.sh [--list]" >&2; exit 2; }
+
+for entry in "${go_tools[@]}"; do
+  cmd=${entry%%:*} module=${entry#*:}
+  if ! command -v "$cmd" >/dev/null 2>&1 && [ ! -x "$(go env GOPATH)/bin/$cmd" ]; then
+    echo "== installing $cmd ($module)"
+    go install "$module"
+  fi
+done
 
 pkgs=()
-command -v prometheus >/dev/null 2>&1 || pkgs+=(prometheus)
-command -v mkfs.ext4 >/dev/null 2>&1 || pkgs+=(e2fsprogs)
-command -v mkfs.xfs >/dev/null 2>&1 || pkgs+=(xfsprogs)
-command -v blkid >/dev/null 2>&1 || pkgs+=(util-linux)
-command -v mount >/dev/null 2>&1 || pkgs+=(mount)
-command -v fio >/dev/null 2>&1 || pkgs+=(fio)
-command -v chromium >/dev/null 2>&1 || pkgs+=(chromium)
+for entry in "${apt_tools[@]}"; do
+  pkg=${entry#*:}
+  command -v "${entry%%:*}" >/dev/null 2>&1 || [[ " ${pkgs[*]} " == *" $pkg "* ]] || pkgs+=("$pkg")
+done
 [ ${#pkgs[@]} -eq 0 ] && exit 0
 
 sudo_cmd=""
