@@ -8,20 +8,21 @@
 #
 #   hack/realnode.sh deps
 #       apt-get installs what is missing, builds kubelet + kube-proxy (cached per Kubernetes
-#       and Go version) and the pause, busybox and fio images (docker-archive tars, no
-#       registry). Prints KUBELET=, KUBE_PROXY=, PAUSE_TAR=, BUSYBOX_TAR=, FIO_TAR= lines.
+#       and Go version) and the pause, busybox, fio and btcd images (docker-archive tars, no
+#       registry). Prints KUBELET=, KUBE_PROXY=, PAUSE_TAR=, BUSYBOX_TAR=, FIO_TAR=, BTCD_TAR=.
 #   hack/realnode.sh tools
 #       Lists the commands deps installs, one a line (a test compares them with the tests'
 #       capability checks).
-#   hack/realnode.sh network
-#       Creates the bridge crdipc0 with 10.88.0.1/24, the host's address on the nodes' link
-#       (idempotent). Start the control plane after it: crdipc up --advertise-address 10.88.0.1
+#   hack/realnode.sh network [--bridge NAME] [--host-address IP/LEN] [--cluster-cidr CIDR]
+#           [--service-cidr CIDR]
+#       Creates the bridge with the host's address, the nodes' link (idempotent). Start the
+#       control plane after it: crdipc up --advertise-address <the host's IP>
 #   hack/realnode.sh join --dir DIR --node NAME --index N --kubeconfig NODE_KUBECONFIG \
 #           --proxy-kubeconfig PROXY_KUBECONFIG --ca CA_CRT [--image TAR]... [--timeout SECONDS]
-#       Starts node N (1-200): address 10.88.0.(10+N) on crdipc0, pods in 10.88.N.0/24;
-#       containerd, the kubelet and kube-proxy, everything under DIR (keep it short:
-#       /tmp/crn1). Exits 0 once the node is Ready and kube-proxy has programmed its rules.
-#       The admin kubeconfig in $KUBECONFIG, if set, is used to watch the node.
+#           [network's flags] [--node-address IP/LEN] [--pod-cidr CIDR]
+#       Starts node N (1-200, link crnN): containerd, the kubelet and kube-proxy, everything
+#       under DIR (keep it short: /tmp/crn1). Exits 0 once the node is Ready and kube-proxy
+#       has programmed its rules. The admin kubeconfig in $KUBECONFIG, if set, watches the node.
 #   hack/realnode.sh kill --dir DIR
 #       Loses the node as a machine is lost: its link goes down and every process of it
 #       (kubelet, containerd, kube-proxy, its pods) is killed at once, nothing told. The API
@@ -32,23 +33,17 @@
 #       The last node's down also undoes network (and a down of a DIR that holds no node
 #       does only that, when no node is left).
 #
-# Nothing is pulled: pods use the images join imports (pause, busybox, fio, each --image)
-# with imagePullPolicy: Never or IfNotPresent. Pods have routes to 10.88.0.0/16 and to the
-# Service range only, and nothing is masqueraded out: no pod traffic leaves this machine.
+# Addresses not given are internal/testenv/realnodeplan's, which test/realnode passes
+# (`go run ./hack/realnode/nodeconfig plan [--index N]` prints them). Nothing is pulled: pods
+# use the images join imports (pause, busybox, fio, btcd, each --image) with
+# imagePullPolicy: Never or IfNotPresent. Pods have routes to the cluster and Service ranges
+# only, and nothing is masqueraded out: no pod traffic leaves this machine.
 #
 # Environment: REALNODE_CACHE overrides the cache directory of deps (and where join looks).
 set -eEuo pipefail
 # An unexpected failure says where (set -e alone exits silently).
 trap 'echo "realnode: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
 
-readonly bridge=crdipc0
-readonly host_ip=10.88.0.1
-readonly link_cidr=10.88.0.0/24
-readonly cluster_cidr=10.88.0.0/16
-readonly service_route=10.96.0.0/12 # covers crdipc's 10.96.0.0/24
-readonly pause_ref=registry.k8s.io/pause:3.10
-readonly busybox_ref=docker.io/library/busybox:latest
-readonly fio_ref=docker.io/library/fio:latest
 # Where network keeps what it changed on the host, and the nodes joined (nodes/NAME: DIR).
 readonly host_state=/run/crdipc-realnode
 # Host directories config/default's pods use (hostPath): each node's mount namespace binds
@@ -56,11 +51,8 @@ readonly host_state=/run/crdipc-realnode
 readonly host_dirs=(/var/lib/kubelet /var/lib/crdipc)
 # Kernel settings the kubelet (protectKernelDefaults: false) changes for the whole machine,
 # and the forwarding network turns on; recorded by network, restored by the last down.
-# (Network settings inside a node's namespace go with it.)
-readonly sysctls=(
-  vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
-  kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward
-)
+readonly sysctls=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
+  kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward)
 # Fixed host paths containerd, the CNI library, ip netns or the kubelet create whatever they
 # are configured with (a node's /run and /var/log are its own); the last down removes those
 # that did not exist before network.
@@ -69,17 +61,18 @@ readonly host_paths=(/var/lib/cni /run/netns /opt/containerd /etc/cni /opt/cni
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly repo
+# shellcheck source=hack/lib/oci.sh
+. "$repo/hack/lib/oci.sh"
+# What deps builds (kubelet, kube-proxy, the images) and what down undoes, by topic.
+# shellcheck source=hack/realnode/build.sh
+. "$repo/hack/realnode/build.sh"
+# shellcheck source=hack/realnode/cleanup.sh
+. "$repo/hack/realnode/cleanup.sh"
 
-die() {
-  echo "realnode: $*" >&2
-  exit 1
-}
+die() { echo "realnode: $*" >&2; exit 1; }
 say() { echo "== $*" >&2; }
 warn() { echo "realnode: warning: $*" >&2; }
-
-need_root() {
-  [ "$(id -u)" = 0 ] || die "$1 must run as root (namespaces, mounts, cgroups, containerd)"
-}
+need_root() { [ "$(id -u)" = 0 ] || die "$1 must run as root (namespaces, mounts, cgroups, containerd)"; }
 
 usage() {
   sed -n '2,/^set -eEuo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
@@ -87,7 +80,6 @@ usage() {
 }
 
 # --- versions and the cache ----------------------------------------------------------------
-
 # The k8s.io/kubernetes version the repository pins (its require line).
 k8s_version() {
   local v
@@ -98,16 +90,12 @@ k8s_version() {
 
 # Binaries depend on both the Kubernetes and the Go version: the key holds both.
 cache_dir() {
-  if [ -n "${REALNODE_CACHE:-}" ]; then
-    echo "$REALNODE_CACHE"
-    return
-  fi
+  [ -z "${REALNODE_CACHE:-}" ] || { echo "$REALNODE_CACHE" && return; }
   command -v go >/dev/null 2>&1 || die "go is not in PATH (needed to find the kubelet's cache)"
   echo "${XDG_CACHE_HOME:-$HOME/.cache}/crdipc/realnode/$(k8s_version)-$(go env GOVERSION)"
 }
 
 # --- deps ------------------------------------------------------------------------------------
-
 pkg_installed() {
   dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
 }
@@ -139,129 +127,6 @@ install_packages() {
   $sudo_cmd apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 }
 
-# Builds kubelet and kube-proxy from the module cache. The repository's own module cannot
-# build them as is (missing go.sum entries for packages only they import), and must not be
-# changed: copy go.mod + go.sum next to an empty main package and let go add what is missing
-# there (-mod=mod). Same versions as the repository, and a warm build cache is shared with it.
-build_binaries() {
-  local cache=$1 ver=$2
-  if [ -x "$cache/kubelet" ] && [ -x "$cache/kube-proxy" ]; then
-    say "kubelet, kube-proxy $ver: cached in $cache"
-    return
-  fi
-  command -v go >/dev/null 2>&1 || die "go is not in PATH"
-  local tmp major minor pkg=k8s.io/component-base/version
-  tmp=$(mktemp -d)
-  # shellcheck disable=SC2064 # expand now: tmp is local
-  trap "rm -rf '$tmp'" EXIT
-  cp "$repo/go.mod" "$repo/go.sum" "$tmp/"
-  printf 'package main\n\nfunc main() {}\n' >"$tmp/main.go"
-  major=${ver#v}
-  major=${major%%.*}
-  minor=${ver#v*.}
-  minor=${minor%%.*}
-  say "building kubelet, kube-proxy $ver (minutes on a cold build cache, ~2.5 GB of memory)"
-  # A module build reports v0.0.0-master+$Format:%H$ (the node's kubeletVersion) without these.
-  (cd "$tmp" && GOWORK=off GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod" go build \
-    -ldflags "-X $pkg.gitVersion=$ver -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" \
-    -o "$tmp/out/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
-  mkdir -p "$cache"
-  mv "$tmp/out/kube-proxy" "$cache/kube-proxy"
-  mv "$tmp/out/kubelet" "$cache/kubelet"
-  rm -rf "$tmp"
-  trap - EXIT
-}
-
-# Packs ROOTFS into a one-layer image and writes it as a docker-archive named REF (what
-# `ctr images import` reads, names kept). Remaining arguments go to `umoci config`.
-pack_image() {
-  local rootfs=$1 ref=$2 out=$3 work rootless=()
-  shift 3
-  [ "$(id -u)" = 0 ] || rootless=(--rootless)
-  work=$(mktemp -d)
-  umoci init --layout "$work/oci"
-  umoci new --image "$work/oci:img"
-  umoci unpack "${rootless[@]}" --image "$work/oci:img" "$work/bundle" >/dev/null
-  cp -a "$rootfs/." "$work/bundle/rootfs/"
-  umoci repack --image "$work/oci:img" "$work/bundle"
-  umoci config --image "$work/oci:img" "$@"
-  rm -f "$out.tmp"
-  # --insecure-policy: no /etc/containers/policy.json needed; nothing is pulled.
-  skopeo --insecure-policy copy --quiet "oci:$work/oci:img" "docker-archive:$out.tmp:$ref"
-  mv "$out.tmp" "$out"
-  rm -rf "$work"
-}
-
-build_images() {
-  local cache=$1 src="$repo/hack/realnode/pause.c" busybox tmp
-  mkdir -p "$cache"
-  if [ ! -s "$cache/pause.tar" ] || [ "$src" -nt "$cache/pause.tar" ]; then
-    say "building $pause_ref"
-    tmp=$(mktemp -d)
-    mkdir "$tmp/rootfs"
-    gcc -Os -static -o "$tmp/rootfs/pause" "$src"
-    strip "$tmp/rootfs/pause" 2>/dev/null || true
-    pack_image "$tmp/rootfs" "$pause_ref" "$cache/pause.tar" \
-      --config.entrypoint /pause --config.user 65535:65535
-    rm -rf "$tmp"
-  fi
-  busybox=$(command -v busybox 2>/dev/null || echo /bin/busybox)
-  if [ ! -s "$cache/busybox.tar" ] || [ "$busybox" -nt "$cache/busybox.tar" ]; then
-    say "building $busybox_ref from $busybox"
-    if ldd "$busybox" >/dev/null 2>&1; then
-      die "$busybox is dynamically linked: install busybox-static"
-    fi
-    tmp=$(mktemp -d)
-    local r="$tmp/rootfs"
-    mkdir -p "$r"/{bin,sbin,usr/bin,usr/sbin,etc,proc,sys,dev,root,var,tmp}
-    chmod 1777 "$r/tmp"
-    cp "$busybox" "$r/bin/busybox"
-    # Every applet (sh, echo, cat, sleep, sha256sum, dd, ls, mkdir, ...) as a symlink, as
-    # `busybox --install -s` makes them (which would need a chroot, so root).
-    local applet
-    for applet in $("$busybox" --list); do
-      [ "$applet" = busybox ] || ln -s busybox "$r/bin/$applet"
-    done
-    printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$r/etc/passwd"
-    printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
-    pack_image "$r" "$busybox_ref" "$cache/busybox.tar" \
-      --config.cmd sh --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-    rm -rf "$tmp"
-  fi
-  build_fio_image "$cache" "$busybox"
-}
-
-# fio, the data checker of the storage tests (a program no crdipc code implements), as an
-# image: the host's fio and the shared libraries it links (ldd), busybox for the shell.
-build_fio_image() {
-  local cache=$1 busybox=$2 fio tmp r lib
-  fio=$(command -v fio) || die "fio is not installed"
-  if [ -s "$cache/fio.tar" ] && [ ! "$fio" -nt "$cache/fio.tar" ] && [ ! "${BASH_SOURCE[0]}" -nt "$cache/fio.tar" ]; then
-    return
-  fi
-  say "building $fio_ref from $fio"
-  tmp=$(mktemp -d)
-  r="$tmp/rootfs"
-  mkdir -p "$r"/{bin,usr/bin,etc,proc,sys,dev,tmp}
-  chmod 1777 "$r/tmp"
-  cp "$busybox" "$r/bin/busybox"
-  local applet
-  for applet in sh cat echo sha256sum sync ls mkdir dd sleep cmp; do
-    ln -s busybox "$r/bin/$applet"
-  done
-  cp "$fio" "$r/usr/bin/fio"
-  # The loader and every library, at the paths ldd resolved them to.
-  for lib in $(ldd "$fio" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
-    mkdir -p "$r$(dirname "$lib")"
-    cp -L "$lib" "$r$lib"
-  done
-  printf 'root:x:0:0:root:/root:/bin/sh\n' >"$r/etc/passwd"
-  printf 'root:x:0:\n' >"$r/etc/group"
-  pack_image "$r" "$fio_ref" "$cache/fio.tar" \
-    --config.cmd fio --config.env PATH=/usr/bin:/bin
-  rm -rf "$tmp"
-}
-
 cmd_deps() {
   [ $# -eq 0 ] || usage
   install_packages
@@ -269,20 +134,15 @@ cmd_deps() {
   ver=$(k8s_version)
   cache=$(cache_dir)
   build_binaries "$cache" "$ver"
-  build_images "$cache"
   echo "KUBELET=$cache/kubelet"
   echo "KUBE_PROXY=$cache/kube-proxy"
-  echo "PAUSE_TAR=$cache/pause.tar"
-  echo "BUSYBOX_TAR=$cache/busybox.tar"
-  echo "FIO_TAR=$cache/fio.tar"
+  build_images "$cache"
 }
 
 # --- state in DIR ----------------------------------------------------------------------------
-
 # DIR's state: state/marker says the directory is ours (down removes only such a DIR);
 # state/* the records down undoes from; pids/NAME holds "PID EXE" of each daemon.
-dir=""
-state=""
+dir="" state=""
 
 set_dir() {
   [ -n "$1" ] || die "--dir is required"
@@ -300,7 +160,6 @@ set_dir() {
 }
 
 record() { echo "$2" >>"$state/$1"; }
-
 read_state() { if [ -f "$state/$1" ]; then cat "$state/$1"; fi; }
 
 # The command prefix that runs a program in the node's namespaces (set by enter_node).
@@ -408,47 +267,60 @@ kubectl_() {
   fi
 }
 
-# --- network ---------------------------------------------------------------------------------
+# --- the address plan ----------------------------------------------------------------------
+# The address flags of network (and join: the node's two more), as variables of their names.
+readonly plan_vars=(bridge host_address cluster_cidr service_cidr node_address pod_cidr)
+bridge="" host_address="" cluster_cidr="" service_cidr="" node_address="" pod_cidr=""
 
-hrecord() { echo "$2" >>"$host_state/$1"; }
-hrecorded() { [ -f "$host_state/$1" ] && grep -qxF -- "$2" "$host_state/$1"; }
-
-# What the last down restores: kernel settings and fixed paths as they were before the first
-# node. Taken once, when network first runs.
-record_host() {
-  local k f
-  mkdir -p "$host_state/nodes"
-  [ -e "$host_state/recorded" ] && return 0
-  for k in "${sysctls[@]}"; do
-    f=/proc/sys/${k//.//}
-    [ -r "$f" ] && hrecord sysctl "$k=$(<"$f")"
-  done
-  for f in "${host_paths[@]}"; do
-    [ -e "$f" ] && hrecord paths.before "$f"
-  done
-  for f in "${host_dirs[@]}"; do
-    # Each node binds its own directory here, in its own mount namespace: on the host the
-    # directory must be free (another kubelet or crdipc install would be hidden from ours).
-    if mountpoint -q "$f"; then
-      die "network: $f is a mount point (another kubelet or crdipc?); unmount it or run on a clean machine"
-    elif [ -e "$f" ]; then
-      [ -d "$f" ] && [ -z "$(ls -A "$f")" ] ||
-        die "network: $f exists and is not an empty directory (another kubelet or crdipc install?); move it away first"
-      hrecord dirs "$f existed"
-    else
-      mkdir -p "$f"
-      hrecord dirs "$f created"
-    fi
-  done
-  losetup -n -l -O NAME,BACK-MAJ:MIN,BACK-INO 2>/dev/null | awk '{print $1, $2, $3}' >"$host_state/loops.before" || true
-  touch "$host_state/recorded"
+# plan_flag FLAG VALUE [default] sets FLAG's variable (a default only if unset); fails if
+# FLAG is none of the plan's.
+plan_flag() {
+  local v=${1#--}
+  v=${v//-/_}
+  [[ " ${plan_vars[*]} " == *" $v "* ]] || return 1
+  [ -z "${3:-}" ] || [ -z "${!v}" ] || return 0
+  printf -v "$v" %s "$2"
 }
 
+nodeconfig() { (cd "$repo" && go run ./hack/realnode/nodeconfig "$@"); }
+
+# Fills the flags not given from realnodeplan (plan_defaults [--index N]) and checks them.
+plan_defaults() {
+  local v flags used=("${plan_vars[@]:0:$(($# ? 6 : 4))}")
+  for v in "${used[@]}"; do
+    [ -n "${!v}" ] && continue
+    command -v go >/dev/null 2>&1 || die "go is not in PATH (the address plan's defaults)"
+    flags=$(nodeconfig plan "$@") || die "go run ./hack/realnode/nodeconfig plan $* failed"
+    # shellcheck disable=SC2086 # flags, space-separated
+    set -- $flags
+    while [ $# -ge 2 ]; do
+      plan_flag "$1" "$2" default || die "nodeconfig plan printed an unknown flag $1"
+      shift 2
+    done
+    break
+  done
+  [[ $bridge =~ ^[A-Za-z0-9_.-]{1,15}$ ]] || die "--bridge '$bridge': not an interface name"
+  for v in "${used[@]:1}"; do
+    [[ ${!v} =~ ^[0-9]+(\.[0-9]+){3}/[0-9]+$ ]] || die "--${v//_/-} '${!v}': not an IPv4 address/length"
+  done
+  host_ip=${host_address%/*}
+  node_ip=${node_address%/*}
+}
+
+# --- network ---------------------------------------------------------------------------------
 cmd_network() {
-  [ $# -eq 0 ] || usage
+  while [ $# -gt 0 ]; do
+    [ $# -ge 2 ] && plan_flag "$1" "$2" || usage
+    shift 2
+  done
   need_root network
-  local other
+  plan_defaults
+  local other plan="$bridge $host_address $cluster_cidr $service_cidr"
+  if [ -s "$host_state/plan" ] && [ "$(<"$host_state/plan")" != "$plan" ]; then
+    die "network: set up already as $(<"$host_state/plan") (bridge, host, cluster, Services), not $plan: down every node first"
+  fi
   record_host
+  echo "$plan" >"$host_state/plan"
   if ip link show "$bridge" >/dev/null 2>&1; then
     ip -d link show "$bridge" | grep -qw bridge || die "$bridge exists and is not a bridge"
   else
@@ -457,17 +329,24 @@ cmd_network() {
     [ -z "$other" ] || die "$cluster_cidr is already used by $other; remove it first"
     ip link add "$bridge" type bridge
   fi
-  if ! ip -4 -o addr show dev "$bridge" | grep -q " $host_ip/24 "; then
-    ip addr add "$host_ip/24" dev "$bridge"
+  if ! ip -4 -o addr show dev "$bridge" | grep -q " $host_address "; then
+    ip addr add "$host_address" dev "$bridge"
   fi
   ip link set "$bridge" up
   # Nodes reach each other's pods through the host (their default route): it forwards
   # between them on crdipc0, and only there (no masquerading, no route out).
   echo 1 >/proc/sys/net/ipv4/ip_forward
-  say "bridge $bridge: $host_ip/24"
+  say "bridge $bridge: $host_address"
 }
 
-# The joined nodes' names (their registrations under $host_state/nodes).
+# The network's addresses, as network recorded them (down and kill take no address flags).
+load_plan() {
+  if [ -s "$host_state/plan" ]; then
+    read -r bridge host_address cluster_cidr service_cidr <"$host_state/plan"
+  fi
+}
+
+# The joined nodes' names (their registrations under $host_state/nodes: DIR, index, IP).
 joined_nodes() {
   local f
   for f in "$host_state"/nodes/*; do
@@ -476,58 +355,7 @@ joined_nodes() {
   true
 }
 
-# Undoes network once no node is left: the bridge, the kernel settings, the fixed paths and
-# host directories that did not exist before.
-teardown_network() {
-  [ -z "$(joined_nodes)" ] || return 0
-  local l kv k v f p t how
-  if ip link show "$bridge" >/dev/null 2>&1; then
-    for l in $(ip -o link show master "$bridge" | awk -F': ' '{print $2}' | cut -d@ -f1); do
-      ip link delete "$l" 2>/dev/null || true
-    done
-    ip link delete "$bridge"
-    say "deleted bridge $bridge"
-  fi
-  [ -d "$host_state" ] || return 0
-  if [ -f "$host_state/sysctl" ]; then
-    while IFS= read -r kv; do
-      k=${kv%%=*} v=${kv#*=}
-      f=/proc/sys/${k//.//}
-      [ -w "$f" ] && [ "$(<"$f")" != "$v" ] || continue
-      if echo "$v" >"$f" 2>/dev/null; then say "sysctl $k=$v (restored)"; else warn "could not restore $k=$v"; fi
-    done <"$host_state/sysctl"
-  fi
-  for p in "${host_paths[@]}"; do
-    [ -e "$p" ] || continue
-    hrecorded paths.before "$p" && continue
-    # ip netns add makes /run/netns a mount of its own.
-    [ "$p" != /run/netns ] || umount /run/netns 2>/dev/null || true
-    [ -z "$(mounts_under "$p")" ] || { warn "$p has mounts: left"; continue; }
-    rm -rf --one-file-system "$p" && say "removed $p"
-  done
-  if [ -f "$host_state/dirs" ]; then
-    while read -r t how; do
-      [ "$how" = created ] && rmdir "$t" 2>/dev/null
-    done <"$host_state/dirs"
-  fi
-  rm -rf "$host_state"
-  true
-}
-
 # --- a node's namespaces ---------------------------------------------------------------------
-
-# Node N's address on crdipc0.
-node_address() { echo "10.88.0.$((10 + $1))"; }
-
-# Node N's addresses and names.
-node_vars() {
-  local idx=$1
-  node_ip=$(node_address "$idx")
-  pod_cidr=10.88.$idx.0/24
-  pod_gw=10.88.$idx.1
-  veth=crn$idx
-}
-
 # Sets in_node for node NAME whose namespace holder runs (DIR/pids/ns): nsenter into its
 # network and mount namespaces.
 enter_node() {
@@ -536,7 +364,7 @@ enter_node() {
   in_node=(nsenter --target "$pid" --mount --net --)
 }
 
-# The network namespace: eth0 on crdipc0 with the node's address, a default route through
+# The network namespace: eth0 on the bridge with the node's address, a default route through
 # the host, a route on the host to the node's pods (and, if none yet, to the Service range:
 # the host's own requests to Services go through the first node's kube-proxy).
 setup_netns() {
@@ -546,15 +374,15 @@ setup_netns() {
   ip link add "$veth" type veth peer name eth0 netns "$netns"
   record veth "$veth"
   ip link set "$veth" master "$bridge" up
-  ip -n "$netns" addr add "$node_ip/24" dev eth0
+  ip -n "$netns" addr add "$node_address" dev eth0
   ip -n "$netns" link set lo up
   ip -n "$netns" link set eth0 up
   ip -n "$netns" route add default via "$host_ip"
   ip route replace "$pod_cidr" via "$node_ip"
   record routes "$pod_cidr via $node_ip"
-  if ! ip route show "$service_route" | grep -q .; then
-    ip route add "$service_route" via "$node_ip"
-    record routes "$service_route via $node_ip"
+  if ! ip route show "$service_cidr" | grep -q .; then
+    ip route add "$service_cidr" via "$node_ip"
+    record routes "$service_cidr via $node_ip"
   fi
 }
 
@@ -635,165 +463,6 @@ kill_node_processes() {
 }
 
 # --- join ------------------------------------------------------------------------------------
-
-write_containerd_config() {
-  cat >"$dir/containerd.toml" <<EOC
-# Written by hack/realnode.sh: a containerd of its own, everything under $dir.
-version = 2
-root = "$dir/containerd/root"
-state = "$dir/containerd/state"
-oom_score = 0
-
-[grpc]
-  address = "$dir/containerd.sock"
-
-[ttrpc]
-  address = "$dir/containerd.sock.ttrpc"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$dir/containerd/opt"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$pause_ref"
-  # Clamp containers' oom_score_adj to containerd's own: pause asks -998, which root without
-  # CAP_SYS_RESOURCE (some CI VMs) may not set, and runc then fails every sandbox.
-  restrict_oom_score_adj = true
-  # Network namespaces under state, not /run/netns.
-  netns_mounts_under_state_dir = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-        Root = "$dir/runc"
-
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "$cni_bin"
-    conf_dir = "$dir/cni/net.d"
-    max_conf_num = 1
-EOC
-}
-
-write_cni_config() {
-  mkdir -p "$dir/cni/net.d" "$dir/cni/ipam"
-  # The node's pods on its own bridge (in its namespace), the node their gateway; routes to
-  # the cluster's pods (other nodes' through the host) and Services only, no masquerading.
-  cat >"$dir/cni/net.d/10-crdipc.conflist" <<EOC
-{
-  "cniVersion": "1.0.0",
-  "name": "crdipc",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "cni0",
-      "isGateway": true,
-      "isDefaultGateway": false,
-      "ipMasq": false,
-      "hairpinMode": true,
-      "ipam": {
-        "type": "host-local",
-        "dataDir": "$dir/cni/ipam",
-        "ranges": [[{"subnet": "$pod_cidr", "gateway": "$pod_gw"}]],
-        "routes": [{"dst": "$cluster_cidr"}, {"dst": "$service_route"}]
-      }
-    },
-    {"type": "portmap", "capabilities": {"portMappings": true}}
-  ]
-}
-EOC
-}
-
-write_kubelet_config() {
-  local ca=$1
-  cat >"$dir/kubelet.yaml" <<EOC
-# Written by hack/realnode.sh.
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-# The API server reaches the kubelet on the node's InternalIP.
-address: $node_ip
-readOnlyPort: 0
-healthzPort: 0
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: true
-  x509:
-    clientCAFile: $ca
-authorization:
-  mode: Webhook
-containerRuntimeEndpoint: unix://$dir/containerd.sock
-# Pods under a cgroup of this node's own: other kubelets run on this machine.
-cgroupRoot: /$cgroup_name
-# cgroup v1 hosts (CI VMs) are refused otherwise; containerd 1.6 cannot tell the kubelet its
-# driver (no RuntimeConfig RPC), so both say cgroupfs.
-failCgroupV1: false
-cgroupDriver: cgroupfs
-# Root may lack CAP_SYS_RESOURCE: the default -999 fails (non-fatal, but noisy).
-oomScoreAdj: 0
-podLogsDir: $dir/pod-logs
-volumePluginDir: $dir/volume-plugins
-resolvConf: /etc/resolv.conf
-clusterDomain: cluster.local
-failSwapOn: false
-protectKernelDefaults: false
-# A test machine's disk may be fuller than a production node's: evict only when nearly full.
-mergeDefaultEvictionSettings: false
-evictionHard:
-  memory.available: 100Mi
-  nodefs.available: 1%
-  nodefs.inodesFree: 1%
-  imagefs.available: 1%
-  imagefs.inodesFree: 1%
-# Imported images cannot be pulled again: never collect them.
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-serializeImagePulls: false
-rotateCertificates: false
-serverTLSBootstrap: false
-EOC
-}
-
-write_proxy_config() {
-  local kubeconfig=$1 name=$2
-  cat >"$dir/kube-proxy.yaml" <<EOC
-# Written by hack/realnode.sh.
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection:
-  kubeconfig: $kubeconfig
-hostnameOverride: $name
-bindAddress: $node_ip
-# The node's own loopback (its own network namespace).
-healthzBindAddress: 127.0.0.1:10256
-metricsBindAddress: 127.0.0.1:10249
-mode: iptables
-clusterCIDR: $cluster_cidr
-# Traffic from this node's pods is local; the rest (other nodes, the host) is masqueraded
-# when a Service sends it on to another node, so that replies come back the same way.
-detectLocalMode: BridgeInterface
-detectLocal:
-  bridgeInterface: cni0
-nodePortAddresses: ["$node_ip/32"]
-iptables:
-  localhostNodePorts: false
-oomScoreAdj: 0
-# 0: leave conntrack's table size and timeouts as they are.
-conntrack:
-  maxPerCore: 0
-  min: 0
-  tcpEstablishedTimeout: 0s
-  tcpCloseWaitTimeout: 0s
-EOC
-}
-
 cmd_join() {
   local name="" idx="" kubeconfig="" proxy_kubeconfig="" ca="" timeout=120 images=()
   while [ $# -gt 0 ]; do
@@ -806,7 +475,7 @@ cmd_join() {
     --ca) ca=${2:-} ;;
     --image) images+=("${2:-}") ;;
     --timeout) timeout=${2:-} ;;
-    *) usage ;;
+    *) plan_flag "$1" "${2:-}" || usage ;;
     esac
     [ $# -ge 2 ] || usage
     shift 2
@@ -818,14 +487,13 @@ cmd_join() {
   [[ $idx =~ ^[0-9]+$ ]] && [ "$idx" -ge 1 ] && [ "$idx" -le 200 ] || die "join: --index takes 1-200"
   [[ $timeout =~ ^[0-9]+$ ]] || die "join: --timeout takes seconds"
   need_root join
+  plan_defaults --index "$idx"
   local f
   for f in kubeconfig proxy_kubeconfig ca; do
     [ -n "${!f}" ] || die "join: --${f//_/-} is required"
     [ -r "${!f}" ] || die "join: --${f//_/-} ${!f}: not readable"
+    printf -v "$f" %s "$(realpath "${!f}")"
   done
-  kubeconfig=$(realpath "$kubeconfig")
-  proxy_kubeconfig=$(realpath "$proxy_kubeconfig")
-  ca=$(realpath "$ca")
   # Unix socket paths hold at most 107 bytes: DIR/containerd.sock.ttrpc and the kubelet's.
   [ ${#dir} -le 40 ] || die "join: --dir $dir is too long (socket paths); use a short one such as /tmp/crn1"
   for f in containerd ctr runc kubectl iptables ip mount nsenter unshare; do
@@ -840,21 +508,17 @@ cmd_join() {
   cache=$(cache_dir)
   kubelet=$cache/kubelet
   kube_proxy=$cache/kube-proxy
-  for f in "$kubelet" "$kube_proxy" "$cache/pause.tar" "$cache/busybox.tar" "$cache/fio.tar"; do
+  images=("$cache/pause.tar" "$cache/busybox.tar" "$cache/fio.tar" "$cache/$btcd_tar" "${images[@]}")
+  for f in "$kubelet" "$kube_proxy" "${images[@]:0:4}"; do
     [ -e "$f" ] || die "join: $f is missing: run hack/realnode.sh deps first"
   done
-  images=("$cache/pause.tar" "$cache/busybox.tar" "$cache/fio.tar" "${images[@]}")
   for f in "${images[@]}"; do
     [ -r "$f" ] || die "join: image $f: not readable"
   done
-
-  if [ -e "$state/marker" ]; then
+  [ ! -e "$state/marker" ] ||
     die "join: $dir holds a node already (joined, or a join that failed): run hack/realnode.sh down --dir $dir first"
-  fi
-  if [ -e "$dir" ] && [ -n "$(ls -A "$dir")" ]; then
-    die "join: $dir exists and is not empty; pick a fresh directory"
-  fi
-  node_vars "$idx"
+  [ ! -e "$dir" ] || [ -z "$(ls -A "$dir")" ] || die "join: $dir exists and is not empty; pick a fresh directory"
+  veth=crn$idx
   local netns=crdipc-$name other
   cgroup_name=crdipc-$name
   [ ! -e "$host_state/nodes/$name" ] || die "join: node $name is joined already (in $(<"$host_state/nodes/$name"))"
@@ -864,10 +528,8 @@ cmd_join() {
   done
   [ ! -e "/run/netns/$netns" ] || die "join: network namespace $netns exists (a node not cleaned up?): ip netns delete $netns"
   ! ip link show "$veth" >/dev/null 2>&1 || die "join: link $veth exists (a node not cleaned up?)"
-  local start
+  local start t0=$SECONDS
   start=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-  local t0=$SECONDS
-
   mkdir -p "$state" "$dir/pids" "$dir/logs"
   echo "hack/realnode.sh" >"$state/marker"
   # From here on a failed join leaves things running or changed, for its logs to be read.
@@ -875,19 +537,22 @@ cmd_join() {
   echo "$name" >"$state/node"
   echo "$idx" >"$state/index"
   echo "$kubeconfig" >"$state/kubeconfig"
-  cmd_network
-  printf '%s\n%s\n' "$dir" "$idx" >"$host_state/nodes/$name"
-
+  mkdir -p "$dir/pod-logs" "$dir/volume-plugins"
+  nodeconfig write --dir "$dir" --node "$name" --ca "$ca" --proxy-kubeconfig "$proxy_kubeconfig" \
+    --cni-bin "$cni_bin" --pause-image "$pause_ref" --cgroup-root "/$cgroup_name" \
+    --node-address "$node_address" --pod-cidr "$pod_cidr" --cluster-cidr "$cluster_cidr" \
+    --service-cidr "$service_cidr" || die "join: writing the node's configuration failed"
+  cmd_network --bridge "$bridge" --host-address "$host_address" --cluster-cidr "$cluster_cidr" \
+    --service-cidr "$service_cidr"
+  printf '%s\n%s\n%s\n' "$dir" "$idx" "$node_ip" >"$host_state/nodes/$name"
   say "node $name: $node_ip, pods $pod_cidr (network namespace $netns)"
   setup_netns "$netns"
   setup_cgroups
   start_ns_holder "$netns"
   enter_node
 
-  # Before containerd: its CRI plugin loads the network config at start.
-  write_cni_config
+  # The CNI config is written before containerd starts: its CRI plugin loads it at start.
   say "starting containerd"
-  write_containerd_config
   start_daemon containerd "$(command -v containerd)" --config "$dir/containerd.toml"
   local i
   for ((i = 0; i < 300; i++)); do
@@ -896,14 +561,10 @@ cmd_join() {
     sleep 0.1
   done
   ctr_ version >/dev/null 2>&1 || { tail_logs containerd; die "join: containerd did not answer on $dir/containerd.sock in 30s"; }
-
   for f in "${images[@]}"; do
     say "importing $f"
     ctr_ -n k8s.io images import "$f" >/dev/null || die "join: could not import $f (a docker-archive or OCI tar?)"
   done
-
-  mkdir -p "$dir/pod-logs" "$dir/volume-plugins"
-  write_kubelet_config "$ca"
   say "starting the kubelet (node $name)"
   start_daemon kubelet "$kubelet" --config "$dir/kubelet.yaml" --kubeconfig "$kubeconfig" \
     --root-dir /var/lib/kubelet --node-ip "$node_ip" --hostname-override "$name"
@@ -915,9 +576,7 @@ cmd_join() {
     daemon_alive kubelet || { tail_logs containerd kubelet; die "join: the kubelet exited"; }
     ready=$(kubectl_ get node "$name" \
       -o jsonpath='{range .status.conditions[?(@.type=="Ready")]}{.status} {.lastHeartbeatTime}{end}' 2>/dev/null || true)
-    if [ "${ready%% *}" = True ] && [[ ! ${ready#* } < $start ]]; then
-      break
-    fi
+    [ "${ready%% *}" = True ] && [[ ! ${ready#* } < $start ]] && break
     ready=""
     sleep 1
   done
@@ -925,7 +584,6 @@ cmd_join() {
 
   # After the Node exists: kube-proxy waits for it otherwise.
   say "starting kube-proxy"
-  write_proxy_config "$proxy_kubeconfig" "$name"
   start_daemon kube-proxy "$kube_proxy" --config "$dir/kube-proxy.yaml"
   while ! "${in_node[@]}" iptables -t nat -S KUBE-SERVICES >/dev/null 2>&1; do
     daemon_alive kube-proxy || { tail_logs kube-proxy; die "join: kube-proxy exited"; }
@@ -936,7 +594,6 @@ cmd_join() {
 }
 
 # --- kill ------------------------------------------------------------------------------------
-
 # Parses the only flag of kill and down: --dir DIR.
 dir_flag() {
   local cmd=$1
@@ -958,7 +615,7 @@ cmd_kill() {
   [ -e "$state/marker" ] || die "kill: $dir holds no node"
   local name
   name=$(read_state node)
-  node_vars "$(read_state index)"
+  veth=crn$(read_state index)
   # The link first: from now on nothing of the node answers or sends, as with a machine
   # whose power is cut; then its processes, all at once.
   ip link set "$veth" down 2>/dev/null || true
@@ -968,145 +625,6 @@ cmd_kill() {
 }
 
 # --- down ------------------------------------------------------------------------------------
-
-# Deletes the Node (so DaemonSets stop placing pods on it) and its pods while the kubelet
-# still runs: it then stops their containers, runs CNI DEL and unmounts their volumes.
-delete_from_api() {
-  local name=$1 i left
-  kubectl_ get --raw /readyz >/dev/null 2>&1 || { warn "API not reachable: pods and node $name left in it"; return 0; }
-  say "deleting node $name and its pods"
-  kubectl_ delete node "$name" --ignore-not-found --wait=false >/dev/null 2>&1 ||
-    warn "could not delete node $name (a node's own credentials may not: set KUBECONFIG to an admin's)"
-  if daemon_alive kubelet; then
-    # A short grace period: this is a teardown, and a pod whose PID 1 ignores SIGTERM
-    # (sh -c "...; sleep") would hold it up for the default 30 s.
-    kubectl_ delete pods -A --field-selector "spec.nodeName=$name" --grace-period=3 \
-      --wait=false >/dev/null 2>&1 || true
-    for ((i = 0; i < 60; i++)); do
-      left=$(kubectl_ get pods -A --field-selector "spec.nodeName=$name" -o name 2>/dev/null | wc -l) || break
-      [ "$left" -eq 0 ] && break
-      sleep 1
-    done
-  fi
-  # Whatever is left (no kubelet, or it took too long): only from the API.
-  kubectl_ delete pods -A --field-selector "spec.nodeName=$name" --grace-period=0 --force \
-    >/dev/null 2>&1 || true
-}
-
-# Kills and deletes every task and container of our containerd (the kubelet is gone).
-remove_containers() {
-  local ns t c
-  ctr_ version >/dev/null 2>&1 || return 0
-  say "removing containerd's leftover tasks and containers"
-  for ns in $(ctr_ namespaces ls -q 2>/dev/null); do
-    for t in $(ctr_ -n "$ns" tasks ls -q 2>/dev/null); do
-      ctr_ -n "$ns" tasks kill -a -s SIGKILL "$t" >/dev/null 2>&1 || true
-    done
-    for t in $(ctr_ -n "$ns" tasks ls -q 2>/dev/null); do
-      ctr_ -n "$ns" tasks delete -f "$t" >/dev/null 2>&1 || true
-    done
-    for c in $(ctr_ -n "$ns" containers ls -q 2>/dev/null); do
-      ctr_ -n "$ns" containers delete "$c" >/dev/null 2>&1 || true
-    done
-  done
-}
-
-# Shims outlive containerd when their tasks could not be deleted: they name our socket.
-kill_shims() {
-  local pid
-  for pid in $(pgrep -f -- "-address $dir/containerd.sock( |$)" || true); do
-    say "killing shim $pid"
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-}
-
-# The node's cgroups, deepest first (kill_node_processes has emptied them).
-remove_cgroups() {
-  local cg
-  while read -r cg; do
-    [ -d "$cg" ] || continue
-    find "$cg" -depth -type d -exec rmdir {} \; 2>/dev/null || true
-    [ ! -d "$cg" ] || warn "could not remove $cg"
-  done < <(read_state cgroups)
-  true
-}
-
-# The network namespace (and with it the node's iptables, its pods' bridge and its kernel
-# network settings), its link and the host's routes to it.
-remove_netns() {
-  local n r
-  while read -r r; do
-    # shellcheck disable=SC2086 # "CIDR via IP"
-    ip route del $r 2>/dev/null || true
-  done < <(read_state routes)
-  while read -r n; do
-    ip link delete "$n" 2>/dev/null || true
-  done < <(read_state veth)
-  while read -r n; do
-    [ -e "/run/netns/$n" ] && ip netns delete "$n"
-  done < <(read_state netns)
-  true
-}
-
-# The host's route to the Service range went through this node: through another node now.
-repoint_service_route() {
-  local other odir via
-  ip route show "$service_route" | grep -q . && return 0
-  for other in $(joined_nodes); do
-    odir=$(sed -n 1p "$host_state/nodes/$other")
-    [ -e "$odir/pids/kube-proxy" ] || continue
-    via=$(node_address "$(sed -n 2p "$host_state/nodes/$other")")
-    ip route add "$service_route" via "$via" && echo "$service_route via $via" >>"$odir/state/routes"
-    return 0
-  done
-}
-
-# Detaches loop devices (pods' block volumes: the CSI driver's) backed by our files:
-#  - a file under DIR on DIR's own filesystem;
-#  - a file on a filesystem mounted under PREFIXES (a FUSE target, a tmpfs).
-# A device backed by a file only a gone pod's mount namespace had (the CSI driver's FUSE
-# target, when the driver was killed before it unstaged) cannot be told apart from another
-# program's on this machine (the CSI tests run beside this one): it is left, and down says
-# so. The normal path never leaves one: down deletes the pods first, the kubelet unstages.
-# Matched by device and inode, not by path: losetup shows the path in the mount namespace of
-# whoever attached it, a pod's, meaningless once the pod is gone.
-detach_loops() {
-  local own devs host_devs sources dev majmin ino file
-  own=$(findmnt -n -o MAJ:MIN -T "$dir" | tr -d "[:space:]") # padded
-  devs=" $(mounts_under -v dev=1 "$@" | sort -u | tr '\n' ' ') "
-  host_devs=" $(awk '{print $3}' /proc/self/mountinfo | sort -u | tr '\n' ' ') "
-  sources=" $(awk '{for (i = 7; $i != "-"; i++); print $(i + 2)}' /proc/self/mountinfo | sort -u | tr '\n' ' ') "
-  while read -r dev majmin ino file; do
-    if { [ "$majmin" = "$own" ] && [ -n "$(find "$dir" -xdev -inum "$ino" -print -quit 2>/dev/null)" ]; } ||
-      { [ "$majmin" != "$own" ] && [[ $devs == *" $majmin "* ]]; }; then
-      losetup -d "$dev" 2>/dev/null && say "detached $dev ($file)"
-    elif ! hrecorded loops.before "$dev $majmin $ino" && [[ $host_devs != *" $majmin "* && $sources != *" $dev "* ]]; then
-      warn "left $dev ($file): attached since join, its file on no mount of this host; detach it if it was this node's"
-    fi
-  done < <(losetup -n -l -O NAME,BACK-MAJ:MIN,BACK-INO,BACK-FILE 2>/dev/null || true)
-  true
-}
-
-# Unmounts, deepest and latest first, what the host sees mounted under DIR (the node's own
-# mounts were in its mount namespace, gone with its last process), and detaches the loop
-# devices backed by DIR's files.
-unmount_all() {
-  local m pass
-  for pass in 1 2 3; do
-    while read -r m; do
-      [ -n "$m" ] || continue
-      if [ $pass -lt 3 ]; then
-        umount "$m" 2>/dev/null || true
-      else
-        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || warn "could not unmount $m"
-      fi
-    done < <(mounts_under "$dir" | tac)
-    detach_loops "$dir"
-    [ -z "$(mounts_under "$dir")" ] && break
-  done
-  true
-}
-
 cmd_down() {
   dir_flag down "$@"
   if [ ! -e "$state/marker" ]; then
@@ -1118,11 +636,8 @@ cmd_down() {
     say "nothing joined in $dir"
     return 0
   fi
-  local t0=$SECONDS name idx
+  local t0=$SECONDS name
   name=$(read_state node)
-  idx=$(read_state index)
-  [ -n "$idx" ] && node_vars "$idx"
-  cgroup_name=crdipc-$name
 
   [ -z "$name" ] || delete_from_api "$name"
   stop_daemon kube-proxy
@@ -1148,7 +663,6 @@ cmd_down() {
 }
 
 # ---------------------------------------------------------------------------------------------
-
 [ $# -ge 1 ] || usage
 sub=$1
 shift

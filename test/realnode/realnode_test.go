@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/crdipc/crdipc/internal/testenv/realnodeplan"
 	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
@@ -32,24 +33,26 @@ const (
 	requireEnv = "CRDIPC_REQUIRE_REAL_NODE"
 	// advertise is the bridge address the harness gives the host, where the API server
 	// also serves for the nodes and their pods.
-	advertise = "10.88.0.1"
+	advertise = realnodeplan.HostIP
 	// node is the first real node, where the single-node flows run.
 	node = "real-1"
 )
 
-// realNode is one node hack/realnode.sh joins: real-N has index N, the address
-// 10.88.0.(10+N) and its containerd, kubelet and logs in its work directory.
+// realNode is one node hack/realnode.sh joins: real-N has index N, its address and work
+// directory (containerd, kubelet, logs) from realnodeplan.
 type realNode struct {
 	name  string
 	index int
 }
 
-func nodeN(i int) realNode { return realNode{name: fmt.Sprintf("real-%d", i), index: i} }
+func nodeN(i int) realNode { return realNode{name: realnodeplan.NodeN(i).Name(), index: i} }
+
+func (n realNode) plan() realnodeplan.Node { return realnodeplan.NodeN(n.index) }
 
 // dir is the node's work directory; short, for socket paths.
-func (n realNode) dir() string { return fmt.Sprintf("/tmp/crdipc-rn%d", n.index) }
+func (n realNode) dir() string { return n.plan().Dir() }
 
-func (n realNode) ip() string { return fmt.Sprintf("10.88.0.%d", 10+n.index) }
+func (n realNode) ip() string { return n.plan().IP() }
 
 var root string // the repository
 
@@ -199,7 +202,7 @@ func TestRealNode(t *testing.T) {
 	for i := 1; i <= 4; i++ {
 		run(t, 3*time.Minute, nil, "hack/realnode.sh", "down", "--dir", nodeN(i).dir())
 	}
-	run(t, time.Minute, nil, "hack/realnode.sh", "network")
+	run(t, time.Minute, nil, "hack/realnode.sh", append([]string{"network"}, realnodeplan.NetworkFlags()...)...)
 	// The bridge, if up does not start (a down of a directory holding no node).
 	t.Cleanup(func() { c.down(t, nodeN(1)) })
 
@@ -272,10 +275,9 @@ func (c *cluster) join(t *testing.T, n realNode) {
 	kubeconfig := filepath.Join(c.creds, n.name+".kubeconfig")
 	run(t, time.Minute, c.env(), c.binary, "kubeconfig", "--node", n.name, "--server", c.server(t), "-o", kubeconfig)
 	c.joined = append(c.joined, n)
-	run(t, 5*time.Minute, c.env(), "hack/realnode.sh", "join", "--dir", n.dir(), "--node", n.name,
-		"--index", fmt.Sprint(n.index), "--kubeconfig", kubeconfig,
-		"--proxy-kubeconfig", filepath.Join(c.creds, "proxy.kubeconfig"),
-		"--ca", filepath.Join(c.dataDir, "pki", "ca.crt"), "--image", c.image)
+	run(t, 5*time.Minute, c.env(), "hack/realnode.sh", append(append([]string{"join"}, n.plan().JoinFlags()...),
+		"--kubeconfig", kubeconfig, "--proxy-kubeconfig", filepath.Join(c.creds, "proxy.kubeconfig"),
+		"--ca", filepath.Join(c.dataDir, "pki", "ca.crt"), "--image", c.image)...)
 	c.wait(t, 2*time.Minute, "--for=condition=Ready", "node/"+n.name)
 }
 
