@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2154 # repo, die, say: hack/realnode.sh's
 # What `hack/realnode.sh deps` builds (sourced by it): kubelet and kube-proxy, and the images
 # the nodes import, each a docker-archive in the cache, rebuilt when its source is newer.
 # Nothing is pulled: pods use them with imagePullPolicy Never or IfNotPresent.
@@ -58,6 +58,7 @@ build_images() {
     image_begin
     # Every applet (sh, echo, cat, sleep, sha256sum, dd, ...) as `busybox --install -s`
     # would link it (that needs a chroot, so root).
+    # shellcheck disable=SC2046 # one applet a word
     add_busybox "$r" "$busybox" $("$busybox" --list)
     mkdir -p "$r"/{sbin,usr/bin,usr/sbin,proc,sys,dev,root,var}
     printf 'nobody:x:65534:65534:nobody:/:/bin/false\n' >>"$r/etc/passwd"
@@ -142,10 +143,11 @@ build_btcd_image() {
   stale "$out" || return 0
   say "building $btcd_ref from $btcd_module"
   image_begin
+  # shellcheck disable=SC2046 # one applet a word
   add_busybox "$r" "$busybox" $("$busybox" --list)
   mkdir -p "$r"/{usr/local/bin,root,proc,sys,dev}
   chmod 0700 "$r/root"
-  GOBIN="$r/usr/local/bin" CGO_ENABLED=0 GOFLAGS= go install -ldflags="-s -w" \
+  GOBIN="$r/usr/local/bin" CGO_ENABLED=0 GOFLAGS='' go install -ldflags="-s -w" \
     "$btcd_module" "${btcd_module%@*}/cmd/btcctl@${btcd_module#*@}"
   image_end "$btcd_ref" "$out" --config.entrypoint /usr/local/bin/btcd \
     --config.env PATH=/usr/local/bin:/bin --config.env HOME=/root --config.workingdir /root \

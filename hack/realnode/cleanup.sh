@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2154 # dir, state, host_state, ...: hack/realnode.sh's
 # What `hack/realnode.sh down` undoes, sourced by it: the node's objects in the API, its
 # containers, cgroups, network namespace, routes, mounts and loop devices, and, after the
 # last node, the host's network and what network recorded of the host before the first.
