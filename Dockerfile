@@ -5,9 +5,10 @@
 # umoci, skopeo) into bin/crdipc-image.tar: keep the two in step (packages, labels, user,
 # entrypoint). See docs/deploy.md.
 
-# Build: a static binary. The only cgo in crdipc's dependency graph is the standard library's
-# (net, os/user), which has pure-Go fallbacks, so CGO_ENABLED=0 and no libc to match at run time.
-FROM golang:1.26 AS build
+# Build: as `make build` and hack/image.sh build it (cgo on: the standard library's net and
+# os/user link glibc). The builder is Debian bookworm like the base below, so the binary needs
+# no newer glibc than the image has.
+FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod \
@@ -15,7 +16,7 @@ RUN --mount=type=cache,target=/go/pkg/mod \
 COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/crdipc ./cmd/crdipc
+    go build -ldflags="-s -w" -o /out/crdipc ./cmd/crdipc
 
 # Run: what the CSI node plugin executes on a node. mount (mount, umount, losetup),
 # util-linux (blkid, fsck), e2fsprogs (mkfs.ext4/ext3, fsck.ext4), xfsprogs (mkfs.xfs: without

@@ -58,7 +58,7 @@ build: ## Build bin/crdipc.
 VERSION := $(shell cat VERSION)
 IMAGE ?= crdipc/crdipc:$(VERSION)
 .PHONY: image
-image: ## Build the image crdipc/crdipc:<contents of VERSION> into bin/crdipc-image.tar (docker-archive; its static binary as bin/crdipc) without Docker or a registry: root, apt, umoci, skopeo (hack/image.sh; IMAGE=name:tag overrides). Load it with ctr -n k8s.io images import bin/crdipc-image.tar.
+image: ## Build the image crdipc/crdipc:<contents of VERSION> into bin/crdipc-image.tar (docker-archive; its binary, built as make build builds it, as bin/crdipc) without Docker or a registry: root, apt, umoci, skopeo (hack/image.sh; IMAGE=name:tag overrides). Load it with ctr -n k8s.io images import bin/crdipc-image.tar.
 	IMAGE="$(IMAGE)" hack/image.sh
 
 .PHONY: image-docker

@@ -2,10 +2,13 @@
 # Builds the crdipc container image without a Docker daemon or a registry (`make image`), and
 # writes it to bin/crdipc-image.tar, a docker-archive for `ctr -n k8s.io images import`,
 # `docker load` or `skopeo copy`, tagged crdipc/crdipc:<contents of VERSION> (IMAGE=name:tag
-# overrides); the static binary in it is left as bin/crdipc. CI and the development machines
+# overrides); the binary in it is left as bin/crdipc. CI and the development machines
 # have no Docker engine, so the Dockerfile (`make image-docker`) cannot be built there; this
 # script builds the same contents from the same sources:
-#  - /usr/local/bin/crdipc: the Dockerfile's static build (CGO_ENABLED=0, -trimpath, -s -w);
+#  - /usr/local/bin/crdipc: built as `make build` and `go test` build (cgo on, no -trimpath;
+#    -s -w only change the link), so a warm build cache makes it a relink instead of a second
+#    compile of everything. It links glibc dynamically: the image's libc6 is bookworm's, as
+#    the build host's must be, and the script checks that the image loads it;
 #  - Debian bookworm's mount, util-linux, e2fsprogs, xfsprogs and fuse3 with the closure of
 #    their Depends and Pre-Depends (libraries, and what apt would install with them, python3
 #    for xfsprogs included), plus base-files (/etc/os-release, the FHS directories) and dash
@@ -29,6 +32,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Files and directories created here get the usual modes, whatever the caller's umask.
 umask 022
+# shellcheck source=hack/lib/oci.sh
+. hack/lib/oci.sh
 
 log() { echo "== image [${SECONDS}s]: $*" >&2; }
 die() { echo "hack/image.sh: $*" >&2; exit 1; }
@@ -87,18 +92,18 @@ mkdir -p "$work"
 trap 'if [ -n "${gobuild:-}" ]; then kill "$gobuild" 2>/dev/null || true; fi' EXIT
 
 # The binary builds while apt works and the rootfs is assembled (the build is CPU, apt mostly
-# network). It is bin/crdipc, as `make build`'s but static: the host runs the very binary
-# the image has (test/realnode runs `up` with it). Without git, or with a checkout git
-# refuses to read (another owner's, under sudo), go build would fail on stamping the commit
-# that `crdipc version` prints: build without it then.
+# network). It is bin/crdipc, `make build`'s: the host runs the very binary the image has
+# (test/realnode runs `up` with it). Without git, or with a checkout git refuses to read
+# (another owner's, under sudo), go build would fail on stamping the commit that `crdipc
+# version` prints: build without it then.
 buildvcs=()
 if [ -e .git ] && ! git rev-parse HEAD >/dev/null 2>&1; then
   log "git cannot read this checkout: building without the commit stamp (-buildvcs=false)"
   buildvcs=(-buildvcs=false)
 fi
-log "building crdipc (CGO_ENABLED=0 GOARCH=$goarch)"
-CGO_ENABLED=0 GOOS=linux GOARCH=$goarch \
-  go build "${buildvcs[@]}" -trimpath -ldflags="-s -w" -o bin/crdipc ./cmd/crdipc 9>&- &
+[ "$(go env GOARCH)" = "$goarch" ] || die "go builds for $(go env GOARCH), the Debian packages are $arch"
+log "building crdipc (as make build, -ldflags='-s -w')"
+go build "${buildvcs[@]}" -ldflags="-s -w" -o bin/crdipc ./cmd/crdipc 9>&- &
 gobuild=$!
 
 # The private apt: APT_CONFIG is read first, and Dir::Etc::Parts pointed at an empty
@@ -160,9 +165,7 @@ if [ ${#fetch[@]} -gt 0 ]; then
 fi
 
 # The rootfs, in the bundle umoci unpacks from an empty image (repack then records it all).
-umoci init --layout "$work/oci"
-umoci new --image "$work/oci:crdipc"
-umoci unpack --image "$work/oci:crdipc" "$work/bundle" >/dev/null
+oci_new "$work"
 r=$work/bundle/rootfs
 
 # Merged /usr, as debian:bookworm-slim: /bin, /sbin, /lib, /lib64 are symlinks into /usr.
@@ -246,16 +249,32 @@ wait "$gobuild"
 gobuild=
 install -m 0755 bin/crdipc "$r/usr/local/bin/crdipc"
 
+# cgo links glibc: the image must hold the loader and every library the binary names, and a
+# glibc no older than the one it was linked against (symbol versions only go forward).
+oci_check_elf "$r" /usr/local/bin/crdipc
+chroot "$r" /usr/local/bin/crdipc version >/dev/null || die "bin/crdipc does not run in the image (chroot $r)"
+image_glibc=$(printf '%s\n' "${closure[@]}" | awk '$1 == "libc6" { split($2, v, "-"); print v[1] }')
+host_glibc=$(getconf GNU_LIBC_VERSION | awk '{print $2}')
+needs_glibc=$(readelf -V bin/crdipc | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n1)
+older() { [ "$1" != "$2" ] && [ "$(printf '%s\n' "$1" "$2" | sort -V | head -n1)" = "$1" ]; }
+if readelf -l bin/crdipc | grep -q 'program interpreter'; then
+  [ -n "$image_glibc" ] || die "the image has no libc6, and bin/crdipc links glibc"
+  ! older "$image_glibc" "${needs_glibc:-0}" ||
+    die "bin/crdipc needs glibc $needs_glibc, the image (Debian bookworm) has $image_glibc: build on Debian bookworm"
+  ! older "$image_glibc" "$host_glibc" ||
+    die "this host's glibc $host_glibc is newer than the image's $image_glibc (Debian bookworm): build on bookworm, or with make image-docker"
+  log "bin/crdipc links glibc (needs $needs_glibc; image $image_glibc, host $host_glibc): loads in the image"
+fi
+
 # Nothing newer than SOURCE_DATE_EPOCH (what this script made, the binary): the layer is
 # then the same for the same inputs.
 find "$r" -newermt "@$SOURCE_DATE_EPOCH" -print0 | xargs -0r touch -h -d "@$SOURCE_DATE_EPOCH"
 
-log "packing the layer (umoci)"
-umoci repack --image "$work/oci:crdipc" --history.created "$created" \
-  --history.created_by "hack/image.sh: Debian bookworm ${packages[*]} (with dependencies), /usr/local/bin/crdipc" \
-  "$work/bundle"
+log "writing $out ($image)"
 # The Dockerfile's USER, ENTRYPOINT, CMD and LABELs; PATH as debian:bookworm-slim sets it.
-umoci config --image "$work/oci:crdipc" --no-history --created "$created" \
+oci_write "$work" "$image" "$out" --history.created "$created" \
+  --history.created_by "hack/image.sh: Debian bookworm ${packages[*]} (with dependencies), /usr/local/bin/crdipc" \
+  -- --no-history --created "$created" \
   --os linux --architecture "$goarch" \
   --config.user 65532:65532 \
   --config.entrypoint /usr/local/bin/crdipc --config.cmd --help \
@@ -264,24 +283,6 @@ umoci config --image "$work/oci:crdipc" --no-history --created "$created" \
   --config.label "org.opencontainers.image.description=Kubernetes custom resources as the channel between services" \
   --config.label org.opencontainers.image.source=https://github.com/crdipc/crdipc \
   --config.label "org.opencontainers.image.version=$version"
-
-# skopeo reads a signature policy before any copy; none applies between two local files, so
-# say so here rather than depend on the host's /etc/containers/policy.json. Its temporary
-# files go under bin/ too. As root it would also record the blobs' digests in
-# /var/lib/containers/cache, of no use here: where the host allows a mount namespace, it runs
-# in one of its own with /var/lib read-only, and keeps that cache in memory.
-echo '{"default":[{"type":"insecureAcceptAnything"}]}' >"$work/policy.json"
-mkdir -p "$work/tmp"
-rm -f "$out.tmp"
-log "writing $out ($image)"
-copy=(skopeo --policy "$work/policy.json" copy --quiet --tmpdir "$work/tmp"
-  "oci:$work/oci:crdipc" "docker-archive:$out.tmp:$image")
-if unshare --mount true 2>/dev/null; then
-  unshare --mount sh -c 'mount --bind -o ro /var/lib /var/lib 2>/dev/null; exec "$@"' sh "${copy[@]}"
-else
-  "${copy[@]}"
-fi
-mv -f "$out.tmp" "$out" # the old archive stays whole until this one is
 
 if [ "${CRDIPC_IMAGE_KEEP:-}" != 1 ]; then rm -rf "$work"; fi
 log "done: $out, $(du -h "$out" | cut -f1) ($image; load with: ctr -n k8s.io images import $out)"

@@ -67,6 +67,7 @@ oci_check_elf() {
   needed=$(readelf -d "$r$path" | sed -n 's/.*(NEEDED).*\[\(.*\)\]$/\1/p' | tr '\n' ' ')
   [ "$(id -u)" = 0 ] || die "checking $path's libraries in the image needs root (chroot)"
   # The interpreter's path may be a symlink that is absolute inside ROOTFS: resolve it there.
+  # shellcheck disable=SC2016 # $1 is the chroot's shell's
   chroot "$r" /bin/sh -c '[ -e "$1" ]' sh "$interp" 2>/dev/null ||
     die "$path needs the loader $interp, which the image lacks (its libraries: $needed)"
   out=$(chroot "$r" "$interp" --list "$path" 2>&1) ||
