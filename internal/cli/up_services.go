@@ -137,6 +137,12 @@ func startServices(ctx context.Context, kubelet func(node string) (*rest.Config,
 		metricsLn.Close()
 		return nil, err
 	}
+	healthServed := false
+	defer func() {
+		if err != nil && !healthServed {
+			healthLn.Close()
+		}
+	}()
 	checks := map[string]healthz.Checker{"ping": healthz.Ping}
 	health := http.NewServeMux()
 	health.Handle("/healthz", &healthz.Handler{Checks: map[string]healthz.Checker{"ping": healthz.Ping}})
@@ -146,7 +152,6 @@ func startServices(ctx context.Context, kubelet func(node string) (*rest.Config,
 	metrics := http.NewServeMux()
 	metrics.Handle("/metrics", promhttp.HandlerFor(ctrlmetrics.Registry, promhttp.HandlerOpts{}))
 	svc.background(bgCtx, (&services.HTTPServer{Name: "metrics", Listener: metricsLn, Handler: metrics}).Start)
-	svc.background(bgCtx, (&services.HTTPServer{Name: "health probes", Listener: healthLn, Handler: health}).Start)
 	svc.lines = append(svc.lines, fmt.Sprintf("metrics  http://%s/metrics   health http://%s/readyz", metricsLn.Addr(), healthLn.Addr()))
 
 	keeper, namespaces, configs, idDir := ids.keeper, ids.namespaces, ids.configs, ids.dir
@@ -202,6 +207,12 @@ func startServices(ctx context.Context, kubelet func(node string) (*rest.Config,
 			return nil
 		}
 	}
+
+	// The probes are served only once every service's check is in the map, which the
+	// handler reads without a lock (a probe during start-up would race the writes above).
+	// Until then the bound port queues them.
+	svc.background(bgCtx, (&services.HTTPServer{Name: "health probes", Listener: healthLn, Handler: health}).Start)
+	healthServed = true
 
 	consoleCfg, err := configFor("console")
 	if err != nil {

@@ -8,4 +8,8 @@
 // the NodeRestriction admission plugin confine to that node's own objects. The request is
 // an object and its answer is in its status, as every request in crdipc; the CA's key
 // stays with the control plane's signer (kube-controller-manager's CSR signing controller).
+//
+// Sign issues the same identities in process, for the control plane's own clients (up's
+// simulated kubelets), which hold the CA's key: one set of rules for who a node is,
+// whichever way its credential comes.
 package clientcert

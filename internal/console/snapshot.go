@@ -336,7 +336,7 @@ func buildVolumes(s *Snapshot, volumes []storagev1alpha1.CStorVolume, pvcs []cor
 			Ready: v.Status.ReadyReplicas, Desired: v.Status.DesiredReplicas, Capacity: v.Spec.Capacity.String(),
 		}
 		if vol.Desired == 0 {
-			vol.Desired = cmp.Or(v.Spec.ReplicationFactor, storagev1alpha1.DefaultReplicationFactor)
+			vol.Desired = v.Spec.EffectiveReplicationFactor()
 		}
 		if c := meta.FindStatusCondition(v.Status.Conditions, conditions.TypeReady); c != nil {
 			vol.Message = c.Message

@@ -33,9 +33,9 @@ func TestManifests(t *testing.T) {
 	for _, dir := range []string{"storage", "csi", "books", "bitcoin"} {
 		t.Run("config/"+dir, func(t *testing.T) {
 			path := filepath.Join("../../config", dir)
-			objects := decodeDocuments(t, path, []byte(up.kubectl(t, "kustomize", path)))
+			objects := decodeDocuments(t, path, []byte(up.Kubectl(t, "kustomize", path)))
 			args := []string{"apply", "--dry-run=server", "--validate=strict", "-k", path}
-			out, err := up.run(t, "kubectl", args...)
+			out, err := up.Run("kubectl", args...)
 			checkDryRun(t, args, out, err, len(objects))
 		})
 	}
@@ -43,7 +43,7 @@ func TestManifests(t *testing.T) {
 	t.Run("config/scm", func(t *testing.T) {
 		const dir = "../../config/scm"
 		// The kustomization must build, though it cannot be applied as a whole here.
-		up.kubectl(t, "kustomize", dir)
+		up.Kubectl(t, "kustomize", dir)
 		files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 		if err != nil {
 			t.Fatal(err)
@@ -111,9 +111,9 @@ func TestManifests(t *testing.T) {
 		// The objects go into the namespace crdipc-scm, which namespace.yaml creates. A dry
 		// run creates nothing, so the namespace must exist for real first: admission
 		// refuses objects in a namespace that does not.
-		up.kubectl(t, "apply", "--validate=strict", "-f", filepath.Join(dir, "namespace.yaml"))
+		up.Kubectl(t, "apply", "--validate=strict", "-f", filepath.Join(dir, "namespace.yaml"))
 		args = append([]string{"apply", "--dry-run=server", "--validate=strict"}, args...)
-		out, err := up.run(t, "kubectl", args...)
+		out, err := up.Run("kubectl", args...)
 		checkDryRun(t, args, out, err, objects)
 		for _, m := range monitors {
 			checkServiceMonitor(t, m, services)
@@ -128,13 +128,19 @@ func TestManifests(t *testing.T) {
 	// of the per-system directories, is left out of it (checkDefault checks both).
 	t.Run("config/default", func(t *testing.T) {
 		const dir = "../../config/default"
-		objects := decodeDocuments(t, dir, []byte(up.kubectl(t, "kustomize", dir)))
+		objects := decodeDocuments(t, dir, []byte(up.Kubectl(t, "kustomize", dir)))
 		checkDefault(t, objects)
 		// A dry run creates nothing, and admission refuses objects in a namespace that does
 		// not exist: crdipc-system does (up creates it), crdipc-scm is created for real.
-		up.kubectl(t, "apply", "--validate=strict", "-f", "../../config/scm/namespace.yaml")
+		up.Kubectl(t, "apply", "--validate=strict", "-f", "../../config/scm/namespace.yaml")
 		args := []string{"apply", "--dry-run=server", "--validate=strict", "-k", dir}
-		out, err := up.run(t, "kubectl", args...)
+		out, err := up.Run("kubectl", args...)
+		checkDryRun(t, args, out, err, len(objects))
+		// docs/deploy.md's harness applies it server-side onto up, which has applied the
+		// CRDs and the identity objects under field managers of its own: every object
+		// both apply must agree, or the apply stops on a conflict (no --force-conflicts).
+		args = []string{"apply", "--server-side", "--dry-run=server", "--validate=strict", "-k", dir}
+		out, err = up.Run("kubectl", args...)
 		checkDryRun(t, args, out, err, len(objects))
 	})
 
@@ -157,19 +163,19 @@ func TestManifests(t *testing.T) {
 		if len(commands) != 2 {
 			t.Fatalf("%s: %d commands in its comment (want kubectl wait, then sed | kubectl apply): %q", file, len(commands), commands)
 		}
-		up.kubectl(t, "apply", "--validate=strict",
+		up.Kubectl(t, "apply", "--validate=strict",
 			"-f", "../../config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml",
 			"-f", "../../config/samples/csi/pvc.yaml")
 		for _, c := range commands {
-			out, err := up.runIn(t, "../..", "sh", "-c", c)
+			out, err := up.RunIn("../..", "sh", "-c", c)
 			if err != nil {
 				t.Fatalf("%s: %v\n%s", c, err, out)
 			}
 			t.Logf("%s:\n%s", c, out)
 		}
-		up.kubectl(t, "wait", "--for=jsonpath={.status.attached}=true", "volumeattachment/data-node-1", "--timeout=60s")
+		up.Kubectl(t, "wait", "--for=jsonpath={.status.attached}=true", "volumeattachment/data-node-1", "--timeout=60s")
 		// Detach, so nothing of this test holds the volume.
-		up.kubectl(t, "delete", "volumeattachment/data-node-1", "--wait=true", "--timeout=60s")
+		up.Kubectl(t, "delete", "volumeattachment/data-node-1", "--wait=true", "--timeout=60s")
 	})
 }
 

@@ -84,18 +84,24 @@ type VolumeSource struct {
 	Snapshot string `json:"snapshot"`
 }
 
-// EffectiveConsistencyFactor returns spec.consistencyFactor, or the majority of the replication
-// factor when it is unset. An unset replication factor (an object not yet defaulted by the API
-// server) counts as DefaultReplicationFactor.
+// EffectiveReplicationFactor returns spec.replicationFactor. The API server stores the CRD's
+// default (3) when it is left out, so 0 is seen only on objects not yet defaulted (built in
+// Go, or read through a fake client); it counts as DefaultReplicationFactor, the one rule
+// every reader applies.
+func (s *CStorVolumeSpec) EffectiveReplicationFactor() int32 {
+	if s.ReplicationFactor == 0 {
+		return DefaultReplicationFactor
+	}
+	return s.ReplicationFactor
+}
+
+// EffectiveConsistencyFactor returns spec.consistencyFactor, or the majority of the
+// effective replication factor when it is unset.
 func (s *CStorVolumeSpec) EffectiveConsistencyFactor() int32 {
 	if s.ConsistencyFactor != nil {
 		return *s.ConsistencyFactor
 	}
-	rf := s.ReplicationFactor
-	if rf == 0 {
-		rf = DefaultReplicationFactor
-	}
-	return rf/2 + 1
+	return s.EffectiveReplicationFactor()/2 + 1
 }
 
 // VolumeReplicaStatus is the operator's summary of one CStorVolumeReplica of the volume.

@@ -106,3 +106,18 @@ func TestEffectiveConsistencyFactor(t *testing.T) {
 		}
 	}
 }
+
+func TestEffectiveReplicationFactor(t *testing.T) {
+	for _, tc := range []struct {
+		rf, want int32
+	}{
+		{0, v1alpha1.DefaultReplicationFactor}, // not yet defaulted by the API server
+		{1, 1},
+		{5, 5},
+	} {
+		spec := v1alpha1.CStorVolumeSpec{ReplicationFactor: tc.rf}
+		if got := spec.EffectiveReplicationFactor(); got != tc.want {
+			t.Errorf("rf=%d: EffectiveReplicationFactor() = %d, want %d", tc.rf, got, tc.want)
+		}
+	}
+}

@@ -29,11 +29,7 @@ func compatible(vol *storagev1alpha1.CStorVolume, req *csi.CreateVolumeRequest, 
 	if have < r.GetRequiredBytes() || (r.GetLimitBytes() > 0 && have > r.GetLimitBytes()) || (r == nil && have != size) {
 		return status.Errorf(codes.AlreadyExists, "volume %q exists with capacity %d bytes, incompatible with the request", req.GetName(), have)
 	}
-	haveRF := vol.Spec.ReplicationFactor
-	if haveRF == 0 {
-		haveRF = storagev1alpha1.DefaultReplicationFactor
-	}
-	if haveRF != rf {
+	if haveRF := vol.Spec.EffectiveReplicationFactor(); haveRF != rf {
 		return status.Errorf(codes.AlreadyExists, "volume %q exists with %d replicas, the request asks for %d", req.GetName(), haveRF, rf)
 	}
 	if cf != nil && vol.Spec.EffectiveConsistencyFactor() != *cf {

@@ -236,10 +236,7 @@ func (d *Driver) deleteUnplaced(ctx context.Context, vol *storagev1alpha1.CStorV
 }
 
 func csiVolume(vol *storagev1alpha1.CStorVolume) (*csi.Volume, error) {
-	rf := vol.Spec.ReplicationFactor
-	if rf == 0 {
-		rf = storagev1alpha1.DefaultReplicationFactor
-	}
+	rf := vol.Spec.EffectiveReplicationFactor()
 	size, err := storagev1alpha1.Bytes(vol.Spec.Capacity)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "volume %s: capacity: %v", vol.Name, err)

@@ -49,7 +49,7 @@ func volumeHealth(vol *storagev1alpha1.CStorVolume, s *staged) *csi.VolumeHealth
 	}
 	desired := vol.Status.DesiredReplicas
 	if desired == 0 {
-		desired = max(vol.Spec.ReplicationFactor, 1)
+		desired = vol.Spec.EffectiveReplicationFactor()
 	}
 	healthy := fmt.Sprintf("%d of %d replicas healthy", vol.Status.ReadyReplicas, desired)
 	switch vol.Status.Phase {

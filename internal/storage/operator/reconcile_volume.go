@@ -198,10 +198,7 @@ func (h *volumeHandler) forget(uid types.UID) {
 
 // Handle implements ipc.Handler.
 func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVolume) (ipc.Result, error) {
-	rf := int(vol.Spec.ReplicationFactor)
-	if rf == 0 {
-		rf = int(storagev1alpha1.DefaultReplicationFactor)
-	}
+	rf := int(vol.Spec.EffectiveReplicationFactor())
 	size, err := storagev1alpha1.Bytes(vol.Spec.Capacity)
 	if err != nil || size <= 0 {
 		// The CRD admits neither; an object written around it is refused, not wrapped around.
