@@ -3,10 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,6 +20,7 @@ import (
 
 	scmv1alpha1 "github.com/crdipc/crdipc/api/scm/v1alpha1"
 	"github.com/crdipc/crdipc/internal/scheme"
+	"github.com/crdipc/crdipc/internal/scm/delivery"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
 	"github.com/crdipc/crdipc/internal/services"
 )
@@ -129,16 +127,10 @@ func MeasureWebhook(ctx context.Context, cfg *rest.Config, o WebhookOptions) (*W
 	send := func(hc *http.Client) error {
 		n := seq.Add(1)
 		body := prPayload(n)
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		req, err := delivery.New(ctx, url, secret, "pull_request", fmt.Sprintf("bench-%d", n), body)
 		if err != nil {
 			return err
 		}
-		m := hmac.New(sha256.New, secret)
-		m.Write(body)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-GitHub-Event", "pull_request")
-		req.Header.Set("X-GitHub-Delivery", fmt.Sprintf("bench-%d", n))
-		req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(m.Sum(nil)))
 		resp, err := hc.Do(req)
 		if err != nil {
 			return err

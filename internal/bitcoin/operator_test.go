@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,6 +27,7 @@ import (
 	"github.com/crdipc/crdipc/internal/podsim"
 	"github.com/crdipc/crdipc/internal/simnode"
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/require"
 	"github.com/crdipc/crdipc/ipc"
 )
 
@@ -42,12 +42,8 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	if _, err := (btcd.Image{}).Find(); err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_BTCD") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	_, err := (btcd.Image{}).Find()
+	require.Capable(t, "CRDIPC_REQUIRE_BTCD", err)
 	env := testenv.Get(t)
 	w := &world{env: env, ns: env.Namespace(t)}
 	root := t.TempDir()

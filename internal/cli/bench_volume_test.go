@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/bench"
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/require"
 )
 
 // TestBenchVolume runs `crdipc bench volume` at a tiny size, so the whole path — embedded
@@ -21,12 +21,7 @@ import (
 // checks that every figure was measured, never how fast: speed goals are reported by the
 // full-size benchmark, and this machine may be busy.
 func TestBenchVolume(t *testing.T) {
-	if _, err := exec.LookPath("fio"); err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_FIO") == "1" {
-			t.Fatalf("CRDIPC_REQUIRE_FIO=1 but fio is not installed (hack/test-deps.sh installs it): %v", err)
-		}
-		t.Skip("fio is not installed:", err)
-	}
+	require.Tool(t, "CRDIPC_REQUIRE_FIO", "fio")
 	testenv.RequireMounts(t)
 	dir := t.TempDir()
 	jsonPath := filepath.Join(dir, "volume.json")

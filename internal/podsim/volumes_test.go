@@ -30,6 +30,7 @@ import (
 	"github.com/crdipc/crdipc/internal/podsim/busybox"
 	"github.com/crdipc/crdipc/internal/simnode"
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/require"
 	"github.com/crdipc/crdipc/internal/testenv/storagecluster"
 )
 
@@ -258,10 +259,7 @@ func TestPodVolumes(t *testing.T) {
 // internal/csi/e2e (PodExpansion), which needs no such capability.
 func testExpansion(t *testing.T, c client.Client, pvc *corev1.PersistentVolumeClaim, pod *corev1.Pod, podRoot string) {
 	ctx := context.Background()
-	cannot := driver.OnlineResizeAvailable("ext4")
-	if cannot != nil && os.Getenv("CRDIPC_REQUIRE_ONLINE_RESIZE") == "1" {
-		t.Fatalf("CRDIPC_REQUIRE_ONLINE_RESIZE=1 but this host cannot grow a mounted ext4 file system: %v", cannot)
-	}
+	cannot := require.Strict(t, "CRDIPC_REQUIRE_ONLINE_RESIZE", driver.OnlineResizeAvailable("ext4"))
 	if err := c.Patch(ctx, pvc, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"resources":{"requests":{"storage":"32Mi"}}}}`))); err != nil {
 		t.Fatal(err)
 	}

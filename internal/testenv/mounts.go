@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
+	"github.com/crdipc/crdipc/internal/testenv/require"
 )
 
 // RequireMounts skips t on a host that cannot present volumes as block devices (FUSE, loop
@@ -17,12 +18,7 @@ import (
 // missing capability is a failure, never a silent skip.
 func RequireMounts(t testing.TB) {
 	t.Helper()
-	if err := blockdev.Available(); err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
-			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot present block devices: %v", err)
-		}
-		t.Skip(err)
-	}
+	require.Capable(t, "CRDIPC_REQUIRE_MOUNT", blockdev.Available())
 }
 
 // SHA256File is the hex sha256 of a file's content.

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crdipc/crdipc/internal/testenv/require"
 	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
@@ -26,16 +27,10 @@ type Prometheus struct{ url string }
 // StartPrometheus runs a Prometheus server on loopback that scrapes targets
 // (job name → host:port) every second, until the test ends. Without a
 // prometheus binary on PATH the test is skipped, or fails when
-// CRDIPC_REQUIRE_PROMETHEUS is set (as CI does).
+// CRDIPC_REQUIRE_PROMETHEUS=1 (as CI sets).
 func StartPrometheus(t testing.TB, targets map[string]string) *Prometheus {
 	t.Helper()
-	bin, err := exec.LookPath("prometheus")
-	if err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_PROMETHEUS") != "" {
-			t.Fatal("prometheus is not installed and CRDIPC_REQUIRE_PROMETHEUS is set")
-		}
-		t.Skip("prometheus binary not found; install it with: apt-get install -y prometheus")
-	}
+	bin := require.Tool(t, "CRDIPC_REQUIRE_PROMETHEUS", "prometheus")
 	dir := t.TempDir()
 	var cfg strings.Builder
 	cfg.WriteString("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n")

@@ -1,17 +1,13 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +19,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
+	"github.com/crdipc/crdipc/internal/testenv/require"
+	"github.com/crdipc/crdipc/internal/testenv/syncbuf"
 )
 
 // TestConsole opens up's console in a real headless Chromium, creates objects with kubectl
@@ -45,11 +43,11 @@ func TestConsole(t *testing.T) {
 	// A reload would drop this: every later update must arrive over the event stream.
 	page.eval(t, `window.crdipcConsoleTest = 'same page'; true`)
 
-	up.kubectl(t, "apply", "-f", "../../config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml")
+	up.Kubectl(t, "apply", "-f", "../../config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml")
 	page.waitFor(t, "a Healthy pool on each node", time.Minute,
 		`document.querySelectorAll('[data-pool^="sample-claim-node-"] > div > .phase.ok').length === 3`)
 
-	up.kubectl(t, "apply", "-f", "../../config/samples/storage_v1alpha1_cstorvolume.yaml")
+	up.Kubectl(t, "apply", "-f", "../../config/samples/storage_v1alpha1_cstorvolume.yaml")
 	page.waitFor(t, "the volume's 3 replicas Healthy, one under each node's pool", time.Minute, `(() => {
 		const rs = [...document.querySelectorAll('[data-replica^="default/sample-volume-"][data-phase="Healthy"]')];
 		return rs.length === 3 && new Set(rs.map((r) => r.closest('[data-node]').dataset.node)).size === 3;
@@ -61,7 +59,7 @@ func TestConsole(t *testing.T) {
 	page.waitFor(t, "the volume among the completions, with a latency", 30*time.Second,
 		`/\d/.test(document.querySelector('[data-completion="CStorVolume/default/sample-volume"] .latency')?.textContent ?? '')`)
 
-	up.kubectl(t, "apply", "-f", "../../config/samples/library_v1alpha1_book.yaml")
+	up.Kubectl(t, "apply", "-f", "../../config/samples/library_v1alpha1_book.yaml")
 	page.waitFor(t, "the Book completed, Succeeded, with a latency measured by the console", 30*time.Second, `(() => {
 		const r = document.querySelector('[data-completion="Book/default/david-copperfield"]');
 		return r !== null && r.textContent.includes('Succeeded') && Number(r.dataset.latencyMs) >= 0 &&
@@ -97,7 +95,7 @@ func traceWaterfall(t *testing.T, up *upProcess, page *browserPage, console stri
 	}
 	id := callTraced(t, up, console, book)
 	// The sender's span is the reconcile's parent; call wrote it on the Book.
-	tp := up.kubectl(t, "get", "book", "great-expectations", "-o", `jsonpath={.metadata.annotations.tracing\.k8s\.io/traceparent}`)
+	tp := up.Kubectl(t, "get", "book", "great-expectations", "-o", `jsonpath={.metadata.annotations.tracing\.k8s\.io/traceparent}`)
 	m := regexp.MustCompile(`^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$`).FindStringSubmatch(tp)
 	if m == nil || m[1] != id {
 		t.Fatalf("the Book's traceparent %q does not carry the trace %s that call printed", tp, id)
@@ -165,8 +163,8 @@ func lateSpan(t *testing.T, console, traceID, parent string) string {
 
 // screenshot fills the page with the walkthrough's objects and saves it as a PNG.
 func screenshot(t *testing.T, up *upProcess, page *browserPage, path string) {
-	up.kubectl(t, "apply", "-f", "../../config/samples/")
-	up.kubectl(t, "apply", "-f", "../../config/samples/csi/")
+	up.Kubectl(t, "apply", "-f", "../../config/samples/")
+	up.Kubectl(t, "apply", "-f", "../../config/samples/csi/")
 	up.waitPodSucceeded(t, "data-writer")
 	page.waitFor(t, "the claim's volume, with the node its pod ran on", time.Minute,
 		`[...document.querySelectorAll('[data-volume^="crdipc-system/pvc-"] [data-user="default/data-writer"]')].some((u) => /node-\d/.test(u.textContent))`)
@@ -188,26 +186,20 @@ func screenshot(t *testing.T, up *upProcess, page *browserPage, path string) {
 // CRDIPC_REQUIRE_CHROMIUM=1.
 func findChromium(t *testing.T) string {
 	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	require(t, "CRDIPC_REQUIRE_CHROMIUM", errors.New("chromium is not installed (apt-get install chromium; hack/test-deps.sh does)"))
-	return ""
+	return require.Tool(t, "CRDIPC_REQUIRE_CHROMIUM", "chromium", "chromium-browser")
 }
 
 // browserPage is one tab of a headless Chromium that the test drives over CDP.
 type browserPage struct {
 	ctx context.Context
-	log *syncBuffer
+	log *syncbuf.Buffer
 }
 
 // openBrowser starts chromium headless with a fresh profile, nothing fetched in the
 // background, and one tab of width × height; the test's cleanup stops it.
 func openBrowser(t *testing.T, chromium string, width, height int) *browserPage {
 	t.Helper()
-	log := &syncBuffer{}
+	log := &syncbuf.Buffer{}
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		chromedp.ExecPath(chromium),
 		chromedp.Headless,
@@ -256,22 +248,4 @@ func (p *browserPage) waitFor(t *testing.T, what string, timeout time.Duration, 
 		t.Fatalf("waiting %v for the console to show %s: %v\npage text:\n%s", time.Since(start).Round(time.Millisecond), what, err, text)
 	}
 	t.Logf("console shows %s after %v", what, time.Since(start).Round(time.Millisecond))
-}
-
-// syncBuffer collects the browser's output, written from chromedp's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -8,13 +8,13 @@ import (
 	"math"
 	"net/http"
 	"os"
-	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/require"
 	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
@@ -30,8 +30,7 @@ const (
 // Prometheus scraping `up`, after webhook traffic that gives every panel something to show:
 // each query must return at least one sample that is a number (not NaN).
 func TestGrafanaDashboard(t *testing.T) {
-	_, err := exec.LookPath("prometheus")
-	require(t, "CRDIPC_REQUIRE_PROMETHEUS", err)
+	require.Tool(t, "CRDIPC_REQUIRE_PROMETHEUS", "prometheus")
 	queries := grafanaQueries(t, "../../config/grafana/scm-dashboard.json")
 	if len(queries) == 0 {
 		t.Fatal("the dashboard has no queries")
@@ -39,7 +38,7 @@ func TestGrafanaDashboard(t *testing.T) {
 
 	dataDir := t.TempDir()
 	up := startUp(t, dataDir)
-	printed := up.output.String()
+	printed := up.Output.String()
 	webhookURL := regexp.MustCompile(`(?m)^\s*webhook\s+(http://(\S+)/webhook)\s+ops http://(\S+)/metrics`).FindStringSubmatch(printed)
 	agentAddr := regexp.MustCompile(`(?m)^\s*scm\s+http://(\S+)/metrics`).FindStringSubmatch(printed)
 	servicesAddr := regexp.MustCompile(`(?m)^\s*metrics\s+http://(\S+)/metrics`).FindStringSubmatch(printed)

@@ -20,7 +20,7 @@ func TestUpWithDefaultPortsTaken(t *testing.T) {
 		t.Cleanup(func() { ln.Close() })
 	}
 	up := startIn(t, t.TempDir(), "up", "--data-dir", t.TempDir(), "--nodes", "1")
-	out := up.output.String()
+	out := up.Output.String()
 	for _, addr := range defaults {
 		if strings.Contains(out, "http://"+addr+"/") {
 			t.Errorf("up prints the taken address %s:\n%s", addr, out)
@@ -31,7 +31,7 @@ func TestUpWithDefaultPortsTaken(t *testing.T) {
 			t.Errorf("up does not print %q:\n%s", line, out)
 		}
 	}
-	up.kubectl(t, "get", "crdipc", "-A")
+	up.Kubectl(t, "get", "crdipc", "-A")
 
 	taken := defaults[0]
 	b, err := exec.Command(binary, "up", "--data-dir", t.TempDir(), "--nodes", "1", "--metrics-addr", taken).CombinedOutput()

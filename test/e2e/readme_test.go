@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
+	"github.com/crdipc/crdipc/internal/testenv/require"
 )
 
 // readmeCommand is one line of a shell block in the README.
@@ -90,7 +91,7 @@ func TestREADME(t *testing.T) {
 	requireKubectl(t)
 	// The walkthrough runs a pod with a volume: the data path needs FUSE, loop devices and
 	// mounts, which the README says.
-	require(t, "CRDIPC_REQUIRE_MOUNT", blockdev.Available())
+	require.Capable(t, "CRDIPC_REQUIRE_MOUNT", blockdev.Available())
 	blocks := readmeBlocks(t)
 	run := findBlock(t, blocks, "go run ./cmd/crdipc up")
 	if len(run) != 1 {
@@ -102,11 +103,11 @@ func TestREADME(t *testing.T) {
 	// Every path up prints is absolute: the export line is pasted into another terminal,
 	// whose working directory is anybody's guess.
 	want := filepath.Join(work, ".crdipc", "kubeconfig")
-	if up.kubeconfig != want {
-		t.Errorf("up printed KUBECONFIG=%s, want %s", up.kubeconfig, want)
+	if up.Kubeconfig != want {
+		t.Errorf("up printed KUBECONFIG=%s, want %s", up.Kubeconfig, want)
 	}
-	if sock := "unix://" + filepath.Join(work, ".crdipc", "csi", "csi.sock"); !strings.Contains(up.output.String(), sock) {
-		t.Errorf("up does not print the CSI endpoint as %s:\n%s", sock, up.output.String())
+	if sock := "unix://" + filepath.Join(work, ".crdipc", "csi", "csi.sock"); !strings.Contains(up.Output.String(), sock) {
+		t.Errorf("up does not print the CSI endpoint as %s:\n%s", sock, up.Output.String())
 	}
 
 	root, err := filepath.Abs("../..")
@@ -114,10 +115,10 @@ func TestREADME(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range findBlock(t, blocks, "kubectl apply -f config/samples/") {
-		out, err := up.runIn(t, root, c.args[0], c.args[1:]...)
+		out, err := up.RunIn(root, c.args[0], c.args[1:]...)
 		switch {
 		case c.refused == "" && err != nil:
-			t.Fatalf("README line %q failed: %v\n%s\nup's output:\n%s", c.line, err, out, up.output.String())
+			t.Fatalf("README line %q failed: %v\n%s\nup's output:\n%s", c.line, err, out, up.Output.String())
 		case c.refused != "" && err == nil:
 			t.Fatalf("README line %q succeeded; the README says it is refused (%s):\n%s", c.line, c.refused, out)
 		case c.refused != "" && !strings.Contains(out, c.refused):

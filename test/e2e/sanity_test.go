@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"flag"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
+	"github.com/crdipc/crdipc/internal/testenv/require"
 )
 
 // TestSanityDefaults runs the upstream CSI sanity suite as a user runs the csi-sanity
@@ -23,21 +23,18 @@ import (
 // no other test of this package runs sanity.
 func TestSanityDefaults(t *testing.T) {
 	requireKubectl(t)
-	require(t, "CRDIPC_REQUIRE_MOUNT", blockdev.Available())
+	require.Capable(t, "CRDIPC_REQUIRE_MOUNT", blockdev.Available())
 	dataDir := t.TempDir()
 	up := startUp(t, dataDir, "--nodes", "3")
-	up.kubectl(t, "apply", "-f", "../../config/samples/storage_v1alpha1_storagepoolclaim.yaml")
-	up.eventually(t, time.Minute, "three Healthy pools", func(context.Context) (bool, error) {
-		phases := strings.Fields(up.kubectl(t, "get", "csp", "-o", "jsonpath={.items[*].status.phase}"))
+	up.Kubectl(t, "apply", "-f", "../../config/samples/storage_v1alpha1_storagepoolclaim.yaml")
+	up.Eventually(t, time.Minute, "three Healthy pools", func(context.Context) (bool, error) {
+		phases := strings.Fields(up.Kubectl(t, "get", "csp", "-o", "jsonpath={.items[*].status.phase}"))
 		return len(phases) == 3 && strings.Count(strings.Join(phases, " "), "Healthy") == 3, nil
 	})
 
 	cfg := sanity.NewTestConfig()
 	cfg.Address = "unix://" + filepath.Join(dataDir, "csi", "csi.sock")
-	if err := driver.OnlineResizeAvailable("ext4"); err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_ONLINE_RESIZE") == "1" {
-			t.Fatalf("CRDIPC_REQUIRE_ONLINE_RESIZE=1 but this host cannot grow a mounted ext4 file system: %v", err)
-		}
+	if err := require.Strict(t, "CRDIPC_REQUIRE_ONLINE_RESIZE", driver.OnlineResizeAvailable("ext4")); err != nil {
 		// The one spec that grows a mounted file system of the driver's default type:
 		// NodeExpandVolume answers FailedPrecondition on this host, as it says.
 		t.Logf("SKIPPING the sanity spec \"NodeExpandVolume should work if node-expand is called after node-publish\": %v", err)
@@ -49,7 +46,7 @@ func TestSanityDefaults(t *testing.T) {
 
 	// Nothing left behind: every volume and snapshot the suite made is gone.
 	for _, kind := range []string{"cstorvolumes", "cstorvolumesnapshots"} {
-		if left := up.kubectl(t, "get", kind, "-A", "-o", "name"); left != "" {
+		if left := up.Kubectl(t, "get", kind, "-A", "-o", "name"); left != "" {
 			t.Errorf("left after the sanity suite: %s", left)
 		}
 	}

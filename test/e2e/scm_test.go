@@ -15,10 +15,10 @@ import (
 func TestSCMPipeline(t *testing.T) {
 	dataDir := t.TempDir()
 	up := startUp(t, dataDir)
-	webhookURL := regexp.MustCompile(`webhook\s+(http://\S+/webhook)`).FindStringSubmatch(up.output.String())
-	metricsURL := regexp.MustCompile(`scm\s+http://(\S+)/metrics`).FindStringSubmatch(up.output.String())
+	webhookURL := regexp.MustCompile(`webhook\s+(http://\S+/webhook)`).FindStringSubmatch(up.Output.String())
+	metricsURL := regexp.MustCompile(`scm\s+http://(\S+)/metrics`).FindStringSubmatch(up.Output.String())
 	if webhookURL == nil || metricsURL == nil {
-		t.Fatalf("up did not print the webhook and metrics addresses:\n%s", up.output.String())
+		t.Fatalf("up did not print the webhook and metrics addresses:\n%s", up.Output.String())
 	}
 	// The port GitHub reaches serves /webhook alone: the listener's metrics and probes are on
 	// a port of their own.
@@ -29,10 +29,10 @@ func TestSCMPipeline(t *testing.T) {
 	for range 3 { // a delivery and two redeliveries: 2xx each
 		hook.send(t, "pull_request", "pull_request-opened.json", "72d3162e-cc78-11e3-81ab-4c9367dc0958", http.StatusOK)
 	}
-	if prs := strings.Fields(up.kubectl(t, "get", "pullrequests", "-o", "name")); len(prs) != 1 {
+	if prs := strings.Fields(up.Kubectl(t, "get", "pullrequests", "-o", "name")); len(prs) != 1 {
 		t.Fatalf("pull requests after one delivery and two redeliveries: %v", prs)
 	}
-	events := strings.Fields(up.kubectl(t, "get", "events", "--field-selector", "involvedObject.kind=PullRequest", "-o", "name"))
+	events := strings.Fields(up.Kubectl(t, "get", "events", "--field-selector", "involvedObject.kind=PullRequest", "-o", "name"))
 	if len(events) != 1 {
 		t.Fatalf("Events after one delivery and two redeliveries: %v", events)
 	}

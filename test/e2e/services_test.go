@@ -3,9 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -22,13 +19,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
-	"github.com/crdipc/crdipc/internal/testenv/collector"
-	"github.com/crdipc/crdipc/internal/testenv/wait"
 	"go.opentelemetry.io/otel/trace"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
+	"github.com/crdipc/crdipc/internal/scm/delivery"
+	"github.com/crdipc/crdipc/internal/testenv/collector"
+	"github.com/crdipc/crdipc/internal/testenv/require"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 // TestUpServicesBooks: `up --services=books` runs the Book controller and nothing else, and
@@ -48,14 +48,14 @@ func TestUpServicesBooks(t *testing.T) {
 		_ = col.Stop(ctx)
 	})
 	up := startUpEnv(t, []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + col.HTTP}, t.TempDir(), "--services=books")
-	if !regexp.MustCompile(`services: books\s`).MatchString(up.output.String()) {
-		t.Fatalf("up --services=books did not start only books:\n%s", up.output.String())
+	if !regexp.MustCompile(`services: books\s`).MatchString(up.Output.String()) {
+		t.Fatalf("up --services=books did not start only books:\n%s", up.Output.String())
 	}
 	id := callTraced(t, up, consoleURL(t, up), "../../config/samples/library_v1alpha1_book.yaml")
-	up.kubectl(t, "wait", "--for=condition=Ready", "book/david-copperfield", "--timeout=30s")
+	up.Kubectl(t, "wait", "--for=condition=Ready", "book/david-copperfield", "--timeout=30s")
 	collectorHasTrace(t, col, id)
 	// No simulated nodes, so no other service: no Node was created.
-	if nodes := up.kubectl(t, "get", "nodes", "-o", "name"); strings.TrimSpace(nodes) != "" {
+	if nodes := up.Kubectl(t, "get", "nodes", "-o", "name"); strings.TrimSpace(nodes) != "" {
 		t.Errorf("up --services=books created nodes: %s", nodes)
 	}
 	books := "system:serviceaccount:crdipc-system:crdipc-books"
@@ -68,7 +68,7 @@ func TestUpServicesBooks(t *testing.T) {
 		{"update", "books.library.crdipc.io/status", "yes"},
 		{"create", "events", "yes"},
 	} {
-		out, _ := up.run(t, "kubectl", "auth", "can-i", "--as="+books, c.verb, c.resource)
+		out, _ := up.Run("kubectl", "auth", "can-i", "--as="+books, c.verb, c.resource)
 		if got := strings.TrimSpace(out); got != c.want {
 			t.Errorf("kubectl auth can-i --as=%s %s %s = %q, want %s", books, c.verb, c.resource, got, c.want)
 		}
@@ -212,11 +212,11 @@ func freePort(t *testing.T) string {
 func TestProcessPerService(t *testing.T) {
 	requireKubectl(t)
 	_, btcdErr := (btcd.Image{}).Find()
-	require(t, "CRDIPC_REQUIRE_BTCD", btcdErr)
+	require.Capable(t, "CRDIPC_REQUIRE_BTCD", btcdErr)
 	dataDir := t.TempDir()
 	up := startUp(t, dataDir, "--services=none")
-	if !regexp.MustCompile(`services: none\s`).MatchString(up.output.String()) {
-		t.Fatalf("up --services=none started services:\n%s", up.output.String())
+	if !regexp.MustCompile(`services: none\s`).MatchString(up.Output.String()) {
+		t.Fatalf("up --services=none started services:\n%s", up.Output.String())
 	}
 	ids := filepath.Join(dataDir, "identities")
 	kubeconfig := func(ns, service string) string {
@@ -248,7 +248,7 @@ func TestProcessPerService(t *testing.T) {
 		{name: "metrics-agent", args: []string{"metrics-agent", "--kubeconfig", kubeconfig("crdipc-scm", "metrics-agent"), "--namespace", "default", "--listen", scmMetricsAddr}},
 		// The nodes are the cluster's, not a crdipc service: they act as up's admin, their
 		// CSI node plugins as crdipc-csi-node (read-only).
-		{name: "nodes", args: []string{"nodes", "--kubeconfig", up.kubeconfig, "--count", "3", "--root", filepath.Join(run, "pods"), "--csi-dir", filepath.Join(run, "csi-nodes"), "--csi-kubeconfig", kubeconfig(sys, "csi-node")}},
+		{name: "nodes", args: []string{"nodes", "--kubeconfig", up.Kubeconfig, "--count", "3", "--root", filepath.Join(run, "pods"), "--csi-dir", filepath.Join(run, "csi-nodes"), "--csi-kubeconfig", kubeconfig(sys, "csi-node")}},
 	}
 	logs := filepath.Join(run, "logs")
 	if err := os.MkdirAll(logs, 0o755); err != nil {
@@ -276,8 +276,8 @@ func TestProcessPerService(t *testing.T) {
 		}
 	}) // A pool agent acts with a token bound to its node (on a cluster, its DaemonSet pod's
 	// projected token): the node restriction admits nothing else. The nodes come first.
-	up.eventually(t, time.Minute, "three simulated nodes", func(context.Context) (bool, error) {
-		nodes := strings.Fields(up.kubectl(t, "get", "nodes", "-o", "name"))
+	up.Eventually(t, time.Minute, "three simulated nodes", func(context.Context) (bool, error) {
+		nodes := strings.Fields(up.Kubectl(t, "get", "nodes", "-o", "name"))
 		if len(nodes) != 3 {
 			return false, fmt.Errorf("nodes: %v", nodes)
 		}
@@ -285,7 +285,7 @@ func TestProcessPerService(t *testing.T) {
 	})
 	for i := 1; i <= 3; i++ {
 		node := fmt.Sprintf("node-%d", i)
-		token := strings.TrimSpace(up.kubectl(t, "create", "token", "crdipc-pool-agent", "-n", sys, "--bound-object-kind", "Node", "--bound-object-name", node, "--duration", "2h"))
+		token := strings.TrimSpace(up.Kubectl(t, "create", "token", "crdipc-pool-agent", "-n", sys, "--bound-object-kind", "Node", "--bound-object-name", node, "--duration", "2h"))
 		agentKubeconfig := filepath.Join(run, "pool-agent-"+node+".kubeconfig")
 		kc, err := clientcmd.LoadFromFile(kubeconfig(sys, "pool-agent"))
 		if err != nil {
@@ -309,7 +309,7 @@ func TestProcessPerService(t *testing.T) {
 	}
 
 	// The requests, sent while services die.
-	up.kubectl(t, "apply", "-f", "../../config/samples/storage_v1alpha1_storagepoolclaim.yaml")
+	up.Kubectl(t, "apply", "-f", "../../config/samples/storage_v1alpha1_storagepoolclaim.yaml")
 	var manifests []string
 	for i := range 6 {
 		manifests = append(manifests, fmt.Sprintf(`{"apiVersion":"library.crdipc.io/v1alpha1","kind":"Book","metadata":{"name":"book-%d","namespace":"default"},"spec":{"title":"Book %d","author":"Anon"}}`, i, i))
@@ -321,7 +321,7 @@ func TestProcessPerService(t *testing.T) {
 		manifests = append(manifests, fmt.Sprintf(`{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{"name":"claim-%d","namespace":"default"},"spec":{"storageClassName":"crdipc","accessModes":["ReadWriteOnce"],"resources":{"requests":{"storage":"64Mi"}}}}`, i))
 	}
 	manifests = append(manifests, `{"apiVersion":"bitcoin.crdipc.io/v1alpha1","kind":"BitcoinNetwork","metadata":{"name":"regtest","namespace":"default"},"spec":{"nodes":2,"network":"regtest"}}`)
-	up.apply(t, strings.Join(manifests, "\n"))
+	up.Apply(t, strings.Join(manifests, "\n"))
 
 	// Deliveries as GitHub sends them: a failed one (listener down) is redelivered until
 	// it is stored, and each is also redelivered once after it was.
@@ -352,7 +352,7 @@ func TestProcessPerService(t *testing.T) {
 	// The chaos keeps the cluster's pace: the next kill comes once the services have moved on
 	// since the last one, a random 1 to 3 writes to crdipc-system's Leases later (leader,
 	// heartbeat and node Leases are renewed every few seconds while services run).
-	adminCfg, err := clientcmd.BuildConfigFromFlags("", up.kubeconfig)
+	adminCfg, err := clientcmd.BuildConfigFromFlags("", up.Kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +370,7 @@ func TestProcessPerService(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			up.eventually(t, 30*time.Second, "a Lease renewed since the last kill", func(ctx context.Context) (bool, error) {
+			up.Eventually(t, 30*time.Second, "a Lease renewed since the last kill", func(ctx context.Context) (bool, error) {
 				now, err := leasesVersion(ctx)
 				if err != nil {
 					return false, err
@@ -402,18 +402,18 @@ func TestProcessPerService(t *testing.T) {
 
 	// Every request completes.
 	for i := range 6 {
-		up.kubectl(t, "wait", "--for=condition=Ready", fmt.Sprintf("book/book-%d", i), "--timeout=120s")
+		up.Kubectl(t, "wait", "--for=condition=Ready", fmt.Sprintf("book/book-%d", i), "--timeout=120s")
 	}
 	for i := range 3 {
-		up.kubectl(t, "wait", "--for=condition=Ready", fmt.Sprintf("cstorvolume/vol-%d", i), "--timeout=120s")
+		up.Kubectl(t, "wait", "--for=condition=Ready", fmt.Sprintf("cstorvolume/vol-%d", i), "--timeout=120s")
 	}
 	for i := range 2 {
-		up.kubectl(t, "wait", "--for=jsonpath={.status.phase}=Bound", fmt.Sprintf("pvc/claim-%d", i), "--timeout=120s")
+		up.Kubectl(t, "wait", "--for=jsonpath={.status.phase}=Bound", fmt.Sprintf("pvc/claim-%d", i), "--timeout=120s")
 	}
 	t.Log("books, volumes and claims done")
-	up.kubectl(t, "wait", "--for=condition=Ready", "bitcoinnetwork/regtest", "--timeout=180s")
-	up.eventually(t, time.Minute, "every pull request delivered", func(context.Context) (bool, error) {
-		prs := strings.Fields(up.kubectl(t, "get", "pullrequests", "-o", "name"))
+	up.Kubectl(t, "wait", "--for=condition=Ready", "bitcoinnetwork/regtest", "--timeout=180s")
+	up.Eventually(t, time.Minute, "every pull request delivered", func(context.Context) (bool, error) {
+		prs := strings.Fields(up.Kubectl(t, "get", "pullrequests", "-o", "name"))
 		if len(prs) != deliveries {
 			return false, fmt.Errorf("%d pull requests, want %d", len(prs), deliveries)
 		}
@@ -421,7 +421,7 @@ func TestProcessPerService(t *testing.T) {
 	})
 
 	// Nothing twice: one pool per node, three replicas per volume, one Event per delivery.
-	pools := strings.Fields(up.kubectl(t, "get", "cstorpools", "-o", "jsonpath={.items[*].spec.nodeName}"))
+	pools := strings.Fields(up.Kubectl(t, "get", "cstorpools", "-o", "jsonpath={.items[*].spec.nodeName}"))
 	sort.Strings(pools)
 	if strings.Join(pools, " ") != "node-1 node-2 node-3" {
 		t.Errorf("pools on nodes %v, want one on each of node-1..3", pools)
@@ -432,7 +432,7 @@ func TestProcessPerService(t *testing.T) {
 			Spec     struct{ Volume, Pool, NodeName string }
 		}
 	}
-	if err := json.Unmarshal([]byte(up.kubectl(t, "get", "cstorvolumereplicas", "-A", "-o", "json")), &replicas); err != nil {
+	if err := json.Unmarshal([]byte(up.Kubectl(t, "get", "cstorvolumereplicas", "-A", "-o", "json")), &replicas); err != nil {
 		t.Fatal(err)
 	}
 	perVolume := map[string]map[string]bool{}
@@ -454,7 +454,7 @@ func TestProcessPerService(t *testing.T) {
 	if len(perVolume) != 5 {
 		t.Errorf("%d volumes have replicas, want 5 (3 CStorVolumes, 2 claims)", len(perVolume))
 	}
-	events := strings.Fields(up.kubectl(t, "get", "events", "--field-selector", "involvedObject.kind=PullRequest", "-o", "jsonpath={.items[*].count}"))
+	events := strings.Fields(up.Kubectl(t, "get", "events", "--field-selector", "involvedObject.kind=PullRequest", "-o", "jsonpath={.items[*].count}"))
 	if len(events) != deliveries {
 		t.Errorf("%d Events about pull requests, want one per delivery (%d)", len(events), deliveries)
 	}
@@ -491,33 +491,26 @@ func TestProcessPerService(t *testing.T) {
 
 // deliver posts one signed delivery until the listener stores it (2xx), as GitHub
 // redelivers a failed one.
-func deliver(t *testing.T, url string, secret []byte, delivery string, body []byte) {
-	mac := hmac.New(sha256.New, secret)
-	mac.Write(body)
-	sig := "sha256=" + hex.EncodeToString(mac.Sum(nil))
+func deliver(t *testing.T, url string, secret []byte, id string, body []byte) {
 	err := wait.Until(context.Background(), 3*time.Minute, func(ctx context.Context) (bool, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		req, err := delivery.New(ctx, url, secret, "pull_request", id, body)
 		if err != nil {
 			return false, err
 		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-GitHub-Event", "pull_request")
-		req.Header.Set("X-GitHub-Delivery", delivery)
-		req.Header.Set("X-Hub-Signature-256", sig)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return false, err
 		}
 		resp.Body.Close()
 		if resp.StatusCode/100 == 4 {
-			return false, fmt.Errorf("delivery %s refused: %s", delivery, resp.Status)
+			return false, fmt.Errorf("delivery %s refused: %s", id, resp.Status)
 		}
 		if resp.StatusCode/100 != 2 {
-			return false, fmt.Errorf("delivery %s: %s", delivery, resp.Status)
+			return false, fmt.Errorf("delivery %s: %s", id, resp.Status)
 		}
 		return true, nil
 	})
 	if err != nil {
-		t.Errorf("delivery %s never stored: %v", delivery, err)
+		t.Errorf("delivery %s never stored: %v", id, err)
 	}
 }

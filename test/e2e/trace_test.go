@@ -9,9 +9,9 @@ import (
 // consoleURL is the console address up printed.
 func consoleURL(t *testing.T, up *upProcess) string {
 	t.Helper()
-	m := regexp.MustCompile(`(?m)^\s*console\s+(http://\S+/)\s*$`).FindStringSubmatch(up.output.String())
+	m := regexp.MustCompile(`(?m)^\s*console\s+(http://\S+/)\s*$`).FindStringSubmatch(up.Output.String())
 	if m == nil {
-		t.Fatalf("up did not print the console address:\n%s", up.output.String())
+		t.Fatalf("up did not print the console address:\n%s", up.Output.String())
 	}
 	return m[1]
 }
@@ -28,7 +28,7 @@ var (
 // reconcile: one request, traced end to end.
 func callTraced(t *testing.T, up *upProcess, console, file string) string {
 	t.Helper()
-	out, err := up.run(t, binary, "call", "--apply", "-f", file, "--trace", "--console", console)
+	out, err := up.Run(binary, "call", "--apply", "-f", file, "--trace", "--console", console)
 	if err != nil {
 		t.Fatalf("crdipc call --trace: %v\n%s", err, out)
 	}

@@ -1,21 +1,18 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
-	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
+	"github.com/crdipc/crdipc/internal/testenv/require"
+	"github.com/crdipc/crdipc/internal/testenv/upproc"
 )
 
 var binary string
@@ -38,36 +35,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// require skips t when err says a capability is missing, or fails it when the environment
-// variable env is "1": CI sets it, so a missing capability never hides behind a skip there.
-func require(t *testing.T, env string, err error) {
-	t.Helper()
-	if err == nil {
-		return
-	}
-	if os.Getenv(env) == "1" {
-		t.Fatalf("%s=1 but: %v", env, err)
-	}
-	t.Skip(err)
-}
-
 // requireKubectl: every test here drives up with kubectl, as a user does.
 func requireKubectl(t *testing.T) {
 	t.Helper()
-	_, err := exec.LookPath("kubectl")
-	require(t, "CRDIPC_REQUIRE_KUBECTL", err)
+	require.Tool(t, "CRDIPC_REQUIRE_KUBECTL", "kubectl")
 }
 
-// upProcess is a running `crdipc up`.
-type upProcess struct {
-	cmd        *exec.Cmd
-	kubeconfig string
-	output     *bytes.Buffer
-	exited     chan error
-	// env is added to up's environment and to that of every command run on it, as
-	// variables exported in the user's shell are.
-	env []string
-}
+// upProcess is a running `crdipc up`, and kubectl on it.
+type upProcess struct{ *upproc.Process }
 
 // startUp runs `crdipc up` on dataDir, on ports of its own, and returns once it printed its
 // export line.
@@ -82,103 +57,14 @@ func startUpEnv(t *testing.T, env []string, dataDir string, extra ...string) *up
 	t.Helper()
 	args := append([]string{"up", "--data-dir", dataDir, "--metrics-addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0",
 		"--webhook-addr", "127.0.0.1:0", "--webhook-ops-addr", "127.0.0.1:0", "--scm-metrics-addr", "127.0.0.1:0"}, extra...)
-	return startInEnv(t, "", env, args...)
+	return &upProcess{upproc.Start(t, upproc.Options{Binary: binary, Args: args, Env: env})}
 }
 
 // startIn runs `crdipc args...` in the working directory dir ("" for the test's) and returns
 // once it printed its export line.
 func startIn(t *testing.T, dir string, args ...string) *upProcess {
 	t.Helper()
-	return startInEnv(t, dir, nil, args...)
-}
-
-// startInEnv is startIn with env added to the process's environment and to that of every
-// command run on it.
-func startInEnv(t *testing.T, dir string, env []string, args ...string) *upProcess {
-	t.Helper()
-	cmd := exec.Command(binary, args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), env...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	cmd.Stderr = &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &upProcess{cmd: cmd, output: &out, exited: make(chan error, 1), env: env}
-	found := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			line := sc.Text()
-			out.WriteString(line + "\n")
-			if k, ok := strings.CutPrefix(line, "export KUBECONFIG="); ok {
-				found <- k
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-		p.exited <- cmd.Wait()
-	}()
-	t.Cleanup(func() { p.stop(t) })
-	select {
-	case p.kubeconfig = <-found:
-	case err := <-p.exited:
-		p.exited <- err
-		t.Fatalf("crdipc up exited before it was ready: %v\n%s", err, out.String())
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("crdipc up not ready after 2 minutes:\n%s", out.String())
-	}
-	return p
-}
-
-// stop sends Ctrl-C and returns how long the process took to exit.
-func (p *upProcess) stop(t *testing.T) time.Duration {
-	t.Helper()
-	if p.cmd.ProcessState != nil {
-		return 0
-	}
-	start := time.Now()
-	_ = p.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case err := <-p.exited:
-		p.exited <- err
-		if err != nil {
-			t.Errorf("crdipc up exited with %v after Ctrl-C:\n%s", err, p.output.String())
-		}
-	case <-time.After(30 * time.Second):
-		_ = p.cmd.Process.Kill()
-		t.Fatalf("crdipc up still running 30 s after Ctrl-C")
-	}
-	return time.Since(start)
-}
-
-func (p *upProcess) run(t *testing.T, name string, args ...string) (string, error) {
-	t.Helper()
-	return p.runIn(t, "", name, args...)
-}
-
-// runIn runs name with up's KUBECONFIG in the working directory dir ("" for the test's).
-func (p *upProcess) runIn(t *testing.T, dir, name string, args ...string) (string, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = dir
-	cmd.Env = append(append(os.Environ(), p.env...), "KUBECONFIG="+p.kubeconfig)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
-
-func (p *upProcess) kubectl(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := p.run(t, "kubectl", args...)
-	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
+	return &upProcess{upproc.Start(t, upproc.Options{Binary: binary, Args: args, Dir: dir})}
 }
 
 // TestUp walks through what a new user does on the first day.
@@ -186,8 +72,8 @@ func TestUp(t *testing.T) {
 	requireKubectl(t)
 	dataDir := t.TempDir()
 	up := startUp(t, dataDir)
-	if !strings.Contains(up.output.String(), "crdipc is up in") {
-		t.Fatalf("up did not report its start time:\n%s", up.output.String())
+	if !strings.Contains(up.Output.String(), "crdipc is up in") {
+		t.Fatalf("up did not report its start time:\n%s", up.Output.String())
 	}
 
 	t.Run("second up on the same data dir is refused", func(t *testing.T) {
@@ -198,7 +84,7 @@ func TestUp(t *testing.T) {
 	})
 
 	t.Run("kubectl version parses the server's", func(t *testing.T) {
-		out := up.kubectl(t, "version")
+		out := up.Kubectl(t, "version")
 		if !strings.Contains(out, "Server Version: v1.37.") {
 			t.Errorf("kubectl version does not show a v1.37 server:\n%s", out)
 		}
@@ -209,15 +95,15 @@ func TestUp(t *testing.T) {
 	})
 
 	t.Run("kubectl get crdipc", func(t *testing.T) {
-		up.kubectl(t, "get", "crdipc", "-A")
+		up.Kubectl(t, "get", "crdipc", "-A")
 		// The system namespace admits the privileged CSI node plugin and host-path agents.
-		if got := up.kubectl(t, "get", "namespace", "crdipc-system", "-o", `jsonpath={.metadata.labels.pod-security\.kubernetes\.io/enforce}`); got != "privileged" {
+		if got := up.Kubectl(t, "get", "namespace", "crdipc-system", "-o", `jsonpath={.metadata.labels.pod-security\.kubernetes\.io/enforce}`); got != "privileged" {
 			t.Errorf("crdipc-system Pod Security enforce level = %q, want privileged", got)
 		}
 	})
 
 	t.Run("samples apply", func(t *testing.T) {
-		out := up.kubectl(t, "apply", "-f", "../../config/samples/")
+		out := up.Kubectl(t, "apply", "-f", "../../config/samples/")
 		for _, want := range []string{"book.library.crdipc.io/", "storagepoolclaim.storage.crdipc.io/", "pullrequest.scm.crdipc.io/", "branch.scm.crdipc.io/", "bitcoinnetwork.bitcoin.crdipc.io/", "cstorvolume.storage.crdipc.io/"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("kubectl apply -f config/samples/ did not create a %s:\n%s", want, out)
@@ -226,14 +112,14 @@ func TestUp(t *testing.T) {
 	})
 
 	t.Run("a Book without author is refused naming spec.author", func(t *testing.T) {
-		out, err := up.run(t, "kubectl", "apply", "-f", "../../test/testdata/invalid/book-no-author.yaml")
+		out, err := up.Run("kubectl", "apply", "-f", "../../test/testdata/invalid/book-no-author.yaml")
 		if err == nil || !strings.Contains(out, "spec.author") {
 			t.Fatalf("kubectl apply of a Book without author: err=%v\n%s", err, out)
 		}
 	})
 
 	t.Run("crdipc call prints Ready and the Event", func(t *testing.T) {
-		out, err := up.run(t, binary, "call", "-f", "../../config/samples/library_v1alpha1_book.yaml", "--apply")
+		out, err := up.Run(binary, "call", "-f", "../../config/samples/library_v1alpha1_book.yaml", "--apply")
 		if err != nil {
 			t.Fatalf("crdipc call: %v\n%s", err, out)
 		}
@@ -242,7 +128,7 @@ func TestUp(t *testing.T) {
 				t.Errorf("crdipc call output lacks %q:\n%s", want, out)
 			}
 		}
-		up.kubectl(t, "wait", "--for=condition=Ready", "book/david-copperfield", "--timeout=30s")
+		up.Kubectl(t, "wait", "--for=condition=Ready", "book/david-copperfield", "--timeout=30s")
 	})
 
 	t.Run("crdipc call exit codes", func(t *testing.T) {
@@ -250,7 +136,7 @@ func TestUp(t *testing.T) {
 		if err := os.WriteFile(bad, []byte("apiVersion: library.crdipc.io/v1alpha1\nkind: Book\nmetadata:\n  name: bad-isbn\nspec:\n  title: Typo\n  author: Anon\n  isbn: 0-306-40615-3\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		out, err := up.run(t, binary, "call", "-f", bad)
+		out, err := up.Run(binary, "call", "-f", bad)
 		var exit *exec.ExitError
 		if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(out, "checksum") {
 			t.Fatalf("call of a Book the controller refuses: err=%v (want exit 1 with its message)\n%s", err, out)
@@ -261,7 +147,7 @@ func TestUp(t *testing.T) {
 		if err := os.WriteFile(never, []byte("apiVersion: bitcoin.crdipc.io/v1alpha1\nkind: BitcoinNetwork\nmetadata:\n  name: never\nspec:\n  nodes: 1\n  image: example.com/not/bitcoind:1\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		out, err = up.run(t, binary, "call", "-f", never, "--timeout", "2s")
+		out, err = up.Run(binary, "call", "-f", never, "--timeout", "2s")
 		if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(out, "ImageNotSimulated") {
 			t.Fatalf("call that cannot finish: err=%v (want exit 2, saying why it waits)\n%s", err, out)
 		}
@@ -269,30 +155,30 @@ func TestUp(t *testing.T) {
 
 	t.Run("the sample BitcoinNetwork runs real btcd nodes, linked", func(t *testing.T) {
 		_, err := (btcd.Image{}).Find()
-		require(t, "CRDIPC_REQUIRE_BTCD", err)
-		out, err := up.run(t, binary, "call", "-f", "../../config/samples/bitcoin_v1alpha1_bitcoinnetwork.yaml", "--apply", "--timeout", "90s")
+		require.Capable(t, "CRDIPC_REQUIRE_BTCD", err)
+		out, err := up.Run(binary, "call", "-f", "../../config/samples/bitcoin_v1alpha1_bitcoinnetwork.yaml", "--apply", "--timeout", "90s")
 		if err != nil || !strings.Contains(out, "2 of 2 nodes ready, 1 of 1 peer links") {
 			t.Fatalf("crdipc call of the sample network: %v\n%s", err, out)
 		}
-		pods := up.kubectl(t, "get", "pods", "-l", "bitcoin.crdipc.io/network=regtest", "-o", "jsonpath={.items[*].status.phase}")
+		pods := up.Kubectl(t, "get", "pods", "-l", "bitcoin.crdipc.io/network=regtest", "-o", "jsonpath={.items[*].status.phase}")
 		if pods != "Running Running" {
 			t.Errorf("network pods are %q, want two Running", pods)
 		}
 	})
 
 	// Ctrl-C, then up again on the same directory: everything is still there.
-	if took := up.stop(t); took > 5*time.Second {
+	if took := up.Stop(t); took > 5*time.Second {
 		t.Errorf("up took %v to stop after Ctrl-C, want ≤ 5 s", took)
 	}
 	again := startUp(t, dataDir)
-	out := again.kubectl(t, "get", "books", "david-copperfield", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}")
+	out := again.Kubectl(t, "get", "books", "david-copperfield", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}")
 	if out != "True" {
 		t.Fatalf("after restart, Book Ready = %q, want True", out)
 	}
-	again.kubectl(t, "get", "storagepoolclaims,pullrequests,branches,bitcoinnetworks,cstorvolumes", "-A")
+	again.Kubectl(t, "get", "storagepoolclaims,pullrequests,branches,bitcoinnetworks,cstorvolumes", "-A")
 	if _, err := (btcd.Image{}).Find(); err == nil {
 		// The network's processes ended with the first up; the second starts them again.
-		again.kubectl(t, "wait", "--for=jsonpath={.status.containerStatuses[0].restartCount}=1", "pod/regtest-0", "pod/regtest-1", "--timeout=60s")
+		again.Kubectl(t, "wait", "--for=jsonpath={.status.containerStatuses[0].restartCount}=1", "pod/regtest-0", "pod/regtest-1", "--timeout=60s")
 	}
 }
 

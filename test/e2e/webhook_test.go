@@ -2,23 +2,23 @@ package e2e
 
 import (
 	"bytes"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
+	"context"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"testing"
+
+	"github.com/crdipc/crdipc/internal/scm/delivery"
 )
 
 // newWebhookSender reads the webhook address up printed and the secret it keeps in dataDir.
 func newWebhookSender(t *testing.T, up *upProcess, dataDir string) webhookSender {
 	t.Helper()
-	m := regexp.MustCompile(`webhook\s+(http://\S+/webhook)`).FindStringSubmatch(up.output.String())
+	m := regexp.MustCompile(`webhook\s+(http://\S+/webhook)`).FindStringSubmatch(up.Output.String())
 	if m == nil {
-		t.Fatalf("up did not print the webhook address:\n%s", up.output.String())
+		t.Fatalf("up did not print the webhook address:\n%s", up.Output.String())
 	}
 	secret, err := os.ReadFile(filepath.Join(dataDir, "webhook-secret"))
 	if err != nil {
@@ -34,36 +34,27 @@ type webhookSender struct {
 }
 
 // send posts testdata fixture as event with delivery id, signed, and checks the status.
-func (h webhookSender) send(t *testing.T, event, fixture, delivery string, status int) {
+func (h webhookSender) send(t *testing.T, event, fixture, id string, status int) {
 	t.Helper()
 	body, err := os.ReadFile(filepath.Join("../../internal/scm/webhook/testdata", fixture))
 	if err != nil {
 		t.Fatal(err)
 	}
-	mac := hmac.New(sha256.New, h.secret)
-	mac.Write(body)
-	h.post(t, event, delivery, body, "sha256="+hex.EncodeToString(mac.Sum(nil)), status)
+	h.post(t, h.secret, event, id, body, status)
 }
 
 // forged posts a delivery signed with another secret: refused, 401.
-func (h webhookSender) forged(t *testing.T, delivery string) {
+func (h webhookSender) forged(t *testing.T, id string) {
 	t.Helper()
-	body := []byte(`{"zen":"forged"}`)
-	mac := hmac.New(sha256.New, []byte("not the secret"))
-	mac.Write(body)
-	h.post(t, "ping", delivery, body, "sha256="+hex.EncodeToString(mac.Sum(nil)), http.StatusUnauthorized)
+	h.post(t, []byte("not the secret"), "ping", id, []byte(`{"zen":"forged"}`), http.StatusUnauthorized)
 }
 
-func (h webhookSender) post(t *testing.T, event, delivery string, body []byte, signature string, status int) {
+func (h webhookSender) post(t *testing.T, secret []byte, event, id string, body []byte, status int) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, h.url, bytes.NewReader(body))
+	req, err := delivery.New(context.Background(), h.url, secret, event, id, body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-GitHub-Event", event)
-	req.Header.Set("X-GitHub-Delivery", delivery)
-	req.Header.Set("X-Hub-Signature-256", signature)
 	h.do(t, req, status)
 }
 

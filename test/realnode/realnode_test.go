@@ -1,14 +1,11 @@
 package realnode
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,16 +13,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/crdipc/crdipc/internal/scm/delivery"
+	"github.com/crdipc/crdipc/internal/testenv/kubectl"
+	"github.com/crdipc/crdipc/internal/testenv/podmanifest"
 	"github.com/crdipc/crdipc/internal/testenv/realnodeplan"
-	"github.com/crdipc/crdipc/internal/testenv/wait"
+	"github.com/crdipc/crdipc/internal/testenv/require"
+	"github.com/crdipc/crdipc/internal/testenv/upproc"
 )
 
 const (
@@ -65,29 +64,27 @@ func repoRoot(t *testing.T) string {
 	return dir
 }
 
-// capable skips (or, under requireEnv, fails) when this machine cannot run a real node.
+// capable skips (or, under requireEnv, fails) when this machine cannot run a real node:
+// what no install script can provide. The tools deps installs are checked after it ran
+// (installed).
 func capable(t *testing.T) {
 	t.Helper()
-	var missing []string
+	var root error
 	if os.Geteuid() != 0 {
-		missing = append(missing, "root")
+		root = errors.New("root")
 	}
-	if _, err := exec.LookPath("kubectl"); err != nil {
-		missing = append(missing, "kubectl")
+	if err := errors.Join(root, require.Missing("kubectl", "apt-get")); err != nil {
+		require.Capable(t, requireEnv, fmt.Errorf("a real node needs %w", err))
 	}
-	for _, tool := range []string{"ip", "iptables", "apt-get", "mount"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			missing = append(missing, tool)
-		}
+}
+
+// installed fails (or skips) when what `make image` and `hack/realnode.sh deps` install, or
+// what the nodes use besides, is missing after they ran.
+func installed(t *testing.T) {
+	t.Helper()
+	if err := require.Missing("ip", "iptables", "mount"); err != nil {
+		require.Capable(t, requireEnv, fmt.Errorf("a real node needs %w", err))
 	}
-	if len(missing) == 0 {
-		return
-	}
-	err := fmt.Errorf("a real node needs %s", strings.Join(missing, ", "))
-	if os.Getenv(requireEnv) == "1" {
-		t.Fatalf("%s=1 but: %v", requireEnv, err)
-	}
-	t.Skip(err)
 }
 
 // run runs a command in the repository with env added, and fails the test with its
@@ -102,14 +99,8 @@ func run(t *testing.T, timeout time.Duration, env []string, name string, args ..
 }
 
 func runErr(timeout time.Duration, env []string, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), env...)
-	cmd.WaitDelay = 5 * time.Second
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	host := kubectl.Client{Env: env, Dir: root}
+	return host.RunFor(timeout, name, args...)
 }
 
 // cluster is `crdipc up` with real nodes joined.
@@ -119,9 +110,7 @@ type cluster struct {
 	kubeconfig string
 	dataDir    string
 	creds      string // the nodes' and kube-proxy's kubeconfigs
-	up         *exec.Cmd
-	upOut      *syncBuffer
-	upExited   chan error
+	up         *upproc.Process
 	joined     []realNode
 }
 
@@ -129,36 +118,28 @@ func (c *cluster) env() []string { return []string{"KUBECONFIG=" + c.kubeconfig}
 
 func (c *cluster) kubectl(t *testing.T, args ...string) string {
 	t.Helper()
-	return run(t, 3*time.Minute, c.env(), "kubectl", args...)
+	return c.up.Kubectl(t, args...)
 }
 
 // wait runs `kubectl wait` with a deadline; on failure it shows what the objects are.
 func (c *cluster) wait(t *testing.T, timeout time.Duration, args ...string) {
 	t.Helper()
-	full := append([]string{"wait", "--timeout=" + timeout.String()}, args...)
-	out, err := runErr(timeout+30*time.Second, c.env(), "kubectl", full...)
-	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s\n%s", strings.Join(full, " "), err, out, c.describe())
-	}
+	c.up.Wait(t, timeout, args...)
 }
 
-// describe is the state a failure needs to be understood: pods, events, nodes, the last
-// lines of up's output.
-func (c *cluster) describe() string {
+// describe is the state a failure needs to be understood: pods, events, nodes, the logs
+// of crdipc's pods and of the nodes, the last lines of up's output.
+func (c *cluster) describe() string { return c.up.Dump() }
+
+// nodesState is what describe adds to the cluster's objects.
+func (c *cluster) nodesState() string {
 	var b strings.Builder
-	for _, args := range [][]string{
-		{"get", "nodes,pods,pvc,pv,volumeattachments", "-A", "-o", "wide"},
-		{"get", "events", "-A", "--sort-by=.lastTimestamp"},
-	} {
-		out, _ := runErr(time.Minute, c.env(), "kubectl", args...)
-		fmt.Fprintf(&b, "$ kubectl %s\n%s\n", strings.Join(args, " "), tail(out, 60))
-	}
 	for _, ns := range []string{"crdipc-system", "crdipc-scm"} {
 		args := []string{"logs", "-n", ns, "-l", "app.kubernetes.io/part-of=crdipc", "--all-containers", "--prefix", "--tail=15", "--max-log-requests=20"}
-		out, _ := runErr(time.Minute, c.env(), "kubectl", args...)
+		out, _ := c.up.RunFor(time.Minute, "kubectl", args...)
 		fmt.Fprintf(&b, "$ kubectl %s\n%s\n", strings.Join(args, " "), out)
 	}
-	fmt.Fprintf(&b, "crdipc up:\n%s\n", tail(c.upOut.String(), 30))
+	fmt.Fprintf(&b, "crdipc up:\n%s\n", tail(c.up.Output.String(), 30))
 	for _, n := range c.joined {
 		for _, log := range []string{"kubelet.log", "containerd.log", "kube-proxy.log"} {
 			data, _ := os.ReadFile(filepath.Join(n.dir(), "logs", log))
@@ -168,13 +149,7 @@ func (c *cluster) describe() string {
 	return b.String()
 }
 
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func tail(s string, n int) string { return kubectl.Tail(s, n) }
 
 // TestRealNode builds the image, joins a real node to `crdipc up` and runs what a user
 // runs on it, in order: each step needs the one before.
@@ -196,8 +171,10 @@ func TestRealNode(t *testing.T) {
 
 	// The nodes' components: containerd, runc, CNI plugins (Debian), kubelet and
 	// kube-proxy (built from the Kubernetes module), the pause, busybox and fio images.
+	// Only then can the tools they bring be checked for.
 	run(t, 30*time.Minute, nil, "hack/realnode.sh", "deps")
 	phase("hack/realnode.sh deps")
+	installed(t)
 	// Leftovers of an interrupted run would make join refuse: clean them first.
 	for i := 1; i <= 4; i++ {
 		run(t, 3*time.Minute, nil, "hack/realnode.sh", "down", "--dir", nodeN(i).dir())
@@ -287,65 +264,27 @@ func (c *cluster) down(t *testing.T, n realNode) {
 	}
 }
 
-// poll waits, until timeout, for cond to hold (testenv/wait), failing with the last state
-// cond reported and the cluster's state. kubectl has nothing to watch for these.
+// poll waits, until timeout, for cond to hold, failing with the last state cond reported
+// and the cluster's state. kubectl has nothing to watch for these.
 func (c *cluster) poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	err := wait.Until(context.Background(), timeout, func(context.Context) (bool, error) {
+	c.up.Eventually(t, timeout, what, func(context.Context) (bool, error) {
 		if ok, state := cond(); !ok {
 			return false, fmt.Errorf("last: %s", state)
 		}
 		return true, nil
 	})
-	if err != nil {
-		t.Fatalf("%s: %v\n%s", what, err, c.describe())
-	}
 }
 
-// startUp runs crdipc args... and returns once it printed its export line.
+// startUp runs crdipc args... in a fresh directory, as a new user's, and returns once it
+// printed its export line. Commands on it run in the repository, 3 minutes at most.
 func (c *cluster) startUp(t *testing.T, args ...string) {
 	t.Helper()
-	cmd := exec.Command(c.binary, args...)
-	cmd.Dir = t.TempDir() // a fresh directory, as a new user's
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.upOut = &syncBuffer{}
-	cmd.Stderr = c.upOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c.up, c.upExited = cmd, make(chan error, 1)
-	found := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			line := sc.Text()
-			c.upOut.WriteString(line + "\n")
-			if k, ok := strings.CutPrefix(line, "export KUBECONFIG="); ok {
-				found <- k
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-		c.upExited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-c.upExited:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			t.Errorf("crdipc up still running 30 s after Ctrl-C")
-		}
-	})
-	select {
-	case c.kubeconfig = <-found:
-	case err := <-c.upExited:
-		t.Fatalf("crdipc up exited before it was ready: %v\n%s", err, c.upOut.String())
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("crdipc up not ready after 2 minutes:\n%s", c.upOut.String())
-	}
+	c.up = upproc.Start(t, upproc.Options{Binary: c.binary, Args: args, Dir: t.TempDir()})
+	c.kubeconfig = c.up.Kubeconfig
+	c.up.Dir, c.up.Timeout = root, 3*time.Minute
+	upState := c.up.State
+	c.up.State = func() string { return c.nodesState() + upState() }
 }
 
 // testNode: the kubelet keeps anonymous access off, the control plane clears the
@@ -370,18 +309,9 @@ func (c *cluster) testNode(t *testing.T) {
 // testPod: a busybox pod that names no node is scheduled to the real node, runs, and its
 // output is what `kubectl logs` shows.
 func (c *cluster) testPod(t *testing.T) {
-	manifest := `apiVersion: v1
-kind: Pod
-metadata: {name: hello, namespace: default}
-spec:
-  restartPolicy: Never
-  containers:
-    - name: hello
-      image: busybox
-      imagePullPolicy: Never
-      command: ["sh", "-c", "echo hello from $(hostname) on the real node; cat /var/run/secrets/kubernetes.io/serviceaccount/namespace"]
-`
-	c.apply(t, manifest)
+	hello := podmanifest.Shell("hello", "busybox", "echo hello from $(hostname) on the real node; cat /var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	hello.PullPolicy = podmanifest.PullNever
+	c.apply(t, hello.Manifest())
 	c.wait(t, 2*time.Minute, "--for=jsonpath={.status.phase}=Succeeded", "pod/hello")
 	if got := c.kubectl(t, "get", "pod", "hello", "-o", "jsonpath={.spec.nodeName}"); !strings.HasPrefix(got, "real-") {
 		t.Errorf("pod hello on %q, want a real node", got)
@@ -395,11 +325,7 @@ spec:
 
 func (c *cluster) apply(t *testing.T, manifest string) {
 	t.Helper()
-	f := filepath.Join(t.TempDir(), "manifest.yaml")
-	if err := os.WriteFile(f, []byte(manifest), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c.kubectl(t, "apply", "-f", f)
+	c.up.Apply(t, manifest)
 }
 
 // testDeploy: config/default, as docs/deploy.md applies it, with the image imported
@@ -446,10 +372,7 @@ func (c *cluster) testWebhook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mac := hmac.New(sha256.New, []byte(key))
-	mac.Write(body)
 	url := "http://" + service("crdipc-webhook-listener") + "/webhook"
-	signature := "sha256=" + hex.EncodeToString(mac.Sum(nil))
 	client := &http.Client{Timeout: 30 * time.Second}
 	// A Deployment is Available before kube-proxy has programmed its Service's new
 	// endpoints: until then the Service refuses connections. Sending again is safe: the
@@ -457,14 +380,10 @@ func (c *cluster) testWebhook(t *testing.T) {
 	var res *http.Response
 	var reply []byte
 	c.poll(t, time.Minute, "the listener's Service answering the delivery", func() (bool, string) {
-		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+		req, err := delivery.New(context.Background(), url, []byte(key), "pull_request", "5e1b7d2a-cc78-11e3-81ab-4c9367dc0958", body)
 		if err != nil {
 			t.Fatal(err)
 		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-GitHub-Event", "pull_request")
-		req.Header.Set("X-GitHub-Delivery", "5e1b7d2a-cc78-11e3-81ab-4c9367dc0958")
-		req.Header.Set("X-Hub-Signature-256", signature)
 		if res, err = client.Do(req); err != nil {
 			return false, err.Error()
 		}
@@ -589,52 +508,9 @@ func replicaHolds(t *testing.T, dir, want string) bool {
 	return found
 }
 
-// syncBuffer is a bytes.Buffer safe for the goroutine that fills it and the test that
-// reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) WriteString(s string) { _, _ = b.Write([]byte(s)) }
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // podWithClaim is a pod that runs command in image on node ("": kube-scheduler chooses)
 // once, with the claim mounted at /data.
 func podWithClaim(name, node, image, claim string, command ...string) string {
-	cmd, err := json.Marshal(command) // a JSON array is YAML too
-	if err != nil {
-		panic(err)
-	}
-	placement := ""
-	if node != "" {
-		placement = "\n  nodeName: " + node
-	}
-	return fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: default}
-spec:%s
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: c
-      image: %s
-      imagePullPolicy: Never
-      command: %s
-      volumeMounts: [{name: data, mountPath: /data}]
-  volumes:
-    - name: data
-      persistentVolumeClaim: {claimName: %s}
-`, name, placement, image, cmd, claim)
+	return podmanifest.Pod{Name: name, Node: node, Image: image, PullPolicy: podmanifest.PullNever,
+		Command: command, Claim: claim}.Manifest()
 }

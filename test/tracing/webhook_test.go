@@ -1,11 +1,7 @@
 package tracing
 
 import (
-	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	scmv1alpha1 "github.com/crdipc/crdipc/api/scm/v1alpha1"
+	"github.com/crdipc/crdipc/internal/scm/delivery"
 	"github.com/crdipc/crdipc/internal/scm/metricsagent"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
 	"github.com/crdipc/crdipc/internal/testenv"
@@ -82,16 +79,10 @@ func TestWebhookDeliveryIsOneTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req, err := http.NewRequest(http.MethodPost, srv.URL+"/webhook", bytes.NewReader(body))
+	req, err := delivery.New(context.Background(), srv.URL+"/webhook", secret, "pull_request", "6f1c8a5e-traced", body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mac := hmac.New(sha256.New, secret)
-	mac.Write(body)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-GitHub-Event", "pull_request")
-	req.Header.Set("X-GitHub-Delivery", "6f1c8a5e-traced")
-	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(mac.Sum(nil)))
 	resp, err := srv.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/crdipc/crdipc/internal/mountinfo"
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
+	"github.com/crdipc/crdipc/internal/testenv/require"
 )
 
 // requireMounts is testenv.RequireMounts without linking the control plane into this
@@ -25,18 +27,7 @@ import (
 // CRDIPC_REQUIRE_MOUNT=1 (CI).
 func requireMounts(t *testing.T) {
 	t.Helper()
-	err := blockdev.Available()
-	if err == nil {
-		if _, lerr := exec.LookPath("mkfs.ext4"); lerr != nil {
-			err = lerr
-		}
-	}
-	if err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
-			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot mount volumes: %v", err)
-		}
-		t.Skip(err)
-	}
+	require.Capable(t, "CRDIPC_REQUIRE_MOUNT", errors.Join(blockdev.Available(), require.Missing("mkfs.ext4")))
 }
 
 // mountOptions are the per-mount options of the topmost mount at path, read from the mount

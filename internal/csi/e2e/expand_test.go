@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -37,6 +36,7 @@ import (
 	"github.com/crdipc/crdipc/internal/podsim"
 	"github.com/crdipc/crdipc/internal/podsim/busybox"
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/require"
 )
 
 // ext4Online says why this process cannot grow a mounted ext4 file system (no
@@ -45,11 +45,7 @@ import (
 // fails the test instead.
 func ext4Online(t *testing.T) error {
 	t.Helper()
-	err := driver.OnlineResizeAvailable("ext4")
-	if err != nil && os.Getenv("CRDIPC_REQUIRE_ONLINE_RESIZE") == "1" {
-		t.Fatalf("CRDIPC_REQUIRE_ONLINE_RESIZE=1 but this host cannot grow a mounted ext4 file system: %v", err)
-	}
-	return err
+	return require.Strict(t, "CRDIPC_REQUIRE_ONLINE_RESIZE", driver.OnlineResizeAvailable("ext4"))
 }
 
 // growable is a file system the node plugin can grow while mounted here, with a claim size
@@ -69,11 +65,8 @@ func growableFS(t *testing.T) growable {
 		return growable{fsType: "ext4", small: "64Mi", big: "128Mi", smallBytes: 64 * mib, growthBytes: 64 * mib}
 	}
 	t.Logf("ext4 cannot grow online here (%v): growing xfs instead", err)
-	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
-			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but neither ext4 (no CAP_SYS_RESOURCE) nor xfs (no mkfs.xfs: install xfsprogs) can grow online here")
-		}
-		t.Skipf("neither ext4 (no CAP_SYS_RESOURCE) nor xfs (no mkfs.xfs) can grow online here")
+	if err := require.Missing("mkfs.xfs"); err != nil {
+		require.Capable(t, "CRDIPC_REQUIRE_MOUNT", fmt.Errorf("neither ext4 (no CAP_SYS_RESOURCE) nor xfs (install xfsprogs) can grow online here: %w", err))
 	}
 	return growable{fsType: "xfs", small: "320Mi", big: "384Mi", smallBytes: 320 * mib, growthBytes: 64 * mib}
 }

@@ -1,11 +1,7 @@
 package metricsagent_test
 
 import (
-	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,6 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/crdipc/crdipc/internal/scm/delivery"
 	"github.com/crdipc/crdipc/internal/scm/metricsagent"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
 	"github.com/crdipc/crdipc/internal/services"
@@ -205,13 +202,10 @@ func (s *sender) nextDelivery() string {
 // send delivers one event and returns the listener's result; it fails the test unless 2xx.
 func (s *sender) send(event string, payload []byte) string {
 	s.t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/webhook", bytes.NewReader(payload))
-	m := hmac.New(sha256.New, []byte(secret))
-	m.Write(payload)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-GitHub-Event", event)
-	req.Header.Set("X-GitHub-Delivery", s.nextDelivery())
-	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(m.Sum(nil)))
+	req, err := delivery.New(context.Background(), s.srv.URL+"/webhook", []byte(secret), event, s.nextDelivery(), payload)
+	if err != nil {
+		s.t.Fatal(err)
+	}
 	resp, err := s.srv.Client().Do(req)
 	if err != nil {
 		s.t.Fatalf("deliver: %v", err)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/crdipc/crdipc/internal/scm/delivery"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
 	"github.com/crdipc/crdipc/internal/testenv"
 )
@@ -88,7 +89,7 @@ func TestBadInput(t *testing.T) {
 		}, 401, "must be sha256="},
 		{"wrong secret", func() *http.Request {
 			r := h.request("pull_request", "x", opened)
-			r.Header.Set("X-Hub-Signature-256", sign("not the secret", opened))
+			r.Header.Set("X-Hub-Signature-256", delivery.Sign([]byte("not the secret"), opened))
 			return r
 		}, 401, "does not match the body"},
 		{"body changed after signing", func() *http.Request {

@@ -1,11 +1,7 @@
 package webhook_test
 
 import (
-	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -23,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	scmv1alpha1 "github.com/crdipc/crdipc/api/scm/v1alpha1"
+	"github.com/crdipc/crdipc/internal/scm/delivery"
 	"github.com/crdipc/crdipc/internal/scm/webhook"
 	"github.com/crdipc/crdipc/internal/testenv"
 )
@@ -140,12 +137,6 @@ func newUnstartedHarness(t testing.TB, cfg *rest.Config, mod ...func(*webhook.Op
 	return &harness{t: t, env: env, ns: ns, l: l, srv: srv, ops: ops, api: api}
 }
 
-func sign(secret string, body []byte) string {
-	m := hmac.New(sha256.New, []byte(secret))
-	m.Write(body)
-	return "sha256=" + hex.EncodeToString(m.Sum(nil))
-}
-
 func fixture(t testing.TB, name string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("testdata", name))
@@ -167,17 +158,13 @@ type reply struct {
 }
 
 // request builds a GitHub-like delivery, signed with testSecret.
-func (h *harness) request(event, delivery string, body []byte) *http.Request {
-	req, err := http.NewRequest(http.MethodPost, h.srv.URL+"/webhook", bytes.NewReader(body))
+func (h *harness) request(event, id string, body []byte) *http.Request {
+	req, err := delivery.New(context.Background(), h.srv.URL+"/webhook", []byte(testSecret), event, id, body)
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "GitHub-Hookshot/abc1234")
-	req.Header.Set("X-GitHub-Event", event)
-	req.Header.Set("X-GitHub-Delivery", delivery)
 	req.Header.Set("X-GitHub-Hook-ID", "109948940")
-	req.Header.Set("X-Hub-Signature-256", sign(testSecret, body))
 	return req
 }
 

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/crdipc/crdipc/internal/scm/delivery"
 	"github.com/crdipc/crdipc/internal/testenv/metrics"
 )
 
@@ -15,7 +16,7 @@ func TestMetrics(t *testing.T) {
 	h.mustDeliver("push", deliveryC, "push-tag.json", 202)
 	h.mustDeliver("issues", deliveryD, "issues-opened.json", 202)
 	bad := h.request("pull_request", deliveryE, fixture(t, "pull_request-opened.json"))
-	bad.Header.Set("X-Hub-Signature-256", sign("wrong", []byte("x")))
+	bad.Header.Set("X-Hub-Signature-256", delivery.Sign([]byte("wrong"), []byte("x")))
 	h.do(bad)
 
 	mfs := metrics.Scrape(t, h.ops.URL+"/metrics")

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/crdipc/crdipc/internal/testenv/require"
 )
 
 // requireMount skips a test that needs real mounts when this host cannot do them, unless
@@ -24,23 +26,9 @@ func requireMount(t *testing.T, tools ...string) {
 	t.Helper()
 	err := Available()
 	if err == nil {
-		var missing []string
-		for _, tool := range tools {
-			if _, lerr := exec.LookPath(tool); lerr != nil {
-				missing = append(missing, tool)
-			}
-		}
-		if len(missing) > 0 {
-			err = errors.New("missing test tools: " + strings.Join(missing, ", "))
-		}
+		err = require.Missing(tools...)
 	}
-	if err == nil {
-		return
-	}
-	if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
-		t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but this host cannot export block devices: %v", err)
-	}
-	t.Skipf("cannot export block devices here (set CRDIPC_REQUIRE_MOUNT=1 to fail instead): %v", err)
+	require.Capable(t, "CRDIPC_REQUIRE_MOUNT", err)
 }
 
 // fileDevice is a Device backed by a regular file; it counts Flush calls and can be told to

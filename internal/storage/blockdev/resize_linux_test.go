@@ -3,6 +3,7 @@ package blockdev
 import (
 	"bytes"
 	"crypto/sha256"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/crdipc/crdipc/internal/testenv/require"
 )
 
 // growingDevice is a fileDevice whose size grows, as the volume engine's does on Grow.
@@ -125,10 +128,7 @@ func requireCap(t *testing.T, bit int, name, env string) {
 			}
 		}
 	}
-	if os.Getenv(env) == "1" {
-		t.Fatalf("%s=1 but this process lacks %s", env, name)
-	}
-	t.Skipf("this process lacks %s (set %s=1 to fail instead)", name, env)
+	require.Capable(t, env, fmt.Errorf("this process lacks %s", name))
 }
 
 // The whole expansion with ext4 on the loop device: the Device grows, Resize, resize2fs,

@@ -3,12 +3,15 @@ package replica
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/crdipc/crdipc/internal/testenv/require"
 )
 
 // smallFS mounts a tmpfs of size bytes on dir for the test: a file system that fills. It
@@ -16,10 +19,7 @@ import (
 func smallFS(t *testing.T, dir string, size string) {
 	t.Helper()
 	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NODEV|unix.MS_NOSUID, "size="+size); err != nil {
-		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
-			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but mounting a tmpfs failed: %v", err)
-		}
-		t.Skipf("mounting a tmpfs: %v", err)
+		require.Capable(t, "CRDIPC_REQUIRE_MOUNT", fmt.Errorf("mounting a tmpfs: %w", err))
 	}
 	t.Cleanup(func() {
 		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/crdipc/crdipc/internal/testenv/require"
 	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
@@ -30,15 +31,9 @@ func reflinkDir(t *testing.T) string {
 	t.Helper()
 	unavailable := func(format string, args ...any) {
 		t.Helper()
-		if os.Getenv("CRDIPC_REQUIRE_MOUNT") == "1" {
-			t.Fatalf("CRDIPC_REQUIRE_MOUNT=1 but no reflink file system: "+format, args...)
-		}
-		t.Skipf("no reflink file system: "+format, args...)
+		require.Capable(t, "CRDIPC_REQUIRE_MOUNT", fmt.Errorf("no reflink file system: "+format, args...))
 	}
-	mkfs, err := exec.LookPath("mkfs.xfs")
-	if err != nil {
-		unavailable("%v (install xfsprogs)", err)
-	}
+	mkfs := require.Tool(t, "CRDIPC_REQUIRE_MOUNT", "mkfs.xfs")
 	dir := t.TempDir()
 	img, mnt := filepath.Join(dir, "xfs.img"), filepath.Join(dir, "mnt")
 	if err := os.Mkdir(mnt, 0o750); err != nil {
