@@ -24,7 +24,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "crdipc")
-	build := exec.Command("go", "build", "-o", binary, "../../cmd/crdipc")
+	build := exec.Command("go", append(append([]string{"build"}, upproc.GoBuildFlags()...), "-o", binary, "../../cmd/crdipc")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building crdipc:", err)

@@ -42,6 +42,8 @@ type Process struct {
 	// Output is what up printed, stdout and stderr.
 	Output *syncbuf.Buffer
 	exited chan error // holds Wait's result once the process ended
+	// racesChecked: Stop reports up's data races once, though the cleanup stops it again.
+	racesChecked bool
 }
 
 // Start runs o.Binary o.Args... and returns once it printed its export line; it fails t
@@ -95,11 +97,39 @@ func Start(t testing.TB, o Options) *Process {
 	return p
 }
 
+// GoBuildFlags are the go build flags for the crdipc binary a test runs: -race when the test
+// itself runs under the race detector (make test-race), so that the races looked for are
+// also those of up's services, in up's process.
+func GoBuildFlags() []string {
+	if raceEnabled {
+		return []string{"-race"}
+	}
+	return nil
+}
+
+// raceReport is how the race detector starts each report it prints.
+const raceReport = "WARNING: DATA RACE"
+
+// checkRaces fails t for each data race up's race detector reported.
+func (p *Process) checkRaces(t testing.TB) {
+	t.Helper()
+	if p.racesChecked {
+		return
+	}
+	p.racesChecked = true
+	out := p.Output.String()
+	if n := strings.Count(out, raceReport); n > 0 {
+		i := strings.Index(out, raceReport)
+		t.Errorf("crdipc up reported %d data race(s); the first:\n%s", n, kubectl.Tail(out[i:], 200))
+	}
+}
+
 // Stop sends Ctrl-C and returns how long the process took to exit; it fails t when the
 // process exits with an error, or is still running 30 s later (then it is killed). A
 // process that ended already takes 0.
 func (p *Process) Stop(t testing.TB) time.Duration {
 	t.Helper()
+	defer p.checkRaces(t)
 	select {
 	case err := <-p.exited:
 		p.exited <- err

@@ -1,6 +1,7 @@
 package upproc
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -31,5 +32,32 @@ wait`
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// recorder is a testing.TB that keeps what a helper reports instead of failing the test.
+type recorder struct {
+	testing.TB
+	errors []string
+}
+
+func (r *recorder) Helper() {}
+
+func (r *recorder) Errorf(format string, args ...any) {
+	r.errors = append(r.errors, fmt.Sprintf(format, args...))
+}
+
+// A race the detector reports in up's output fails the test that stopped it, even when
+// up exits cleanly (make test-race builds up with -race; a race is a bug, not a warning).
+func TestStopReportsDataRaces(t *testing.T) {
+	script := `trap 'echo "==================" >&2; echo "WARNING: DATA RACE" >&2; echo "Write at 0x00c by goroutine 7:" >&2; exit 0' INT
+echo "export KUBECONFIG=/tmp/kubeconfig"
+sleep 60 >/dev/null 2>&1 &
+wait`
+	p := Start(t, Options{Binary: "sh", Args: []string{"-c", script}})
+	r := &recorder{TB: t}
+	p.Stop(r)
+	if len(r.errors) != 1 || !strings.Contains(r.errors[0], "1 data race") || !strings.Contains(r.errors[0], "goroutine 7") {
+		t.Errorf("Stop reported %q, want the one data race with its report", r.errors)
 	}
 }

@@ -1,0 +1,5 @@
+//go:build race
+
+package upproc
+
+const raceEnabled = true
