@@ -263,6 +263,7 @@ func TestCreateValidation(t *testing.T) {
 		{"btc zero nodes", "bitcoin/BitcoinNetwork", `{nodes: 0}`, "spec.nodes", "greater than or equal to 1"},
 		{"btc too many nodes", "bitcoin/BitcoinNetwork", `{nodes: 11}`, "spec.nodes", "less than or equal to 10"},
 		{"btc bad network", "bitcoin/BitcoinNetwork", `{network: signet}`, "spec.network", "Unsupported value"},
+		{"btc bad implementation", "bitcoin/BitcoinNetwork", `{implementation: bitcoin-qt}`, "spec.implementation", `supported values: "bitcoind", "btcd"`},
 		{"btc storage 8Ei", "bitcoin/BitcoinNetwork", `{storage: {size: 8Ei}}`, "spec.storage.size", "size must be less than 8Ei"},
 		{"btc empty image", "bitcoin/BitcoinNetwork", `{image: ""}`, "spec.image", "at least 1"},
 		{"btc empty secretName", "bitcoin/BitcoinNetwork", `{secretName: ""}`, "spec.secretName", "at least 1"},
@@ -435,12 +436,14 @@ func TestDefaults(t *testing.T) {
 			"poolType": string(storagev1alpha1.PoolTypeStriped), "backend": string(storagev1alpha1.BackendFile)}},
 		{"cv", "storage/CStorVolume", `{capacity: 1Gi}`, map[string]any{
 			"replicationFactor": int64(storagev1alpha1.DefaultReplicationFactor)}},
+		// No image: a CRD default cannot depend on the implementation, the operator picks it
+		// (BitcoinNetworkSpec.ImageOrDefault).
 		{"btc no spec", "bitcoin/BitcoinNetwork", ``, map[string]any{
-			"nodes": int64(2), "network": string(bitcoinv1alpha1.NetworkRegtest), "image": bitcoinv1alpha1.DefaultImage}},
+			"nodes": int64(2), "network": string(bitcoinv1alpha1.NetworkRegtest), "implementation": string(bitcoinv1alpha1.ImplementationBitcoind), "image": nil}},
 		{"btc empty spec", "bitcoin/BitcoinNetwork", `{}`, map[string]any{
-			"nodes": int64(2), "network": string(bitcoinv1alpha1.NetworkRegtest), "image": bitcoinv1alpha1.DefaultImage}},
-		{"btc explicit", "bitcoin/BitcoinNetwork", `{nodes: 5, network: mainnet}`, map[string]any{
-			"nodes": int64(5), "network": string(bitcoinv1alpha1.NetworkMainnet), "image": bitcoinv1alpha1.DefaultImage}},
+			"nodes": int64(2), "network": string(bitcoinv1alpha1.NetworkRegtest), "implementation": string(bitcoinv1alpha1.ImplementationBitcoind), "image": nil}},
+		{"btc explicit", "bitcoin/BitcoinNetwork", `{nodes: 5, network: mainnet, implementation: btcd}`, map[string]any{
+			"nodes": int64(5), "network": string(bitcoinv1alpha1.NetworkMainnet), "implementation": string(bitcoinv1alpha1.ImplementationBtcd), "image": nil}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			obj := object(t, tc.name, tc.kind, tc.spec)

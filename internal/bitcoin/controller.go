@@ -50,7 +50,7 @@ func Add(mgr manager.Manager, o Options) error {
 	if o.Resync == 0 {
 		o.Resync = 30 * time.Second
 	}
-	h := &handler{c: mgr.GetClient(), live: mgr.GetAPIReader(), o: o}
+	h := &handler{c: mgr.GetClient(), live: mgr.GetAPIReader(), o: o, rpc: newRPCTransports(o.RPCTimeout)}
 	ro := o.Options
 	ro.Name = "bitcoinnetwork"
 	ro.Watches = append(ro.Watches,
@@ -76,6 +76,7 @@ type handler struct {
 	c    client.Client
 	live client.Reader
 	o    Options
+	rpc  rpcTransports
 }
 
 // waitingError is a state of the world the network waits on (a missing Secret), not a
@@ -87,7 +88,7 @@ func (e *waitingError) Error() string { return e.msg }
 func errWaiting(msg string) error { return &waitingError{msg: msg} }
 
 // Handle implements ipc.Handler: keep the Secret, Service and StatefulSet, then connect the
-// ready nodes and report.
+// ready nodes, in the RPC dialect of the network's implementation, and report.
 func (h *handler) Handle(ctx context.Context, n *bitcoinv1alpha1.BitcoinNetwork) (ipc.Result, error) {
 	user, pass, err := h.credentials(ctx, n)
 	var w *waitingError
@@ -104,5 +105,5 @@ func (h *handler) Handle(ctx context.Context, n *bitcoinv1alpha1.BitcoinNetwork)
 	if err := h.applyStatefulSet(ctx, n); err != nil {
 		return ipc.Result{}, err
 	}
-	return h.connect(ctx, n, newRPCClient(user, pass, h.o.RPCTimeout))
+	return h.connect(ctx, n, h.rpc.client(implementation(n), user, pass))
 }

@@ -74,7 +74,7 @@ func newWorld(t *testing.T) *world {
 		return bitcoin.Add(mgr, bitcoin.Options{Resync: 2 * time.Second})
 	})
 	kubelet := startManager(t, env.Config, func(mgr ctrl.Manager) error {
-		return podsim.Add(mgr, podsim.Options{Root: root, Images: map[string]podsim.Image{"bitcoin/bitcoin": btcd.Image{}}})
+		return podsim.Add(mgr, podsim.Options{Root: root, Images: map[string]podsim.Image{"bitcoin/bitcoin": btcd.Image{}, btcd.NativeImageName: btcd.NativeImage{}}})
 	})
 	// Stopped before the namespace and root go: the runtime stops every process.
 	t.Cleanup(func() { operator(); kubelet() })
@@ -94,7 +94,7 @@ func startManager(t *testing.T, cfg *rest.Config, add func(ctrl.Manager) error) 
 func (w *world) network(name string, nodes int32) *bitcoinv1alpha1.BitcoinNetwork {
 	return &bitcoinv1alpha1.BitcoinNetwork{
 		ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: name},
-		Spec:       bitcoinv1alpha1.BitcoinNetworkSpec{Nodes: nodes, Network: bitcoinv1alpha1.NetworkRegtest, Image: bitcoinv1alpha1.DefaultImage},
+		Spec:       bitcoinv1alpha1.BitcoinNetworkSpec{Nodes: nodes, Network: bitcoinv1alpha1.NetworkRegtest, Image: bitcoinv1alpha1.BitcoindImage},
 	}
 }
 
@@ -124,7 +124,7 @@ func (w *world) peersSeenBy(t *testing.T, n *bitcoinv1alpha1.BitcoinNetwork) map
 	seen := map[string][]string{}
 	for _, nd := range n.Status.Nodes {
 		c, err := rpcclient.New(&rpcclient.ConnConfig{
-			Host: net.JoinHostPort(nd.IP, strconv.Itoa(int(bitcoin.PortsOf(n.Spec.Network).RPC))),
+			Host: net.JoinHostPort(nd.IP, strconv.Itoa(int(bitcoin.PortsOf(n.Spec.Implementation, n.Spec.Network).RPC))),
 			User: string(s.Data[bitcoin.SecretUser]), Pass: string(s.Data[bitcoin.SecretPassword]),
 			HTTPPostMode: true, DisableTLS: true,
 		}, nil)

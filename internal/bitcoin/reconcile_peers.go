@@ -34,7 +34,7 @@ func (h *handler) connect(ctx context.Context, n *bitcoinv1alpha1.BitcoinNetwork
 	if err := h.c.List(ctx, &pods, client.InNamespace(n.Namespace), client.MatchingLabels{NetworkLabel: n.Name}); err != nil {
 		return ipc.Result{}, fmt.Errorf("listing pods: %w", err)
 	}
-	ports := PortsOf(n.Spec.Network)
+	ports := PortsOf(implementation(n), n.Spec.Network)
 	nodes := make([]*node, 0, len(pods.Items))
 	for i := range pods.Items {
 		p := &pods.Items[i]

@@ -26,8 +26,6 @@ const (
 	NetworkLabel = "bitcoin.crdipc.io/network"
 	// FieldOwner is the operator's server-side apply field manager.
 	FieldOwner = "crdipc-bitcoin-operator"
-	// ContainerName is the bitcoind container of every node pod.
-	ContainerName = "bitcoind"
 )
 
 // Secret keys of the RPC credentials, as spec.secretName documents them.
@@ -36,19 +34,29 @@ const (
 	SecretPassword = "password"
 )
 
-// Ports of each chain: bitcoind's defaults, so the nodes need no -port/-rpcport to agree.
+// Ports are a node's P2P and RPC ports.
 type Ports struct{ P2P, RPC int32 }
 
-// PortsOf returns the default P2P and RPC ports of a chain.
-func PortsOf(n bitcoinv1alpha1.Network) Ports {
+// PortsOf returns the default ports of an implementation on a chain, so the nodes need no
+// flags to agree. P2P is the chain's; RPC is bitcoind's 8332/18332/18443, while btcd
+// serves RPC on 8334 on mainnet and 18334 on testnet and regtest.
+func PortsOf(impl bitcoinv1alpha1.Implementation, n bitcoinv1alpha1.Network) Ports {
+	var p Ports
 	switch n {
 	case bitcoinv1alpha1.NetworkTestnet:
-		return Ports{P2P: 18333, RPC: 18332}
+		p = Ports{P2P: 18333, RPC: 18332}
 	case bitcoinv1alpha1.NetworkMainnet:
-		return Ports{P2P: 8333, RPC: 8332}
+		p = Ports{P2P: 8333, RPC: 8332}
 	default:
-		return Ports{P2P: 18444, RPC: 18443}
+		p = Ports{P2P: 18444, RPC: 18443}
 	}
+	if impl == bitcoinv1alpha1.ImplementationBtcd {
+		p.RPC = 18334
+		if n == bitcoinv1alpha1.NetworkMainnet {
+			p.RPC = 8334
+		}
+	}
+	return p
 }
 
 // SecretName is the Secret holding the network's RPC credentials.
@@ -57,6 +65,15 @@ func SecretName(n *bitcoinv1alpha1.BitcoinNetwork) string {
 		return n.Spec.SecretName
 	}
 	return n.Name + "-rpc"
+}
+
+// implementation is the network's node program; the API server defaults it, but an object
+// from an older operator's cache or a test may lack it.
+func implementation(n *bitcoinv1alpha1.BitcoinNetwork) bitcoinv1alpha1.Implementation {
+	if n.Spec.Implementation == "" {
+		return bitcoinv1alpha1.ImplementationBitcoind
+	}
+	return n.Spec.Implementation
 }
 
 func selectorLabels(n *bitcoinv1alpha1.BitcoinNetwork) map[string]string {
@@ -108,7 +125,7 @@ func (h *handler) credentials(ctx context.Context, n *bitcoinv1alpha1.BitcoinNet
 // applyService keeps the headless Service that gives each node pod a stable DNS name,
 // <pod>.<network>.<namespace>.svc.
 func (h *handler) applyService(ctx context.Context, n *bitcoinv1alpha1.BitcoinNetwork) error {
-	p := PortsOf(n.Spec.Network)
+	p := PortsOf(implementation(n), n.Spec.Network)
 	svc := corev1ac.Service(n.Name, n.Namespace).
 		WithLabels(selectorLabels(n)).WithOwnerReferences(ownerRef(n)).
 		WithSpec(corev1ac.ServiceSpec().
@@ -126,10 +143,27 @@ func (h *handler) applyService(ctx context.Context, n *bitcoinv1alpha1.BitcoinNe
 	return nil
 }
 
-// Args are bitcoind's command line for a network; RPC credentials come from the
+// Args are the node's command line for a network; RPC credentials come from the
 // environment, so they are not visible in the pod spec.
-func Args(network bitcoinv1alpha1.Network) []string {
-	p := PortsOf(network)
+func Args(impl bitcoinv1alpha1.Implementation, network bitcoinv1alpha1.Network) []string {
+	p := PortsOf(impl, network)
+	if impl == bitcoinv1alpha1.ImplementationBtcd {
+		// btcd keeps its chain, logs and RPC key pair in $HOME/.btcd (HOME is the data
+		// volume). It serves RPC over TLS with a certificate it makes on first start:
+		// --notls is refused off loopback, and the operator dials the pod IP.
+		args := []string{
+			fmt.Sprintf("--listen=:%d", p.P2P), fmt.Sprintf("--rpclisten=:%d", p.RPC),
+			"--rpcuser=$(RPC_USER)", "--rpcpass=$(RPC_PASSWORD)",
+		}
+		switch network {
+		case bitcoinv1alpha1.NetworkTestnet:
+			args = append([]string{"--testnet"}, args...)
+		case bitcoinv1alpha1.NetworkMainnet:
+		default:
+			args = append([]string{"--regtest"}, args...)
+		}
+		return args
+	}
 	args := []string{
 		"-server=1", "-listen=1", "-printtoconsole=1",
 		fmt.Sprintf("-port=%d", p.P2P), fmt.Sprintf("-rpcport=%d", p.RPC),
@@ -147,18 +181,36 @@ func Args(network bitcoinv1alpha1.Network) []string {
 	return args
 }
 
-// applyStatefulSet keeps the StatefulSet of spec.nodes bitcoind pods. Pods start in
-// parallel: a node needs no other to start, the operator connects them once they are up.
+// applyStatefulSet keeps the StatefulSet of spec.nodes node pods.
 func (h *handler) applyStatefulSet(ctx context.Context, n *bitcoinv1alpha1.BitcoinNetwork) error {
-	p := PortsOf(n.Spec.Network)
+	if err := h.c.Apply(ctx, statefulSet(n), client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
+		return fmt.Errorf("applying statefulset %s: %w", n.Name, err)
+	}
+	return nil
+}
+
+// statefulSet is the network's StatefulSet. Pods start in parallel: a node needs no other
+// to start, the operator connects them once they are up.
+func statefulSet(n *bitcoinv1alpha1.BitcoinNetwork) *appsv1ac.StatefulSetApplyConfiguration {
+	impl := implementation(n)
+	p := PortsOf(impl, n.Spec.Network)
 	secretEnv := func(name, key string) *corev1ac.EnvVarApplyConfiguration {
 		return corev1ac.EnvVar().WithName(name).WithValueFrom(corev1ac.EnvVarSource().
 			WithSecretKeyRef(corev1ac.SecretKeySelector().WithName(SecretName(n)).WithKey(key)))
 	}
+	env := []*corev1ac.EnvVarApplyConfiguration{secretEnv("RPC_USER", SecretUser), secretEnv("RPC_PASSWORD", SecretPassword)}
+	if impl == bitcoinv1alpha1.ImplementationBtcd {
+		// btcd creates $HOME/.btcd before it reads a flag, and the image's user has no home
+		// directory of its own.
+		env = append(env, corev1ac.EnvVar().WithName("HOME").WithValue("/data"))
+	}
 	container := corev1ac.Container().
-		WithName(ContainerName).WithImage(n.Spec.Image).
-		WithCommand("bitcoind").WithArgs(Args(n.Spec.Network)...).
-		WithEnv(secretEnv("RPC_USER", SecretUser), secretEnv("RPC_PASSWORD", SecretPassword)).
+		WithName(string(impl)).WithImage(n.Spec.ImageOrDefault()).
+		// Never pulled when the node has it: the btcd image is imported into nodes, not
+		// published to a registry.
+		WithImagePullPolicy(corev1.PullIfNotPresent).
+		WithCommand(string(impl)).WithArgs(Args(impl, n.Spec.Network)...).
+		WithEnv(env...).
 		WithPorts(
 			corev1ac.ContainerPort().WithName("p2p").WithContainerPort(p.P2P),
 			corev1ac.ContainerPort().WithName("rpc").WithContainerPort(p.RPC),
@@ -168,7 +220,13 @@ func (h *handler) applyStatefulSet(ctx context.Context, n *bitcoinv1alpha1.Bitco
 			WithPeriodSeconds(2).WithFailureThreshold(3)).
 		WithVolumeMounts(corev1ac.VolumeMount().WithName("data").WithMountPath("/data")).
 		WithSecurityContext(corev1ac.SecurityContext().WithAllowPrivilegeEscalation(false).WithRunAsNonRoot(true).WithRunAsUser(1000))
-	pod := corev1ac.PodSpec().WithContainers(container)
+	pod := corev1ac.PodSpec().WithContainers(container).
+		// A test network is worth more spread over machines: one node lost takes one peer.
+		// Preferred, not required: a one-machine cluster still runs every node.
+		WithTopologySpreadConstraints(corev1ac.TopologySpreadConstraint().
+			WithMaxSkew(1).WithTopologyKey(corev1.LabelHostname).
+			WithWhenUnsatisfiable(corev1.ScheduleAnyway).
+			WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(n))))
 	spec := appsv1ac.StatefulSetSpec().
 		WithReplicas(n.Spec.Nodes).
 		WithServiceName(n.Name).
@@ -190,12 +248,8 @@ func (h *handler) applyStatefulSet(ctx context.Context, n *bitcoinv1alpha1.Bitco
 	}
 	// The network's trace goes on the StatefulSet, not on its pod template: a template
 	// that changed with every trace would roll the pods each time.
-	sts := appsv1ac.StatefulSet(n.Name, n.Namespace).
+	return appsv1ac.StatefulSet(n.Name, n.Namespace).
 		WithLabels(selectorLabels(n)).WithOwnerReferences(ownerRef(n)).
 		WithAnnotations(ipc.TraceContextAnnotations(n)).
 		WithSpec(spec.WithTemplate(corev1ac.PodTemplateSpec().WithLabels(selectorLabels(n)).WithSpec(pod)))
-	if err := h.c.Apply(ctx, sts, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil {
-		return fmt.Errorf("applying statefulset %s: %w", n.Name, err)
-	}
-	return nil
 }

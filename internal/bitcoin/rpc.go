@@ -3,6 +3,7 @@ package bitcoin
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,14 +15,17 @@ import (
 	"time"
 
 	"github.com/btcsuite/btcd/btcjson"
+
+	bitcoinv1alpha1 "github.com/crdipc/crdipc/api/bitcoin/v1alpha1"
 )
 
-// rpcClient calls bitcoind's JSON-RPC interface. The request and reply types are btcd's
-// btcjson (the same wire format bitcoind uses); the transport is our own so that every call
-// has the caller's context and a deadline: rpcclient retries a failed POST for minutes, which
-// would hold a reconcile worker while a pod is down.
+// rpcClient calls a node's JSON-RPC interface, bitcoind's or btcd's. The request and reply
+// types are btcd's btcjson (the same wire format bitcoind uses); the transport is our own so
+// that every call has the caller's context and a deadline: rpcclient retries a failed POST
+// for minutes, which would hold a reconcile worker while a pod is down.
 type rpcClient struct {
 	http       *http.Client
+	scheme     string // http for bitcoind, https for btcd
 	user, pass string
 }
 
@@ -40,7 +44,7 @@ func (c *rpcClient) call(ctx context.Context, host string, port int32, method st
 	if err != nil {
 		return fmt.Errorf("%s: %w", method, err)
 	}
-	url := "http://" + net.JoinHostPort(host, strconv.Itoa(int(port))) + "/"
+	url := c.scheme + "://" + net.JoinHostPort(host, strconv.Itoa(int(port))) + "/"
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return fmt.Errorf("%s: %w", method, err)
@@ -92,18 +96,37 @@ func (c *rpcClient) peerHosts(ctx context.Context, host string, port int32) (map
 }
 
 // addNode asks the node at host to keep a connection to peer (addnode … add). Asking again
-// is not an error: bitcoind answers -23 "already added", btcd "already connected".
+// is not an error: bitcoind answers -23 "Node already added"; btcd -8 "peer already
+// connected", and only while the peer is connected (a lost peer it is still redialling,
+// with back-off of up to 5 min, takes the request again and is dialled at once).
 func (c *rpcClient) addNode(ctx context.Context, host string, port int32, peer string) error {
 	err := c.call(ctx, host, port, "addnode", nil, peer, "add")
 	var re rpcError
-	if errors.As(err, &re) && (re.Code == btcjson.ErrRPCClientNodeAlreadyAdded || alreadyConnected(re.Message)) {
+	if errors.As(err, &re) && (re.Code == btcjson.ErrRPCClientNodeAlreadyAdded ||
+		re.Code == btcjson.ErrRPCInvalidParameter && strings.Contains(re.Message, "already connected")) {
 		return nil
 	}
 	return err
 }
 
-func alreadyConnected(msg string) bool { return strings.Contains(msg, "already") }
+// rpcTransports are the HTTP clients of the two RPC dialects, made once so that their
+// connections are reused across reconciles.
+type rpcTransports struct{ plain, tls *http.Client }
 
-func newRPCClient(user, pass string, timeout time.Duration) *rpcClient {
-	return &rpcClient{http: &http.Client{Timeout: timeout}, user: user, pass: pass}
+func newRPCTransports(timeout time.Duration) rpcTransports {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	// btcd serves RPC off loopback only over TLS, with a self-signed certificate it makes
+	// on first start and no one else holds: there is nothing to verify it against. TLS
+	// keeps the password from eavesdroppers, not from one who impersonates the pod IP:
+	// no weaker than bitcoind's RPC, which is plain HTTP.
+	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} //nolint:gosec // see above
+	return rpcTransports{plain: &http.Client{Timeout: timeout}, tls: &http.Client{Timeout: timeout, Transport: tr}}
+}
+
+// client is the RPC client of an implementation's nodes with these credentials.
+func (t rpcTransports) client(impl bitcoinv1alpha1.Implementation, user, pass string) *rpcClient {
+	if impl == bitcoinv1alpha1.ImplementationBtcd {
+		return &rpcClient{http: t.tls, scheme: "https", user: user, pass: pass}
+	}
+	return &rpcClient{http: t.plain, scheme: "http", user: user, pass: pass}
 }

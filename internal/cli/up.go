@@ -77,8 +77,8 @@ only its own bootstrap:
 
 There is no kubelet: --nodes simulated Nodes each run a pool agent (storage);
 kube-scheduler binds their pods and a simulated kubelet runs them as local processes,
-each on its own loopback IP. It runs the images it can: bitcoin/bitcoin (the
-BitcoinNetwork operator's pods) as btcd, a Bitcoin node in Go
+each on its own loopback IP. It runs the images it can: bitcoin/bitcoin and
+btcsuite/btcd (the BitcoinNetwork operator's pods) as btcd, a Bitcoin node in Go
 (go install github.com/btcsuite/btcd@v0.26.2), and busybox as the host's /bin/sh
 and tools; other images wait with reason ImageNotSimulated. It mounts a pod's
 PersistentVolumeClaims of StorageClass crdipc as kubelet does, through each node's

@@ -17,11 +17,11 @@ func bitcoinOperatorEntry() Entry {
 		Name:  "bitcoin-operator",
 		Short: "Run the BitcoinNetwork operator (seed 002)",
 		Long: `bitcoin-operator reconciles BitcoinNetworks (bitcoin.crdipc.io): for each it keeps a
-StatefulSet of spec.nodes bitcoind pods, a headless Service and (unless spec.secretName
-names one) a Secret with generated RPC credentials, all owned by the network. Whenever a
-pod becomes ready it introduces it to the other ready nodes over bitcoind's JSON-RPC
-(addnode), and reports nodes, readyNodes, peers and Ready=True once every node is ready
-and connected to every other.
+StatefulSet of spec.nodes pods of spec.implementation (bitcoind, or btcd), a headless
+Service and (unless spec.secretName names one) a Secret with generated RPC credentials,
+all owned by the network. Whenever a pod becomes ready it introduces it to the other
+ready nodes over the node's JSON-RPC (addnode; HTTPS for btcd), and reports nodes,
+readyNodes, peers and Ready=True once every node is ready and connected to every other.
 
 Run two replicas for availability: leader election lets only one act.`,
 		Kind: Controllers,

@@ -27,7 +27,7 @@ creates --count Nodes (node-1 … node-N, label ` + simnode.Label + `=true) and
 reports every Node with that label Ready while it runs (Ready=Unknown once it
 stops); it runs the containers of the pods the cluster's kube-scheduler binds to
 them as local processes, each pod on a loopback IP of its own, running the
-images it can: bitcoin/bitcoin as
+images it can: bitcoin/bitcoin and btcsuite/btcd as
 btcd (go install ` + btcd.Module + `), busybox as the host's sh and tools;
 other images wait with reason ImageNotSimulated. It mounts a pod's
 PersistentVolumeClaims of the CSI driver csi.crdipc.io as kubelet does, through
@@ -123,7 +123,7 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 	// Ctrl-C must end up within seconds: processes get 2 s after SIGTERM.
 	if err := podsim.Add(mgr, podsim.Options{
 		Root:        root,
-		Images:      map[string]podsim.Image{"bitcoin/bitcoin": btcdImage, busybox.Name: busybox.Image{}},
+		Images:      map[string]podsim.Image{"bitcoin/bitcoin": btcdImage, btcd.NativeImageName: btcd.NativeImage{}, busybox.Name: busybox.Image{}},
 		StopTimeout: 2 * time.Second,
 		CSI:         s.csi.Client,
 		CSIDriver:   driver.Name,
@@ -131,9 +131,9 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 	}); err != nil {
 		return err
 	}
-	note := "bitcoin/bitcoin runs as btcd"
+	note := "bitcoin/bitcoin and btcsuite/btcd run as btcd"
 	if _, err := btcdImage.Find(); err != nil {
-		note = "bitcoin/bitcoin cannot run: btcd is not installed (go install " + btcd.Module + ")"
+		note = "bitcoin/bitcoin and btcsuite/btcd cannot run: btcd is not installed (go install " + btcd.Module + ")"
 	}
 	env.say("csi      node plugins on %s", filepath.Join(csiDir, "nodes", "<node>", "csi.sock"))
 	env.say("pods     run on the %d simulated nodes (label a Node %s=true to add one) under %s; %s; busybox runs the host's sh and tools", count, simnode.Label, root, note)

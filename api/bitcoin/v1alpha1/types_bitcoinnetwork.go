@@ -5,8 +5,27 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// DefaultImage is the bitcoind image used when spec.image is left out.
-const DefaultImage = "bitcoin/bitcoin:28.0"
+// Implementation is the Bitcoin node program the network's pods run.
+// +kubebuilder:validation:Enum=bitcoind;btcd
+type Implementation string
+
+const (
+	// ImplementationBitcoind is Bitcoin Core, the reference node; the default, as before
+	// the field existed.
+	ImplementationBitcoind Implementation = "bitcoind"
+	// ImplementationBtcd is btcd, a full node in Go (github.com/btcsuite/btcd). It speaks the
+	// same peer-to-peer protocol, but its RPC is TLS-only off loopback and its flags and RPC
+	// ports are its own.
+	ImplementationBtcd Implementation = "btcd"
+)
+
+// The images used when spec.image is left out, by implementation.
+const (
+	BitcoindImage = "bitcoin/bitcoin:28.0"
+	// BtcdImage is the image hack/realnode.sh builds from the btcd module and imports into
+	// every real node; no registry publishes an official one.
+	BtcdImage = "docker.io/btcsuite/btcd:v0.26.2"
+)
 
 // Network is the Bitcoin chain the nodes run on.
 // +kubebuilder:validation:Enum=regtest;testnet;mainnet
@@ -36,19 +55,26 @@ type BitcoinStorage struct {
 	Size resource.Quantity `json:"size"`
 }
 
-// BitcoinNetworkSpec describes a small network of bitcoind nodes that know each other.
+// BitcoinNetworkSpec describes a small network of Bitcoin nodes that know each other.
 // +kubebuilder:validation:XValidation:rule="has(self.storage) == has(oldSelf.storage)",message="storage cannot be added or removed: a StatefulSet's volumeClaimTemplates are fixed"
 type BitcoinNetworkSpec struct {
-	// nodes is how many bitcoind nodes to run.
+	// nodes is how many Bitcoin nodes to run.
 	// +optional
 	// +kubebuilder:default=2
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=10
 	Nodes int32 `json:"nodes,omitempty"`
 
-	// image is the bitcoind container image.
+	// implementation is the node program: bitcoind (Bitcoin Core) or btcd. Changing it
+	// rolls the pods; each keeps its chain in a directory of its own.
 	// +optional
-	// +kubebuilder:default="bitcoin/bitcoin:28.0"
+	// +kubebuilder:default=bitcoind
+	Implementation Implementation `json:"implementation,omitempty"`
+
+	// image is the container image of the implementation. Unset means the implementation's
+	// default: bitcoin/bitcoin:28.0 for bitcoind, docker.io/btcsuite/btcd:v0.26.2 for btcd
+	// (a CRD default cannot depend on another field, so the operator picks it).
+	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
 	Image string `json:"image,omitempty"`
@@ -118,13 +144,14 @@ type BitcoinNetworkStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 }
 
-// BitcoinNetwork is a network of bitcoind nodes managed by the Bitcoin operator (seed 002).
+// BitcoinNetwork is a network of Bitcoin nodes (bitcoind or btcd) managed by the Bitcoin operator (seed 002).
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:path=bitcoinnetworks,singular=bitcoinnetwork,scope=Namespaced,shortName=btc,categories={crdipc,crdipc-bitcoin}
 // +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.spec.nodes`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyNodes`
 // +kubebuilder:printcolumn:name="Network",type=string,JSONPath=`.spec.network`
+// +kubebuilder:printcolumn:name="Implementation",type=string,JSONPath=`.spec.implementation`
 // +kubebuilder:printcolumn:name="Peers",type=integer,JSONPath=`.status.peers`,priority=1
 // +kubebuilder:printcolumn:name="Status",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
@@ -146,6 +173,18 @@ type BitcoinNetworkList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []BitcoinNetwork `json:"items"`
+}
+
+// ImageOrDefault is spec.image, or the implementation's default image when it is unset.
+func (s *BitcoinNetworkSpec) ImageOrDefault() string {
+	switch {
+	case s.Image != "":
+		return s.Image
+	case s.Implementation == ImplementationBtcd:
+		return BtcdImage
+	default:
+		return BitcoindImage
+	}
 }
 
 // GetConditions implements conditions.Object.

@@ -1,9 +1,11 @@
-// Package btcd runs the bitcoind containers of BitcoinNetwork pods on the simulated nodes of
+// Package btcd runs the containers of BitcoinNetwork pods on the simulated nodes of
 // `crdipc up`, which have no container runtime, as btcd processes: btcd is a full Bitcoin
 // node written in Go that speaks the same peer-to-peer protocol and answers the JSON-RPC
-// calls the operator makes (getpeerinfo, addnode). The nodes are real: they listen on their
-// pod's IP, connect to each other and exchange blocks. On a real cluster the pods run the
-// image they name and this package is not used.
+// calls the operator makes (getpeerinfo, addnode). Image runs bitcoind containers
+// (spec.implementation bitcoind), translating bitcoind's flags; NativeImage runs btcd
+// containers (spec.implementation btcd) with their own. The nodes are real: they listen on
+// their pod's IP, connect to each other and exchange blocks. On a real cluster the pods run
+// the image they name and this package is not used.
 package btcd
 
 import (
