@@ -29,7 +29,8 @@
 # CRDIPC_IMAGE_KEEP=1 keeps the scratch directory bin/image (OCI layout and rootfs).
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+# -P: the checkout itself, also when reached through a symlinked directory.
+cd -P "$(dirname "$0")/.."
 # Files and directories created here get the usual modes, whatever the caller's umask.
 umask 022
 # shellcheck source=hack/lib/oci.sh

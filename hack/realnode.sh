@@ -59,7 +59,9 @@ readonly sysctls=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic
 readonly host_paths=(/var/lib/cni /run/netns /opt/containerd /etc/cni /opt/cni
   /usr/libexec/kubernetes /etc/kubernetes)
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# -P: the checkout itself, also when the script is reached through a symlinked directory
+# (test/realnode runs docs/deploy.md from a fresh directory of links to the checkout).
+repo=$(cd -P "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly repo
 # shellcheck source=hack/lib/oci.sh
 . "$repo/hack/lib/oci.sh"

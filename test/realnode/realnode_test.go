@@ -24,7 +24,6 @@ import (
 	"github.com/crdipc/crdipc/internal/testenv/podmanifest"
 	"github.com/crdipc/crdipc/internal/testenv/realnodeplan"
 	"github.com/crdipc/crdipc/internal/testenv/require"
-	"github.com/crdipc/crdipc/internal/testenv/upproc"
 )
 
 const (
@@ -110,36 +109,39 @@ type cluster struct {
 	kubeconfig string
 	dataDir    string
 	creds      string // the nodes' and kube-proxy's kubeconfigs
-	up         *upproc.Process
-	joined     []realNode
+	// kc runs kubectl (and other commands) on the cluster, in the repository.
+	kc *kubectl.Client
+	// doc runs docs/deploy.md's harness block, which starts up as its background job.
+	doc    *harness
+	joined []realNode
 }
 
 func (c *cluster) env() []string { return []string{"KUBECONFIG=" + c.kubeconfig} }
 
 func (c *cluster) kubectl(t *testing.T, args ...string) string {
 	t.Helper()
-	return c.up.Kubectl(t, args...)
+	return c.kc.Kubectl(t, args...)
 }
 
 // wait runs `kubectl wait` with a deadline; on failure it shows what the objects are.
 func (c *cluster) wait(t *testing.T, timeout time.Duration, args ...string) {
 	t.Helper()
-	c.up.Wait(t, timeout, args...)
+	c.kc.Wait(t, timeout, args...)
 }
 
 // describe is the state a failure needs to be understood: pods, events, nodes, the logs
 // of crdipc's pods and of the nodes, the last lines of up's output.
-func (c *cluster) describe() string { return c.up.Dump() }
+func (c *cluster) describe() string { return c.kc.Dump() }
 
 // nodesState is what describe adds to the cluster's objects.
 func (c *cluster) nodesState() string {
 	var b strings.Builder
 	for _, ns := range []string{"crdipc-system", "crdipc-scm"} {
 		args := []string{"logs", "-n", ns, "-l", "app.kubernetes.io/part-of=crdipc", "--all-containers", "--prefix", "--tail=15", "--max-log-requests=20"}
-		out, _ := c.up.RunFor(time.Minute, "kubectl", args...)
+		out, _ := c.kc.RunFor(time.Minute, "kubectl", args...)
 		fmt.Fprintf(&b, "$ kubectl %s\n%s\n", strings.Join(args, " "), out)
 	}
-	fmt.Fprintf(&b, "crdipc up:\n%s\n", tail(c.up.Output.String(), 30))
+	fmt.Fprintf(&b, "the harness session (crdipc up is its background job):\n%s\n", tail(c.doc.session.Output(), 30))
 	for _, n := range c.joined {
 		for _, log := range []string{"kubelet.log", "containerd.log", "kube-proxy.log"} {
 			data, _ := os.ReadFile(filepath.Join(n.dir(), "logs", log))
@@ -156,49 +158,70 @@ func tail(s string, n int) string { return kubectl.Tail(s, n) }
 func TestRealNode(t *testing.T) {
 	capable(t)
 	root = repoRoot(t)
-	c := &cluster{}
+	c := &cluster{
+		binary: filepath.Join(root, "bin", "crdipc"),
+		image:  filepath.Join(root, "bin", "crdipc-image.tar"),
+		// Where the block's commands write the nodes' and kube-proxy's kubeconfigs.
+		creds: "/tmp",
+	}
 	start := time.Now()
 	phase := func(what string) {
 		t.Logf("%-52s %6.1f s", what, time.Since(start).Seconds())
 		start = time.Now()
 	}
 
-	// The image, as `make image` builds it; its binary is also the one that runs up.
-	run(t, 20*time.Minute, nil, "make", "image")
-	c.binary = filepath.Join(root, "bin", "crdipc")
-	c.image = filepath.Join(root, "bin", "crdipc-image.tar")
-	phase("make image")
+	// docs/deploy.md's harness block as written, in one bash in a fresh directory: up's
+	// data directory is that directory's .crdipc.
+	c.doc = startHarness(t)
+	c.dataDir = filepath.Join(c.doc.dir, ".crdipc")
+	c.kubeconfig = filepath.Join(c.dataDir, "kubeconfig")
+	c.kc = &kubectl.Client{Env: c.env(), Dir: root, Timeout: 3 * time.Minute}
+	c.kc.State = func() string { return c.nodesState() }
+	t.Cleanup(func() {
+		for _, f := range []string{"kube-proxy", "real-1", "real-2", "real-3", "real-4"} {
+			_ = os.Remove(filepath.Join(c.creds, f+".kubeconfig"))
+		}
+	})
 
+	// The image; its binary, bin/crdipc, is also the one that runs up.
+	c.doc.runThrough(t, 20*time.Minute, "make image", c.describe)
+	phase("make image")
 	// The nodes' components: containerd, runc, CNI plugins (Debian), kubelet and
-	// kube-proxy (built from the Kubernetes module), the pause, busybox and fio images.
-	// Only then can the tools they bring be checked for.
-	run(t, 30*time.Minute, nil, "hack/realnode.sh", "deps")
+	// kube-proxy (built from the Kubernetes module), the pause, busybox, fio and btcd
+	// images. Only then can the tools they bring be checked for.
+	c.doc.runThrough(t, 30*time.Minute, "hack/realnode.sh deps", c.describe)
 	phase("hack/realnode.sh deps")
 	installed(t)
 	// Leftovers of an interrupted run would make join refuse: clean them first.
 	for i := 1; i <= 4; i++ {
 		run(t, 3*time.Minute, nil, "hack/realnode.sh", "down", "--dir", nodeN(i).dir())
 	}
-	run(t, time.Minute, nil, "hack/realnode.sh", append([]string{"network"}, realnodeplan.NetworkFlags()...)...)
-	// The bridge, if up does not start (a down of a directory holding no node).
+	c.doc.runThrough(t, time.Minute, "hack/realnode.sh network", c.describe)
+	// The bridge, if no node joins (a down of a directory holding no node).
 	t.Cleanup(func() { c.down(t, nodeN(1)) })
 
-	// up as the README's users start it for real nodes: nothing but the control plane.
-	c.dataDir = t.TempDir()
-	c.startUp(t, "up", "--services=none", "--nodes", "0", "--advertise-address", advertise, "--data-dir", c.dataDir)
+	// up as the harness starts it: nothing but the control plane, in the background.
+	c.doc.runThrough(t, 3*time.Minute, "export KUBECONFIG=", c.describe)
+	phase("crdipc up --services=none --nodes 0")
 	// Cleanups run last first: the nodes go while the API server still answers, so their
-	// pods are deleted through their kubelets.
+	// pods are deleted through their kubelets; the block's own down loop for its three
+	// nodes, after the nodes the test joined itself.
 	t.Cleanup(func() {
-		for i := len(c.joined) - 1; i >= 0; i-- {
+		for i := len(c.joined) - 1; i >= 3; i-- {
+			c.down(t, c.joined[i])
+		}
+		if c.doc.down(t, 10*time.Minute) {
+			return
+		}
+		for i := min(len(c.joined), 3) - 1; i >= 0; i-- {
 			c.down(t, c.joined[i])
 		}
 	})
-	phase("crdipc up --services=none --nodes 0")
 
-	c.creds = t.TempDir()
-	run(t, time.Minute, c.env(), c.binary, "kubeconfig", "--user", "system:kube-proxy", "--server", c.server(t), "-o", filepath.Join(c.creds, "proxy.kubeconfig"))
-	for i := 1; i <= 3; i++ {
-		c.join(t, nodeN(i))
+	c.joined = []realNode{nodeN(1), nodeN(2), nodeN(3)}
+	c.doc.runThrough(t, 15*time.Minute, "for i in 1 2 3; do", c.describe)
+	for _, n := range c.joined {
+		c.wait(t, 2*time.Minute, "--for=condition=Ready", "node/"+n.name)
 	}
 	phase("three nodes joined and Ready")
 
@@ -211,15 +234,25 @@ func TestRealNode(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	t.Run("config/default", func(t *testing.T) { c.testDeploy(t) })
+	t.Run("config/default", func(t *testing.T) {
+		c.doc.runThrough(t, 6*time.Minute, "kubectl wait --for=condition=Available deployment", c.describe)
+		c.testDeploy(t)
+	})
 	phase("config/default available")
 	if t.Failed() {
 		return
 	}
-	t.Run("book", func(t *testing.T) { c.testBook(t) })
+	t.Run("book", func(t *testing.T) {
+		out := c.doc.runThrough(t, 2*time.Minute, "bin/crdipc call", c.describe)
+		if !strings.Contains(out, "Ready") {
+			t.Errorf("crdipc call: %s", out)
+		}
+	})
 	phase("a Book Ready")
 	t.Run("webhook", func(t *testing.T) { c.testWebhook(t) })
 	phase("a webhook delivery → PullRequest, Event, metrics")
+	t.Run("bitcoin", func(t *testing.T) { c.testBitcoin(t) })
+	phase("btcd network linked, relinked, scaled 3 → 5 → 2")
 	t.Run("volume", func(t *testing.T) { c.testVolume(t) })
 	phase("a volume written and read back")
 	if t.Failed() {
@@ -253,7 +286,7 @@ func (c *cluster) join(t *testing.T, n realNode) {
 	run(t, time.Minute, c.env(), c.binary, "kubeconfig", "--node", n.name, "--server", c.server(t), "-o", kubeconfig)
 	c.joined = append(c.joined, n)
 	run(t, 5*time.Minute, c.env(), "hack/realnode.sh", append(append([]string{"join"}, n.plan().JoinFlags()...),
-		"--kubeconfig", kubeconfig, "--proxy-kubeconfig", filepath.Join(c.creds, "proxy.kubeconfig"),
+		"--kubeconfig", kubeconfig, "--proxy-kubeconfig", filepath.Join(c.creds, "kube-proxy.kubeconfig"),
 		"--ca", filepath.Join(c.dataDir, "pki", "ca.crt"), "--image", c.image)...)
 	c.wait(t, 2*time.Minute, "--for=condition=Ready", "node/"+n.name)
 }
@@ -268,23 +301,12 @@ func (c *cluster) down(t *testing.T, n realNode) {
 // and the cluster's state. kubectl has nothing to watch for these.
 func (c *cluster) poll(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	c.up.Eventually(t, timeout, what, func(context.Context) (bool, error) {
+	c.kc.Eventually(t, timeout, what, func(context.Context) (bool, error) {
 		if ok, state := cond(); !ok {
 			return false, fmt.Errorf("last: %s", state)
 		}
 		return true, nil
 	})
-}
-
-// startUp runs crdipc args... in a fresh directory, as a new user's, and returns once it
-// printed its export line. Commands on it run in the repository, 3 minutes at most.
-func (c *cluster) startUp(t *testing.T, args ...string) {
-	t.Helper()
-	c.up = upproc.Start(t, upproc.Options{Binary: c.binary, Args: args, Dir: t.TempDir()})
-	c.kubeconfig = c.up.Kubeconfig
-	c.up.Dir, c.up.Timeout = root, 3*time.Minute
-	upState := c.up.State
-	c.up.State = func() string { return c.nodesState() + upState() }
 }
 
 // testNode: the kubelet keeps anonymous access off, the control plane clears the
@@ -325,14 +347,13 @@ func (c *cluster) testPod(t *testing.T) {
 
 func (c *cluster) apply(t *testing.T, manifest string) {
 	t.Helper()
-	c.up.Apply(t, manifest)
+	c.kc.Apply(t, manifest)
 }
 
-// testDeploy: config/default, as docs/deploy.md applies it, with the image imported
-// into the node: every Deployment and DaemonSet of crdipc-system becomes available.
+// testDeploy: config/default, applied server-side by docs/deploy.md's harness block with
+// the image imported into the nodes: every Deployment and DaemonSet of crdipc-system
+// becomes available, and kubectl exec reaches a pod.
 func (c *cluster) testDeploy(t *testing.T) {
-	c.kubectl(t, "apply", "-k", "config/default")
-	c.wait(t, 4*time.Minute, "--for=condition=Available", "deployment", "--all", "-n", "crdipc-system")
 	// kubectl exec goes through the API server's kubelet client certificate too.
 	out := c.kubectl(t, "exec", "-n", "crdipc-system", "deployment/crdipc-books", "--", "/usr/local/bin/crdipc", "version")
 	if !strings.Contains(out, "crdipc") {
@@ -343,14 +364,6 @@ func (c *cluster) testDeploy(t *testing.T) {
 		if err != nil {
 			t.Fatalf("kubectl rollout status %s: %v\n%s\n%s", ds, err, out, c.describe())
 		}
-	}
-}
-
-// testBook: crdipc call against the Book controller running in a pod on the real node.
-func (c *cluster) testBook(t *testing.T) {
-	out := run(t, 2*time.Minute, c.env(), c.binary, "call", "--apply", "-f", "config/samples/library_v1alpha1_book.yaml")
-	if !strings.Contains(out, "Ready") {
-		t.Errorf("crdipc call: %s", out)
 	}
 }
 

@@ -63,6 +63,11 @@ spec:
 		return n >= 8<<20, fmt.Sprintf("%d bytes allocated", n)
 	})
 	phase("3-replica volume, fio writing from real-1")
+	// docs/deploy.md's harness block loses real-2 with this very command.
+	kill := "hack/realnode.sh kill --dir " + b.dir()
+	if doc := c.doc.commandCode(t, "hack/realnode.sh kill"); doc != kill {
+		t.Errorf("%s's harness block loses a node with %q; the test runs %q", harnessDoc, doc, kill)
+	}
 	run(t, time.Minute, nil, "hack/realnode.sh", "kill", "--dir", b.dir())
 	if p := c.kubectl(t, "get", "pod", "fio-writer", "-o", "jsonpath={.status.phase}"); p != "Running" {
 		t.Fatalf("fio-writer %s when real-2 was lost: the loss must come mid-run (make the run longer)", p)
