@@ -1,13 +1,9 @@
 package bitcoin_test
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
-	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"strconv"
 	"testing"
 	"time"
@@ -17,6 +13,7 @@ import (
 
 	bitcoinv1alpha1 "github.com/crdipc/crdipc/api/bitcoin/v1alpha1"
 	"github.com/crdipc/crdipc/internal/bitcoin"
+	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
 	"github.com/crdipc/crdipc/internal/testenv"
 	"github.com/crdipc/crdipc/ipc"
 )
@@ -94,7 +91,7 @@ func (w *world) linkedOverTLS(t *testing.T, n *bitcoinv1alpha1.BitcoinNetwork, n
 		}
 		seen := map[string]map[string]bool{}
 		for _, nd := range n.Status.Nodes {
-			hosts, err := tlsPeers(ctx, nd.IP, port, user, pass)
+			hosts, err := btcd.PeerHosts(ctx, net.JoinHostPort(nd.IP, strconv.Itoa(int(port))), user, pass)
 			if err != nil {
 				return false, err
 			}
@@ -109,43 +106,4 @@ func (w *world) linkedOverTLS(t *testing.T, n *bitcoinv1alpha1.BitcoinNetwork, n
 		}
 		return true, nil
 	})
-}
-
-// tlsPeers asks a btcd node over HTTPS for getpeerinfo and returns its peers' hosts. The
-// certificate is the node's own, made when it started: not verified, as by the operator.
-func tlsPeers(ctx context.Context, ip string, port int32, user, pass string) (map[string]bool, error) {
-	body := []byte(`{"jsonrpc":"1.0","id":1,"method":"getpeerinfo","params":[]}`)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+net.JoinHostPort(ip, strconv.Itoa(int(port))), bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.SetBasicAuth(user, pass)
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a self-signed node certificate
-	}}
-	defer hc.CloseIdleConnections()
-	res, err := hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer res.Body.Close()
-	var reply struct {
-		Result []struct {
-			Addr string `json:"addr"`
-		} `json:"result"`
-		Error *struct{ Message string } `json:"error"`
-	}
-	if err := json.NewDecoder(res.Body).Decode(&reply); err != nil {
-		return nil, fmt.Errorf("getpeerinfo on %s: HTTP %d: %w", ip, res.StatusCode, err)
-	}
-	if reply.Error != nil {
-		return nil, fmt.Errorf("getpeerinfo on %s: %s", ip, reply.Error.Message)
-	}
-	hosts := map[string]bool{}
-	for _, p := range reply.Result {
-		if h, _, err := net.SplitHostPort(p.Addr); err == nil {
-			hosts[h] = true
-		}
-	}
-	return hosts, nil
 }

@@ -1,18 +1,16 @@
 package realnode
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"sort"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/crdipc/crdipc/internal/bitcoin/btcd"
 )
 
 // btcNetwork is the BitcoinNetwork of testBitcoin, in the default namespace.
@@ -121,7 +119,9 @@ func (c *cluster) btcLinked(t *testing.T, pods []btcPod) {
 	c.poll(t, time.Minute, fmt.Sprintf("%d pods linked pairwise, as their getpeerinfo says", len(pods)), func() (bool, string) {
 		seen := map[string]map[string]bool{}
 		for _, p := range pods {
-			peers, err := btcdPeers(net.JoinHostPort(p.ip, port), user, pass)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			peers, err := btcd.PeerHosts(ctx, net.JoinHostPort(p.ip, port), user, pass)
+			cancel()
 			if err != nil {
 				return false, err.Error()
 			}
@@ -136,44 +136,4 @@ func (c *cluster) btcLinked(t *testing.T, pods []btcPod) {
 		}
 		return true, ""
 	})
-}
-
-// btcdPeers asks the btcd node at addr for getpeerinfo over its TLS RPC and returns the
-// hosts of its peers. The node's certificate is one it made itself on start, which no one
-// else holds: it is not verified (the operator does the same; the password authenticates).
-func btcdPeers(addr, user, pass string) (map[string]bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	body := []byte(`{"jsonrpc":"1.0","id":1,"method":"getpeerinfo","params":[]}`)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.SetBasicAuth(user, pass)
-	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // see above
-	defer tr.CloseIdleConnections()
-	res, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("getpeerinfo on %s: %w", addr, err)
-	}
-	defer res.Body.Close()
-	var reply struct {
-		Result []struct {
-			Addr string `json:"addr"`
-		} `json:"result"`
-		Error *struct{ Message string } `json:"error"`
-	}
-	if err := json.NewDecoder(res.Body).Decode(&reply); err != nil {
-		return nil, fmt.Errorf("getpeerinfo on %s: HTTP %d: %w", addr, res.StatusCode, err)
-	}
-	if reply.Error != nil {
-		return nil, fmt.Errorf("getpeerinfo on %s: %s", addr, reply.Error.Message)
-	}
-	peers := map[string]bool{}
-	for _, p := range reply.Result {
-		if h, _, err := net.SplitHostPort(p.Addr); err == nil {
-			peers[h] = true
-		}
-	}
-	return peers, nil
 }
