@@ -13,6 +13,9 @@ generate: ## Regenerate deepcopy functions and CRD manifests from api/.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	@# The VolumeSnapshot kinds are upstream's own CRDs (snapshot.storage.k8s.io is a
 	@# Kubernetes API group), taken from the external-snapshotter client module go.mod pins.
+	@# go list -m names a module's directory only once it is in the module cache, which on a
+	@# fresh machine it is not yet (nothing in ./api imports it): download it first.
+	go mod download github.com/kubernetes-csi/external-snapshotter/client/v8
 	install -m 0644 $$(go list -m -f '{{.Dir}}' github.com/kubernetes-csi/external-snapshotter/client/v8)/config/crd/snapshot.storage.k8s.io_*.yaml config/crd/bases/
 	@# One least-privilege role per service, from the +kubebuilder:rbac markers in its package.
 	$(CONTROLLER_GEN) rbac:roleName=crdipc-books paths=./internal/books/... output:rbac:artifacts:config=config/rbac/books
