@@ -38,12 +38,16 @@ func startBtcd(t *testing.T, tls bool) btcdNode {
 	n := btcdNode{p2p: freePort(t), rpc: freePort(t)}
 	args := []string{"--regtest", "--nodnsseed",
 		fmt.Sprintf("--listen=127.0.0.1:%d", n.p2p), fmt.Sprintf("--rpclisten=127.0.0.1:%d", n.rpc),
-		"--rpcuser=user", "--rpcpass=pass"}
+		"--rpcuser=user", "--rpcpass=pass",
+		// Its own files, by flag: btcd finds its default home through the user database,
+		// not $HOME, so two nodes of one test would share (and lock) root's chain.
+		"--datadir=" + filepath.Join(home, "data"), "--logdir=" + filepath.Join(home, "logs"),
+		"--rpccert=" + filepath.Join(home, "rpc.cert"), "--rpckey=" + filepath.Join(home, "rpc.key")}
 	if !tls {
 		args = append(args, "--notls")
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Env = []string{"HOME=" + home} // $HOME/.btcd: chain, logs, the TLS key pair
+	cmd.Env = []string{"HOME=" + home}
 	out, err := os.Create(filepath.Join(home, "out.log"))
 	if err != nil {
 		t.Fatal(err)
