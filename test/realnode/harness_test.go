@@ -103,11 +103,7 @@ func (h *harness) command(t *testing.T, prefix string) string {
 // commandCode is command without its trailing comment.
 func (h *harness) commandCode(t *testing.T, prefix string) string {
 	t.Helper()
-	c := h.command(t, prefix)
-	if i := strings.Index(c, " #"); i >= 0 {
-		c = c[:i]
-	}
-	return strings.TrimSpace(c)
+	return shdoc.Code(h.command(t, prefix))
 }
 
 // down runs the block's down loop, if the session still runs (a failed command ends it).

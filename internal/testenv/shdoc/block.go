@@ -83,6 +83,9 @@ func join(lines []string) ([]string, error) {
 	return cmds, nil
 }
 
+// Code is a one-line command without its trailing comment, as the shell reads it.
+func Code(command string) string { return stripComment(strings.TrimSpace(command)) }
+
 // stripComment drops a trailing comment: a # after white space, outside quotes.
 func stripComment(s string) string {
 	var quote rune

@@ -45,6 +45,14 @@ func TestBlock(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("Block:\n%q\nwant\n%q", got, want)
 	}
+	for cmd, want := range map[string]string{
+		"hack/realnode.sh kill --dir /tmp/x     # lose it": "hack/realnode.sh kill --dir /tmp/x",
+		"echo '# kept' \"#kept\" a#b # dropped":            "echo '# kept' \"#kept\" a#b",
+	} {
+		if got := shdoc.Code(cmd); got != want {
+			t.Errorf("Code(%q) = %q, want %q", cmd, got, want)
+		}
+	}
 	if _, err := shdoc.Block(path, "No such heading"); err == nil || !strings.Contains(err.Error(), "no heading") {
 		t.Errorf("a missing heading: %v", err)
 	}
