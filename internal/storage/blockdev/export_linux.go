@@ -4,18 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fs"
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
 
@@ -71,7 +67,7 @@ type Exported struct {
 	loop      string // /dev/loopN, empty until attached
 	directIO  bool
 	opts      Options
-	server    *fuse.Server
+	srv       *server
 	served    chan struct{} // closed when the FUSE server has stopped
 	vol       *volume       // the served file
 
@@ -110,8 +106,8 @@ func Export(ctx context.Context, dev Device, dir string, o Options) (*Exported, 
 		return nil, fmt.Errorf("export at %s: already a mount point (%s); a stale export must be removed with Cleanup first", abs, ms[len(ms)-1].fsType)
 	}
 
-	e := &Exported{dir: abs, file: filepath.Join(abs, VolumeName), opts: o, served: make(chan struct{})}
-	if err := e.mount(dev); err != nil {
+	e := &Exported{dir: abs, file: filepath.Join(abs, VolumeName), opts: o}
+	if err := e.mount(ctx, dev); err != nil {
 		return nil, fmt.Errorf("export at %s: %w", abs, err)
 	}
 	e.loop, e.directIO, err = attachLoop(ctx, e.file, o.DirectIO)
@@ -123,62 +119,28 @@ func Export(ctx context.Context, dev Device, dir string, o Options) (*Exported, 
 	return e, nil
 }
 
-func (e *Exported) mount(dev Device) error {
-	vol := newVolume(dev, e.opts.Logger)
-	e.vol = vol
-	root := &fs.Inode{}
-	// The file's attributes change only when Resize grows it, which tells the kernel, so the
-	// kernel may cache them for as long as it likes; that saves a GETATTR round trip per
-	// loop I/O.
-	forever := 24 * time.Hour
-	opts := &fs.Options{
-		MountOptions: fuse.MountOptions{
-			DirectMount:   true,
-			FsName:        "crdipc-blockdev",
-			Name:          "crdipc",
-			MaxWrite:      e.opts.MaxWrite,
-			MaxReadAhead:  min(maxReadAhead, e.opts.MaxWrite),
-			MaxBackground: maxBackground,
-			DisableXAttrs: true,
-			// Splicing replies only pays for data in a file descriptor; ours is in memory,
-			// and a 1 MiB reply plus header does not fit a default pipe anyway.
-			DisableSplice: true,
-			// Lets the kernel split a large direct-I/O request from the loop driver into
-			// MaxWrite-sized FUSE requests that are in flight at the same time, instead of
-			// one after another.
-			ExtraCapabilities: fuse.CAP_ASYNC_DIO,
-			Debug:             e.opts.Debug,
-			Logger:            slog.NewLogLogger(e.opts.Logger.Handler(), fuseLogLevel(e.opts.Debug)),
-		},
-		EntryTimeout: &forever,
-		AttrTimeout:  &forever,
-		OnAdd: func(ctx context.Context) {
-			ch := root.NewPersistentInode(ctx, vol, fs.StableAttr{Mode: syscall.S_IFREG, Ino: 2})
-			root.AddChild(VolumeName, ch, false)
-		},
-	}
-	server, err := fuse.NewServer(fs.NewNodeFS(root, opts), e.dir, &opts.MountOptions)
+func (e *Exported) mount(ctx context.Context, dev Device) error {
+	fd, err := mountFUSE(e.dir)
 	if err != nil {
-		return fmt.Errorf("mount fuse: %w", err)
+		return err
 	}
-	e.server = server
-	go func() {
-		server.Serve()
-		close(e.served)
-	}()
-	if err := server.WaitMount(); err != nil {
-		return errors.Join(fmt.Errorf("mount fuse: %w", err), e.Close())
+	e.vol = newVolume(dev, e.opts.Logger)
+	e.srv, err = newServer(fd, e.vol, e.opts)
+	if err != nil {
+		unix.Close(fd)
+		return errors.Join(err, unix.Unmount(e.dir, unix.MNT_DETACH))
 	}
-	return nil
-}
-
-// fuseLogLevel is the level go-fuse's own messages are logged at: they are request traces
-// when Debug is on, and otherwise rare complaints worth seeing.
-func fuseLogLevel(debug bool) slog.Level {
-	if debug {
-		return slog.LevelDebug
+	e.served = e.srv.done
+	e.srv.start()
+	// The kernel sends FUSE_INIT as soon as the mount exists.
+	select {
+	case <-e.srv.inited:
+		return nil
+	case <-e.srv.done:
+		return errors.Join(errors.New("mount fuse: the connection ended before FUSE_INIT"), e.Close())
+	case <-ctx.Done():
+		return errors.Join(fmt.Errorf("mount fuse: waiting for FUSE_INIT: %w", ctx.Err()), e.Close())
 	}
-	return slog.LevelWarn
 }
 
 // Resize grows the export to size bytes, a positive multiple of 512, while it is in use:
@@ -214,8 +176,8 @@ func (e *Exported) Resize(size int64) error {
 	// The kernel caches the file's attributes (AttrTimeout): drop them (offset -1: the
 	// attributes only, there is no page cache), then stat the file so that its inode takes
 	// the new size before the loop driver reads it.
-	if errno := e.vol.NotifyContent(-1, 0); errno != 0 && errno != syscall.ENOENT {
-		return fmt.Errorf("resize export at %s: invalidating the kernel's attributes of %s: %w", e.dir, e.file, errno)
+	if err := e.srv.invalidateAttrs(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("resize export at %s: invalidating the kernel's attributes of %s: %w", e.dir, e.file, err)
 	}
 	if fi, err := os.Stat(e.file); err != nil {
 		return fmt.Errorf("resize export at %s: %w", e.dir, err)
@@ -281,7 +243,7 @@ func (e *Exported) close() error {
 			errs = append(errs, fmt.Errorf("%w: %s still open (is a file system still mounted on it?); it is detached when its last user closes it", ErrBusy, e.loop))
 		}
 	}
-	if e.server != nil {
+	if e.srv != nil {
 		if err := e.unmount(deadline, released); err != nil {
 			errs = append(errs, err)
 		}

@@ -274,10 +274,14 @@ func TestCloseWhileOpen(t *testing.T) {
 const helperEnv = "CRDIPC_BLOCKDEV_HELPER_DIR"
 
 // TestMain runs the test binary as the helper process of TestCleanupStaleExport when
-// helperEnv names a directory: it exports there and serves until it is killed.
+// helperEnv names a directory (it exports there and serves until it is killed), and of
+// TestAdoptAfterKill when takeoverEnv is set.
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(helperEnv); dir != "" {
 		exportUntilKilled(dir)
+	}
+	if spec := os.Getenv(takeoverEnv); spec != "" {
+		takeoverHelper(spec)
 	}
 	os.Exit(m.Run())
 }

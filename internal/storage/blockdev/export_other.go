@@ -41,3 +41,14 @@ func (e *Exported) Close() error { return nil }
 
 // Cleanup removes a stale export; there is none off Linux.
 func Cleanup(dir string) error { return nil }
+
+// Adopt fails off Linux; see Available.
+func Adopt(ctx context.Context, dev Device, dir string, conn int, o Options) (*Exported, error) {
+	return nil, Available()
+}
+
+// Conn fails off Linux.
+func (e *Exported) Conn() (int, error) { return -1, Available() }
+
+// Release does nothing off Linux.
+func (e *Exported) Release() error { return nil }

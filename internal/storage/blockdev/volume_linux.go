@@ -13,11 +13,9 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// volume is the FUSE node of the exported file: a regular file of a fixed size whose
-// reads and writes go straight to the Device.
+// volume is the exported file: a regular file of a fixed size whose reads and writes go
+// straight to the Device. Its methods have go-fuse's node signatures; server calls them.
 type volume struct {
-	fs.Inode
-
 	dev Device
 	// size only grows (Exported.Resize); every request reads it.
 	size  atomic.Int64

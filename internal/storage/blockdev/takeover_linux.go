@@ -1,0 +1,115 @@
+package blockdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// Adopt serves an export that another process set up and no longer serves: the FUSE mount
+// at dir, the loop device bound to dir/VolumeName, and conn, a descriptor of that mount's
+// FUSE connection (from Exported.Conn in the predecessor, kept by a process that outlived
+// it). The kernel kept every request of the connection queued meanwhile; Adopt asks it to
+// resend those the predecessor had read but not answered (Linux 6.9+), so a process killed
+// in the middle of a write loses nothing: the file system above only paused.
+//
+// Adopt owns conn from the call on: it closes it on failure, and the returned export
+// serves it until Close or Release. dev must hold what the predecessor's Device held.
+// Nothing of the predecessor's process is needed: the kernel's node IDs and file handles
+// mean the same to every server (server).
+func Adopt(ctx context.Context, dev Device, dir string, conn int, o Options) (*Exported, error) {
+	fail := func(err error) (*Exported, error) {
+		unix.Close(conn)
+		return nil, fmt.Errorf("adopt export at %s: %w", dir, err)
+	}
+	if err := Available(); err != nil {
+		return fail(err)
+	}
+	o = o.withDefaults()
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fail(err)
+	}
+	ms, err := mountsAt(abs)
+	if err != nil {
+		return fail(err)
+	}
+	if len(ms) == 0 || ms[len(ms)-1].fsType != fuseType {
+		return fail(fmt.Errorf("no %s mount there to adopt", fuseType))
+	}
+	file := filepath.Join(abs, VolumeName)
+	// By sysfs's backing file only: statting the file, or LOOP_GET_STATUS on the device,
+	// blocks until a server answers.
+	loops := loopsBackedBy(func(name, bf string) bool { return bf == file })
+	if len(loops) != 1 {
+		return fail(fmt.Errorf("want one loop device bound to %s, found %d (%v)", file, len(loops), loops))
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(conn, &st); err != nil {
+		return fail(fmt.Errorf("stat the connection's descriptor: %w", err))
+	} else if st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		return fail(errors.New("the connection's descriptor is not /dev/fuse"))
+	}
+	if err := unix.SetNonblock(conn, true); err != nil {
+		return fail(fmt.Errorf("set the connection non-blocking: %w", err))
+	}
+	unix.CloseOnExec(conn)
+
+	e := &Exported{dir: abs, file: file, loop: "/dev/" + loops[0], opts: o}
+	e.directIO = loopDirectIO(e.loop)
+	e.vol = newVolume(dev, o.Logger)
+	if e.srv, err = newServer(conn, e.vol, o); err != nil {
+		return fail(err)
+	}
+	e.served = e.srv.done
+	e.srv.start()
+	if err := e.srv.resend(); err != nil {
+		// Before 6.9 there is no RESEND: only requests read by the predecessor stay unanswered.
+		o.Logger.Warn("FUSE_NOTIFY_RESEND refused (Linux older than 6.9?); requests a dead server had read stay unanswered", "dir", abs, "err", err)
+	}
+	// The kernel caches the file's size forever; the Device may have grown since (a Resize
+	// the predecessor did not finish).
+	if err := e.srv.invalidateAttrs(); err != nil && !errors.Is(err, unix.ENOENT) {
+		o.Logger.Warn("invalidating the file's cached attributes", "dir", abs, "err", err)
+	}
+	o.Logger.Info("block device export adopted", "dir", abs, "device", e.loop, "directIO", e.directIO, "size", dev.Size())
+	select {
+	case <-ctx.Done():
+		return nil, errors.Join(fmt.Errorf("adopt export at %s: %w", abs, ctx.Err()), e.Release())
+	default:
+	}
+	return e, nil
+}
+
+// Conn returns a new descriptor of the export's FUSE connection, for a process that keeps
+// it open for the next server (Adopt): while any process holds one, the kernel keeps the
+// connection, and with it the mounts and the loop device, through this process's death.
+// The caller owns it. It is a raw descriptor on purpose: os.File.Fd would make the shared
+// open file description blocking.
+func (e *Exported) Conn() (int, error) {
+	if e.srv == nil {
+		return -1, fmt.Errorf("export at %s: not served", e.dir)
+	}
+	return e.srv.dup()
+}
+
+// Release stops serving without tearing anything down, for a successor to Adopt: it stops
+// reading requests, answers those it has read, and closes this process's descriptor. The
+// mounts and the loop device stay; requests that arrive meanwhile wait in the kernel. Some
+// other process must hold a descriptor of the connection (Conn), or closing this one ends
+// it and the loop device fails I/O. After Release, Close does nothing.
+func (e *Exported) Release() error {
+	e.closeOnce.Do(func() {
+		if e.srv == nil {
+			return
+		}
+		e.srv.stop()
+		<-e.srv.done
+		e.opts.Logger.Info("block device export released for a successor", "dir", e.dir, "device", e.loop)
+	})
+	return e.closeErr
+}
+

@@ -1,0 +1,330 @@
+package blockdev
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/crdipc/crdipc/internal/testenv/records"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
+)
+
+// TestReleaseAndAdopt: the export is handed from one server to the next three times while a
+// writer on the loop device syncs a record after every write; no write fails, and every
+// record is on the Device afterwards.
+func TestReleaseAndAdopt(t *testing.T) {
+	requireMount(t)
+	dev := newFileDevice(t, filepath.Join(t.TempDir(), "backing.img"), 64<<20)
+	o := Options{Logger: quietLogger(), DirectIO: DirectIOOn}
+	e := export(t, dev, o)
+	dir := filepath.Dir(e.File())
+	abortIfStuck(t, e.File())
+	w := startWriter(t, e.Device(), e.File())
+
+	for round := 1; round <= 3; round++ {
+		wantAcked(t, w, 50*round)
+		conn, err := e.Conn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Release(); err != nil {
+			t.Fatalf("round %d: release: %v", round, err)
+		}
+		if err := e.Close(); err != nil {
+			t.Fatalf("round %d: close after release: %v", round, err)
+		}
+		if !isMountPoint(t, dir) {
+			t.Fatalf("round %d: the FUSE mount went with the released server", round)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		next, err := Adopt(ctx, dev, dir, conn, o)
+		cancel()
+		if err != nil {
+			t.Fatalf("round %d: adopt: %v", round, err)
+		}
+		if next.Device() != e.Device() || !next.DirectIO() {
+			t.Fatalf("round %d: adopted %s (direct I/O %v), want %s", round, next.Device(), next.DirectIO(), e.Device())
+		}
+		e = next
+	}
+	wantAcked(t, w, 200)
+	n := stopWriter(t, w)
+	t.Logf("%d records, the longest write+fsync %s", n, w.MaxPause())
+	if err := records.Verify(dev.f, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatalf("close the last server: %v", err)
+	}
+	if isMountPoint(t, dir) {
+		t.Fatal("still mounted after the last server closed")
+	}
+}
+
+// TestAdoptAfterKill: the serving process is SIGKILLed in the middle of the writer's
+// records, with a request of them read and not answered; this process holds the
+// connection, and a new process adopts it. The kernel resends what the dead one had read:
+// the writer pauses, no write fails, and every record is on the Device.
+func TestAdoptAfterKill(t *testing.T) {
+	requireMount(t)
+	backing := filepath.Join(t.TempDir(), "backing.img")
+	dev := newFileDevice(t, backing, 64<<20) // for Verify; the helpers open the file too
+	dir := filepath.Join(t.TempDir(), "export")
+	file := filepath.Join(dir, VolumeName)
+	abortIfStuck(t, file)
+	t.Cleanup(func() {
+		if err := Cleanup(dir); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+
+	first, loop, conn := startTakeoverHelper(t, backing, dir, -1)
+	w := startWriter(t, loop, file)
+	for round := 1; round <= 2; round++ {
+		wantAcked(t, w, 100*round)
+		// Kill while a flush is being served: the helper holds every FSYNC for a while.
+		if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = first.Wait()
+		if err := w.Err(); err != nil {
+			t.Fatalf("round %d: a write failed while nothing served: %v", round, err)
+		}
+		var next *exec.Cmd
+		next, _, conn = startTakeoverHelper(t, backing, dir, conn)
+		first = next
+	}
+	wantAcked(t, w, 300)
+	n := stopWriter(t, w)
+	t.Logf("%d records through 2 SIGKILLs, the longest write+fsync %s", n, w.MaxPause())
+	if err := records.Verify(dev.f, n); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(conn)
+	_ = first.Process.Signal(syscall.SIGTERM) // closes its export
+	if err := first.Wait(); err != nil {
+		t.Errorf("last helper: %v", err)
+	}
+}
+
+const takeoverEnv = "CRDIPC_BLOCKDEV_TAKEOVER" // "backing file|dir|adopt"
+
+// takeoverHelper is the process TestAdoptAfterKill kills: it exports a file-backed Device
+// at dir, or adopts the connection at fd 3, prints the loop device and the connection's
+// descriptor (sent on fd 4 when exporting), and serves until killed or SIGTERM (Close).
+// Its flushes are slow, so that a kill usually lands while one is read and unanswered.
+func takeoverHelper(spec string) {
+	backing, rest, _ := strings.Cut(spec, "|")
+	dir, mode, _ := strings.Cut(rest, "|")
+	f, err := os.OpenFile(backing, os.O_RDWR, 0)
+	if err != nil {
+		fmt.Println("ERROR", err)
+		os.Exit(1)
+	}
+	fi, _ := f.Stat()
+	dev := &slowFlushDevice{fileDevice: &fileDevice{f: f, size: fi.Size()}}
+	ctx := context.Background()
+	o := Options{Logger: quietLogger(), DirectIO: DirectIOOn}
+	var e *Exported
+	if mode == "adopt" {
+		e, err = Adopt(ctx, dev, dir, 3, o)
+	} else {
+		e, err = Export(ctx, dev, dir, o)
+		if err == nil {
+			err = sendConn(e)
+		}
+	}
+	if err != nil {
+		fmt.Println("ERROR", err)
+		os.Exit(1)
+	}
+	fmt.Println("DEVICE", e.Device())
+	sig := make(chan os.Signal, 1)
+	signalNotify(sig)
+	<-sig
+	if err := e.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, "close:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// sendConn passes a descriptor of e's connection over the socket at fd 4.
+func sendConn(e *Exported) error {
+	c, err := e.Conn()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(c)
+	return unix.Sendmsg(4, []byte{0}, unix.UnixRights(c), nil, 0)
+}
+
+type slowFlushDevice struct{ *fileDevice }
+
+func (d *slowFlushDevice) Flush() error {
+	time.Sleep(20 * time.Millisecond) // a replica round trip, long enough to be killed in
+	return d.fileDevice.Flush()
+}
+
+// startTakeoverHelper starts a helper that exports (conn < 0) or adopts conn, waits until
+// it serves, and returns it, its loop device, and this process's descriptor of the
+// connection.
+func startTakeoverHelper(t *testing.T, backing, dir string, conn int) (*exec.Cmd, string, int) {
+	t.Helper()
+	mode := "export"
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	var sock [2]int
+	if conn >= 0 {
+		mode = "adopt"
+		// os.NewFile + ExtraFiles would call Fd, which makes the description blocking;
+		// Adopt makes it non-blocking again, which this tests too.
+		cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(dupFD(t, conn)), "fuse")}
+	} else {
+		var err error
+		if sock, err = unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0); err != nil {
+			t.Fatal(err)
+		}
+		cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(dupFD(t, sock[1])), "unused"), os.NewFile(uintptr(sock[1]), "sock")}
+		defer unix.Close(sock[0])
+	}
+	cmd.Env = append(os.Environ(), takeoverEnv+"="+backing+"|"+dir+"|"+mode)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range cmd.ExtraFiles {
+		f.Close()
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	loop, ok := strings.CutPrefix(strings.TrimSpace(line), "DEVICE ")
+	if err != nil || !ok {
+		t.Fatalf("helper (%s): %q, %v", mode, line, err)
+	}
+	if conn < 0 {
+		conn = recvConn(t, sock[0])
+	}
+	return cmd, loop, conn
+}
+
+func recvConn(t *testing.T, sock int) int {
+	t.Helper()
+	oob := make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(sock, make([]byte, 1), oob, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("control message: %v (%d)", err, len(msgs))
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		t.Fatalf("rights: %v %v", err, fds)
+	}
+	return fds[0]
+}
+
+func dupFD(t *testing.T, fd int) int {
+	t.Helper()
+	d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func startWriter(t *testing.T, loop, file string) *records.Writer {
+	t.Helper()
+	w, err := records.Start(loop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := w.Stop(time.Minute); err != nil {
+			abortConn(t, file)
+		}
+	})
+	return w
+}
+
+// wantAcked waits for n records and fails on a write error.
+func wantAcked(t *testing.T, w *records.Writer, n int) {
+	t.Helper()
+	wait.Eventually(t, 2*time.Minute, fmt.Sprintf("%d records acknowledged", n), func(context.Context) (bool, error) {
+		if err := w.Err(); err != nil {
+			t.Fatalf("a write failed: %v", err)
+		}
+		if got := w.Acked(); got < n {
+			return false, fmt.Errorf("%d acknowledged", got)
+		}
+		return true, nil
+	})
+}
+
+func stopWriter(t *testing.T, w *records.Writer) int {
+	t.Helper()
+	if err := w.Stop(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return w.Acked()
+}
+
+// abortIfStuck aborts the FUSE connection of file's mount when the test fails or runs for
+// longer than it ever should, so that a failed handover ends in errors rather than a hang:
+// with this process holding the connection, nothing else would end it, and a thread of
+// it blocked on the loop device would keep it from even exiting.
+func abortIfStuck(t *testing.T, file string) {
+	t.Helper()
+	timer := time.AfterFunc(3*time.Minute, func() {
+		t.Errorf("still running after 3 minutes: aborting the FUSE connection")
+		abortConn(t, file)
+	})
+	t.Cleanup(func() {
+		timer.Stop()
+		if t.Failed() {
+			abortConn(t, file)
+		}
+	})
+}
+
+// abortConn aborts the connection through fusectl, mounting fusectl if it is not.
+func abortConn(t *testing.T, file string) {
+	ms, err := mountsAt(filepath.Dir(file))
+	if err != nil || len(ms) == 0 || !isFUSE(ms[len(ms)-1]) {
+		return
+	}
+	const ctl = "/sys/fs/fuse/connections"
+	if ents, _ := os.ReadDir(ctl); len(ents) == 0 {
+		if err := unix.Mount("fusectl", ctl, "fusectl", 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			t.Logf("mount fusectl: %v", err)
+		}
+	}
+	p := filepath.Join(ctl, strconv.FormatUint(uint64(unix.Minor(ms[len(ms)-1].dev)), 10), "abort")
+	if err := os.WriteFile(p, []byte("1"), 0); err != nil {
+		t.Logf("abort the FUSE connection of %s: %v", file, err)
+		return
+	}
+	t.Logf("aborted the FUSE connection of %s", file)
+}
+
+func signalNotify(c chan os.Signal) { signal.Notify(c, syscall.SIGTERM) }
