@@ -40,6 +40,7 @@ KUBECONFIG it prints.`,
 		newCallCommand(),
 		newBenchCommand(),
 		newVersionCommand(),
+		newFDHolderCommand(),
 	)
 	for _, e := range services.Table() {
 		root.AddCommand(newServiceCommand(e))

@@ -65,6 +65,7 @@ func (s *csiDriverService) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.endpoint, "endpoint", s.endpoint, "Unix socket to serve CSI on")
 	fs.StringVar(&s.o.NodeID, "node-id", "", "node this instance serves for the Node service (empty: controller only)")
 	fs.StringVar(&s.o.TargetDir, "target-dir", "/var/lib/crdipc/csi/targets", "where the Node service mounts the FUSE files of the volumes it stages (one directory per volume)")
+	fs.StringVar(&s.o.FDHolder, "fd-holder", "", "socket of crdipc fd-holder on this node, which keeps the staged volumes' FUSE connections while this process restarts, so that their I/O pauses instead of failing (empty: none; a restart fails every volume's I/O on the node)")
 	fs.StringVar(&s.o.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "the kubelet's root directory (--root-dir): the Node service stages, publishes and unpublishes only paths inside it")
 	fs.StringSliceVar(&s.o.ExtraRoots, "extra-root", nil, "more directories the Node service's paths may lie in besides --kubelet-root (e.g. "+os.TempDir()+" for csi-sanity's default paths)")
 	fs.StringVar(&s.o.Namespace, "namespace", install.SystemNamespace, "namespace of the CStorVolumes the driver creates")
@@ -81,6 +82,7 @@ func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 		// this socket's Node calls too (a tool that dials one socket meets a whole driver).
 		// No kubelet to register with.
 		o.NodeID, o.TargetDir, httpAddr = "", filepath.Join(env.Local.DataDir, "csi", "targets"), "0"
+		o.FDHolder = "" // serves no node
 		registrationDir, kubeletPath = "", ""
 		endpoint = filepath.Join(env.Local.DataDir, "csi", "csi.sock")
 		if env.Local.Nodes > 0 {

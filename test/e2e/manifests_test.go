@@ -185,6 +185,7 @@ var defaultWorkloads = []string{
 	"DaemonSet crdipc-system/crdipc-pool-agent",
 	"Deployment crdipc-system/crdipc-csi-controller",
 	"DaemonSet crdipc-system/crdipc-csi-node",
+	"DaemonSet crdipc-system/crdipc-fd-holder",
 	"Deployment crdipc-system/crdipc-books",
 	"Deployment crdipc-system/crdipc-bitcoin-operator",
 	"Deployment crdipc-scm/crdipc-webhook-listener",
@@ -289,7 +290,7 @@ func checkDefault(t *testing.T, docs [][]byte) {
 		}
 	}
 	if o, ok := objects["DaemonSet crdipc-system/crdipc-csi-node"]; ok {
-		checkCSINode(t, o)
+		checkCSINode(t, o, objects["DaemonSet crdipc-system/crdipc-fd-holder"])
 	}
 	ns, ok := objects["Namespace "+install.SystemNamespace]
 	if !ok {
@@ -302,8 +303,10 @@ func checkDefault(t *testing.T, docs [][]byte) {
 // checkCSINode checks the kubelet's view of the CSI node plugin, which neither a dry run nor
 // anything of `crdipc up` sees: the driver registers through the kubelet's plugins_registry
 // on the host, and the CSI socket it tells the kubelet to dial (--kubelet-registration-path,
-// by default --endpoint's path) is the host path of the socket it serves.
-func checkCSINode(t *testing.T, o defaultObject) {
+// by default --endpoint's path) is the host path of the socket it serves. Its volume
+// targets' FUSE mounts must outlive the container (a Bidirectional mount, so they are the
+// host's), and --fd-holder must be the host path of the fd holder's socket.
+func checkCSINode(t *testing.T, o, holder defaultObject) {
 	t.Helper()
 	const kubeletRoot = "/var/lib/kubelet"
 	pod := o.Spec.Template.Spec
@@ -319,25 +322,7 @@ func checkCSINode(t *testing.T, o defaultObject) {
 			flags[name] = value
 		}
 	}
-	// hostPath is where path inside the container is on the host, "" if it is not on a
-	// hostPath volume.
-	hostPath := func(path string) string {
-		var best *corev1.VolumeMount
-		for j, m := range c.VolumeMounts {
-			if (path == m.MountPath || strings.HasPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/")) && (best == nil || len(m.MountPath) > len(best.MountPath)) {
-				best = &c.VolumeMounts[j]
-			}
-		}
-		if best == nil {
-			return ""
-		}
-		for _, v := range pod.Volumes {
-			if v.Name == best.Name && v.HostPath != nil {
-				return v.HostPath.Path + strings.TrimPrefix(path, best.MountPath)
-			}
-		}
-		return ""
-	}
+	hostPath := func(path string) string { return hostPathOf(pod.Volumes, c, path) }
 	if got := hostPath(flags["--registration-dir"]); flags["--registration-dir"] == "" || got != kubeletRoot+"/plugins_registry" {
 		t.Errorf("crdipc-csi-node: --registration-dir=%q is %q on the host, want the kubelet's %s/plugins_registry", flags["--registration-dir"], got, kubeletRoot)
 	}
@@ -346,6 +331,21 @@ func checkCSINode(t *testing.T, o defaultObject) {
 		t.Errorf("crdipc-csi-node: --endpoint=%q, want unix:///<path>", flags["--endpoint"])
 		return
 	}
+	if m := mountOf(c, flags["--target-dir"]); m == nil || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
+		t.Errorf("crdipc-csi-node: --target-dir=%q is not on a Bidirectional mount: the volume targets' FUSE mounts would go with the container, and a restarted plugin could not serve them again", flags["--target-dir"])
+	}
+	hp := holder.Spec.Template.Spec
+	var socket string
+	if len(hp.Containers) == 1 {
+		for _, a := range hp.Containers[0].Args {
+			if v, ok := strings.CutPrefix(a, "--socket="); ok {
+				socket = hostPathOf(hp.Volumes, hp.Containers[0], v)
+			}
+		}
+	}
+	if got := hostPath(flags["--fd-holder"]); socket == "" || got != socket {
+		t.Errorf("crdipc-csi-node: --fd-holder=%q is %q on the host; the fd holder's socket is %q there", flags["--fd-holder"], got, socket)
+	}
 	told := flags["--kubelet-registration-path"]
 	if told == "" {
 		told = sock
@@ -353,6 +353,32 @@ func checkCSINode(t *testing.T, o defaultObject) {
 	if host := hostPath(sock); host == "" || host != told || !strings.HasPrefix(host, kubeletRoot+"/plugins/") {
 		t.Errorf("crdipc-csi-node: the CSI socket %s is %q on the host and the kubelet is told %s: want one path under %s/plugins", sock, host, told, kubeletRoot)
 	}
+}
+
+// mountOf is the volume mount of c that path inside the container is on, nil if none.
+func mountOf(c corev1.Container, path string) *corev1.VolumeMount {
+	var best *corev1.VolumeMount
+	for j, m := range c.VolumeMounts {
+		if (path == m.MountPath || strings.HasPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/")) && (best == nil || len(m.MountPath) > len(best.MountPath)) {
+			best = &c.VolumeMounts[j]
+		}
+	}
+	return best
+}
+
+// hostPathOf is where path inside container c (of a pod with volumes) is on the host, ""
+// if it is not on a hostPath volume.
+func hostPathOf(volumes []corev1.Volume, c corev1.Container, path string) string {
+	m := mountOf(c, path)
+	if m == nil {
+		return ""
+	}
+	for _, v := range volumes {
+		if v.Name == m.Name && v.HostPath != nil {
+			return v.HostPath.Path + strings.TrimPrefix(path, m.MountPath)
+		}
+	}
+	return ""
 }
 
 // checkDryRun checks the outcome of kubectl args (an apply --dry-run=server): no error, and

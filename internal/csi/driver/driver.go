@@ -84,6 +84,12 @@ type Options struct {
 	// NodeID is the node this process serves for the Node service (NodeGetInfo, NodeStage,
 	// NodePublish). Empty: the Node service answers FailedPrecondition.
 	NodeID string
+	// FDHolder is the socket of the fd holder (crdipc fd-holder) that keeps the staged
+	// volumes' FUSE connections while no process of this driver serves them: with it, a
+	// restart, upgrade or crash of the node plugin pauses the volumes' I/O instead of
+	// failing it (takeover.go). Empty: no holder; a volume's I/O fails when this process
+	// exits, until its pods are restarted.
+	FDHolder string
 	// TargetDir holds the FUSE mounts of the volume targets this node runs (one directory
 	// per staged volume); default /var/lib/crdipc/csi/targets.
 	TargetDir string
@@ -253,6 +259,12 @@ func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
 	} else {
 		csi.RegisterNodeServer(srv, d)
 	}
+	// Before any Node call is served: the volumes an earlier process left are locked until
+	// they are served again.
+	d.recoverTargets(ctx)
+	kctx, stopKeeping := context.WithCancel(ctx)
+	defer stopKeeping()
+	go d.keepLoop(kctx)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	if d.o.NodeID != "" {
@@ -276,6 +288,7 @@ func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
 	case <-time.After(2 * time.Second):
 		srv.Stop()
 	}
+	d.releaseTargets()
 	return nil
 }
 

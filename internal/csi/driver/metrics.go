@@ -20,6 +20,7 @@ import (
 // both sides of the socket.
 type metrics struct {
 	operations *prometheus.HistogramVec
+	takeovers  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -28,16 +29,31 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help:    "CSI calls served by the crdipc driver, by method and gRPC status code, and how long they took.",
 		Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
 	}, []string{"method", "grpc_status_code"})}
-	if err := reg.Register(m.operations); err != nil {
-		// A second driver in one process (tests, or up restarted in-process) shares the
-		// first one's series.
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return nil, fmt.Errorf("registering csi driver metrics: %w", err)
-		}
-		m.operations = are.ExistingCollector.(*prometheus.HistogramVec)
+	var err error
+	if m.operations, err = register(reg, m.operations); err != nil {
+		return nil, err
+	}
+	m.takeovers, err = register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "crdipc_csi_volume_takeovers_total",
+		Help: "Staged volumes this node plugin served again after an earlier process of it stopped or died, their FUSE connection kept by the fd holder.",
+	}))
+	if err != nil {
+		return nil, err
 	}
 	return m, nil
+}
+
+// register registers c, or returns the collector registered before it: a second driver in
+// one process (tests, or up restarted in-process) shares the first one's series.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return c, fmt.Errorf("registering csi driver metrics: %w", err)
+		}
+		return are.ExistingCollector.(C), nil
+	}
+	return c, nil
 }
 
 // intercept logs and measures each call.

@@ -63,13 +63,21 @@ func contained(root, path string, follow bool) (string, error) {
 // its target directory). name comes from the API (a volume or replica name) and must be one
 // plain path element, and the result, symbolic links followed, must stay inside root.
 func hostPath(root, name string) (string, error) {
-	switch {
-	case name == "" || name == "." || name == "..":
-		return "", fmt.Errorf("%q is not a file name", name)
-	case strings.ContainsAny(name, "/\x00"):
-		return "", fmt.Errorf("%q is not a single path element", name)
+	if err := pathElement(name); err != nil {
+		return "", err
 	}
 	return underRoot(root, filepath.Join(root, name))
+}
+
+// pathElement says why name is not one plain path element.
+func pathElement(name string) error {
+	switch {
+	case name == "" || name == "." || name == "..":
+		return fmt.Errorf("%q is not a file name", name)
+	case strings.ContainsAny(name, "/\x00"):
+		return fmt.Errorf("%q is not a single path element", name)
+	}
+	return nil
 }
 
 // resolve follows the symbolic links of the longest existing prefix of the clean absolute

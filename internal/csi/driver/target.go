@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -39,6 +40,7 @@ type staged struct {
 	export *blockdev.Exported
 	stop   context.CancelFunc // ends the membership loop
 	done   chan struct{}
+	kept   atomic.Bool // the fd holder has a descriptor of the export's FUSE connection
 }
 
 // targetDir is the directory of volume id's FUSE mount, inside the target directory
@@ -113,26 +115,55 @@ func (d *Driver) dataTLS(ctx context.Context) (*tls.Config, error) {
 // reads. It waits until ConsistencyFactor replicas are healthy (after an unclean stop the
 // others are rebuilt first), bounded by ctx.
 func (d *Driver) startTarget(ctx context.Context, id string) (*staged, error) {
+	e, tlsConf, err := d.newEngine(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := d.targetDir(id)
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	// A target of an earlier driver process that died: its FUSE mount and loop device
+	// outlive it and would refuse a new export.
+	if err := blockdev.Cleanup(dir); err != nil {
+		e.Close()
+		return nil, status.Errorf(codes.Internal, "volume %s: removing a stale export at %s: %v", id, dir, err)
+	}
+	ex, err := blockdev.Export(ctx, e, dir, d.exportOptions(id))
+	if err != nil {
+		e.Close()
+		return nil, status.Errorf(codes.Internal, "volume %s: presenting it as a block device: %v", id, err)
+	}
+	s := d.follow(id, e, ex, tlsConf)
+	d.keep(id, s)
+	d.log.Info("volume target started", "volume", id, "device", ex.Device())
+	return s, nil
+}
+
+// newEngine starts volume id's engine with the replicas its status lists, and waits within
+// ctx for ConsistencyFactor of them to be healthy.
+func (d *Driver) newEngine(ctx context.Context, id string) (*target.Engine, *tls.Config, error) {
 	vol := newVolume()
 	if err := d.c.Get(ctx, d.volumeKey(id), vol); apierrors.IsNotFound(err) {
-		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+		return nil, nil, status.Errorf(codes.NotFound, "volume %s not found", id)
 	} else if err != nil {
-		return nil, apiError("reading volume", err)
+		return nil, nil, apiError("reading volume", err)
 	}
 	if err := checkReplicas(vol); err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s: %v; not staging it", id, err)
+		return nil, nil, status.Errorf(codes.FailedPrecondition, "volume %s: %v; not staging it", id, err)
 	}
 	if err := d.node().available(); err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "this node cannot present volumes: %v", err)
+		return nil, nil, status.Errorf(codes.FailedPrecondition, "this node cannot present volumes: %v", err)
 	}
 	tlsConf, err := d.dataTLS(ctx)
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "volume %s: the data path: %v", id, err)
+		return nil, nil, status.Errorf(codes.Unavailable, "volume %s: the data path: %v", id, err)
 	}
 	members := d.members(vol, tlsConf)
 	cf := int(vol.Spec.EffectiveConsistencyFactor())
 	if len(members) < cf {
-		return nil, status.Errorf(codes.Unavailable, "volume %s has %d reachable replicas, fewer than its consistency factor %d", id, len(members), cf)
+		return nil, nil, status.Errorf(codes.Unavailable, "volume %s has %d reachable replicas, fewer than its consistency factor %d", id, len(members), cf)
 	}
 	log := d.log.WithValues("volume", id)
 	e, err := target.New(ctx, target.Options{
@@ -149,33 +180,26 @@ func (d *Driver) startTarget(ctx context.Context, id string) (*staged, error) {
 		},
 	})
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "volume %s: starting its target: %v", id, err)
+		return nil, nil, status.Errorf(codes.Unavailable, "volume %s: starting its target: %v", id, err)
 	}
 	if err := e.WaitQuorum(ctx); err != nil {
 		e.Close()
-		return nil, status.Errorf(codes.Unavailable, "volume %s: waiting for %d healthy replicas: %v", id, cf, err)
+		return nil, nil, status.Errorf(codes.Unavailable, "volume %s: waiting for %d healthy replicas: %v", id, cf, err)
 	}
-	dir, err := d.targetDir(id)
-	if err != nil {
-		e.Close()
-		return nil, err
-	}
-	// A target of an earlier driver process that died: its FUSE mount and loop device
-	// outlive it and would refuse a new export.
-	if err := blockdev.Cleanup(dir); err != nil {
-		e.Close()
-		return nil, status.Errorf(codes.Internal, "volume %s: removing a stale export at %s: %v", id, dir, err)
-	}
-	ex, err := blockdev.Export(ctx, e, dir, blockdev.Options{Logger: slog.New(logr.ToSlogHandler(log.WithName("blockdev")))})
-	if err != nil {
-		e.Close()
-		return nil, status.Errorf(codes.Internal, "volume %s: presenting it as a block device: %v", id, err)
-	}
+	log.Info("volume engine started", "replicas", len(members), "consistencyFactor", cf)
+	return e, tlsConf, nil
+}
+
+func (d *Driver) exportOptions(id string) blockdev.Options {
+	return blockdev.Options{Logger: slog.New(logr.ToSlogHandler(d.log.WithValues("volume", id).WithName("blockdev")))}
+}
+
+// follow makes e and ex a staged volume whose members follow the volume's replicas.
+func (d *Driver) follow(id string, e *target.Engine, ex *blockdev.Exported, tlsConf *tls.Config) *staged {
 	mctx, stop := context.WithCancel(context.Background())
 	s := &staged{engine: e, export: ex, stop: stop, done: make(chan struct{})}
 	go d.followMembers(mctx, id, s, tlsConf)
-	log.Info("volume target started", "device", ex.Device(), "replicas", len(members), "consistencyFactor", cf)
-	return s, nil
+	return s
 }
 
 // servable is the size a target of vol may serve: its capacity, or less while the
@@ -293,6 +317,8 @@ func (d *Driver) stopTarget(id string) error {
 	if s != nil {
 		s.stop()
 		<-s.done
+		// Nothing is to outlive this process any more: the holder lets go first.
+		d.forget(id)
 		err := s.export.Close()
 		if errors.Is(err, blockdev.ErrBusy) {
 			<-s.export.Done() // lazily detached: served until its last user lets go

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,13 +38,25 @@ type nodePlugin struct {
 // startNodePlugin runs a driver for node on a socket of its own, as its ServiceAccount.
 func (w *world) startNodePlugin(t *testing.T, node string) *nodePlugin {
 	t.Helper()
+	p, _ := w.startNodePluginWith(t, node, nil)
+	return p
+}
+
+// startNodePluginWith is startNodePlugin with opt changing the driver's options; stop ends
+// the driver (as SIGTERM does a node plugin's) and is idempotent.
+func (w *world) startNodePluginWith(t *testing.T, node string, opt func(*driver.Options)) (p *nodePlugin, stop func()) {
+	t.Helper()
 	sock, err := os.MkdirTemp("", "csi-"+node)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(sock) })
 	endpoint := "unix://" + filepath.Join(sock, "csi.sock")
-	d, err := driver.New(driver.Options{Config: impersonate(w.env.Config, driverSA), DataConfig: boundTo(node), NodeID: node, TargetDir: filepath.Join(w.root, "targets", node), KubeletRoot: os.TempDir()})
+	o := driver.Options{Config: impersonate(w.env.Config, driverSA), DataConfig: boundTo(node), NodeID: node, TargetDir: filepath.Join(w.root, "targets", node), KubeletRoot: os.TempDir()}
+	if opt != nil {
+		opt(&o)
+	}
+	d, err := driver.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,8 +76,10 @@ func (w *world) startNodePlugin(t *testing.T, node string) *nodePlugin {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = conn.Close(); cancel(); <-done })
-	return &nodePlugin{node: node, nc: csi.NewNodeClient(conn), dir: t.TempDir()}
+	var once sync.Once
+	stop = func() { once.Do(func() { _ = conn.Close(); cancel(); <-done }) }
+	t.Cleanup(stop)
+	return &nodePlugin{node: node, nc: csi.NewNodeClient(conn), dir: t.TempDir()}, stop
 }
 
 // mount stages and publishes volume id (ext4) on the plugin's node and returns the target

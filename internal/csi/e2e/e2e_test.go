@@ -90,6 +90,7 @@ func TestCSI(t *testing.T) {
 	t.Run("PodExpansion", w.testPodExpansion)
 	t.Run("PodSnapshots", w.testPodSnapshots)
 	t.Run("Sanity", w.testSanity)
+	t.Run("NodePluginTakeover", w.testNodePluginTakeover)
 	// Last: it deletes nodes, node-1 among them.
 	t.Run("DataPlane", w.testDataPlane)
 }

@@ -4,6 +4,7 @@ package blockdev
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 )
@@ -41,6 +42,12 @@ func (e *Exported) Close() error { return nil }
 
 // Cleanup removes a stale export; there is none off Linux.
 func Cleanup(dir string) error { return nil }
+
+// ErrNoExport is wrapped by Exists and Adopt when dir holds no export to adopt.
+var ErrNoExport = errors.New("no export to adopt")
+
+// Exists reports that there is no export off Linux.
+func Exists(dir string) error { return fmt.Errorf("%w: %v", ErrNoExport, Available()) }
 
 // Adopt fails off Linux; see Available.
 func Adopt(ctx context.Context, dev Device, dir string, conn int, o Options) (*Exported, error) {

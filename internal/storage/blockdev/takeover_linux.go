@@ -33,20 +33,11 @@ func Adopt(ctx context.Context, dev Device, dir string, conn int, o Options) (*E
 	if err != nil {
 		return fail(err)
 	}
-	ms, err := mountsAt(abs)
+	loop, err := exported(abs)
 	if err != nil {
 		return fail(err)
 	}
-	if len(ms) == 0 || ms[len(ms)-1].fsType != fuseType {
-		return fail(fmt.Errorf("no %s mount there to adopt", fuseType))
-	}
 	file := filepath.Join(abs, VolumeName)
-	// By sysfs's backing file only: statting the file, or LOOP_GET_STATUS on the device,
-	// blocks until a server answers.
-	loops := loopsBackedBy(func(name, bf string) bool { return bf == file })
-	if len(loops) != 1 {
-		return fail(fmt.Errorf("want one loop device bound to %s, found %d (%v)", file, len(loops), loops))
-	}
 	var st unix.Stat_t
 	if err := unix.Fstat(conn, &st); err != nil {
 		return fail(fmt.Errorf("stat the connection's descriptor: %w", err))
@@ -58,7 +49,7 @@ func Adopt(ctx context.Context, dev Device, dir string, conn int, o Options) (*E
 	}
 	unix.CloseOnExec(conn)
 
-	e := &Exported{dir: abs, file: file, loop: "/dev/" + loops[0], opts: o}
+	e := &Exported{dir: abs, file: file, loop: loop, opts: o}
 	e.directIO = loopDirectIO(e.loop)
 	e.vol = newVolume(dev, o.Logger)
 	if e.srv, err = newServer(conn, e.vol, o); err != nil {
@@ -82,6 +73,43 @@ func Adopt(ctx context.Context, dev Device, dir string, conn int, o Options) (*E
 	default:
 	}
 	return e, nil
+}
+
+// ErrNoExport is wrapped by Exists and Adopt when dir holds no export to adopt.
+var ErrNoExport = errors.New("no export to adopt")
+
+// Exists says whether dir holds an export (an export's FUSE mount, and a loop device bound
+// to its file) that Adopt could serve: nil, or an error wrapping ErrNoExport. It reads only
+// the mount table and sysfs, which answer while no server does.
+func Exists(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	_, err = exported(abs)
+	return err
+}
+
+// exported returns the loop device of the export at dir.
+func exported(dir string) (string, error) {
+	ms, err := mountsAt(dir)
+	if err != nil {
+		return "", err
+	}
+	if len(ms) == 0 || ms[len(ms)-1].fsType != fuseType {
+		return "", fmt.Errorf("%w: no %s mount at %s", ErrNoExport, fuseType, dir)
+	}
+	file := filepath.Join(dir, VolumeName)
+	// By sysfs's backing file only: statting the file, or LOOP_GET_STATUS on the device,
+	// blocks until a server answers.
+	loops := loopsBackedBy(func(name, bf string) bool { return bf == file })
+	switch len(loops) {
+	case 0:
+		return "", fmt.Errorf("%w: no loop device bound to %s", ErrNoExport, file)
+	case 1:
+		return "/dev/" + loops[0], nil
+	}
+	return "", fmt.Errorf("%d loop devices bound to %s (%v), want one", len(loops), file, loops)
 }
 
 // Conn returns a new descriptor of the export's FUSE connection, for a process that keeps

@@ -3,13 +3,11 @@ package blockdev
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -307,21 +305,10 @@ func abortIfStuck(t *testing.T, file string) {
 	})
 }
 
-// abortConn aborts the connection through fusectl, mounting fusectl if it is not.
+// abortConn aborts the connection of file's mount.
 func abortConn(t *testing.T, file string) {
-	ms, err := mountsAt(filepath.Dir(file))
-	if err != nil || len(ms) == 0 || !isFUSE(ms[len(ms)-1]) {
-		return
-	}
-	const ctl = "/sys/fs/fuse/connections"
-	if ents, _ := os.ReadDir(ctl); len(ents) == 0 {
-		if err := unix.Mount("fusectl", ctl, "fusectl", 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
-			t.Logf("mount fusectl: %v", err)
-		}
-	}
-	p := filepath.Join(ctl, strconv.FormatUint(uint64(unix.Minor(ms[len(ms)-1].dev)), 10), "abort")
-	if err := os.WriteFile(p, []byte("1"), 0); err != nil {
-		t.Logf("abort the FUSE connection of %s: %v", file, err)
+	if err := records.AbortFUSE(filepath.Dir(file)); err != nil {
+		t.Logf("%v", err)
 		return
 	}
 	t.Logf("aborted the FUSE connection of %s", file)

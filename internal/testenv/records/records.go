@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +26,9 @@ type Writer struct {
 	f    *os.File
 	stop chan struct{}
 	done chan struct{}
+
+	closeOnce sync.Once
+	closeErr  error
 
 	mu       sync.Mutex
 	acked    int           // records written and synced
@@ -107,9 +112,10 @@ func (w *Writer) MaxPause() time.Duration {
 // ErrStuck is returned by Stop when a write did not return in time: the data path hangs.
 var ErrStuck = errors.New("a write did not return")
 
-// Stop ends the writer after the write in flight and closes the device. It waits at most
-// timeout for that write; past it, it returns ErrStuck and leaves the device open (the
-// caller must unblock the data path, e.g. abort it, before the test ends).
+// Stop ends the writer after the write in flight and closes the device; calling it again
+// returns what the first call that got that far returned. It waits at most timeout for
+// that write; past it, it returns ErrStuck and leaves the device open (the caller must
+// unblock the data path, e.g. abort it, before the test ends).
 func (w *Writer) Stop(timeout time.Duration) error {
 	select {
 	case <-w.stop:
@@ -118,7 +124,8 @@ func (w *Writer) Stop(timeout time.Duration) error {
 	}
 	select {
 	case <-w.done:
-		return w.f.Close()
+		w.closeOnce.Do(func() { w.closeErr = w.f.Close() })
+		return w.closeErr
 	case <-time.After(timeout):
 		return fmt.Errorf("%w within %s (%d records acknowledged)", ErrStuck, timeout, w.Acked())
 	}
@@ -136,4 +143,52 @@ func Verify(r io.ReaderAt, n int) error {
 		}
 	}
 	return nil
+}
+
+// AbortFUSE aborts the FUSE connection mounted at dir through fusectl (mounted first if it
+// is not), as the last resort of a test whose data path hangs: the blocked writes then fail
+// with EIO. A process blocked on a connection it holds itself could not even exit.
+func AbortFUSE(dir string) error {
+	// Stat of the mount point itself would block on a hung server; the mount table does not.
+	dev, ok := fuseDevAt(dir)
+	if !ok {
+		return fmt.Errorf("no FUSE mount at %s", dir)
+	}
+	const ctl = "/sys/fs/fuse/connections"
+	if ents, _ := os.ReadDir(ctl); len(ents) == 0 {
+		if err := unix.Mount("fusectl", ctl, "fusectl", 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("mount fusectl: %w", err)
+		}
+	}
+	p := fmt.Sprintf("%s/%d/abort", ctl, unix.Minor(dev))
+	if err := os.WriteFile(p, []byte("1"), 0); err != nil {
+		return fmt.Errorf("abort the FUSE connection at %s: %w", dir, err)
+	}
+	return nil
+}
+
+// fuseDevAt is the device number of the topmost FUSE mount at dir, from the mount table.
+func fuseDevAt(dir string) (uint64, bool) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return 0, false
+	}
+	var dev uint64
+	found := false
+	for _, line := range strings.Split(string(b), "\n") {
+		// id parent major:minor root mountpoint options ... - fstype source superopts
+		f := strings.Fields(line)
+		if len(f) < 5 || f[4] != dir {
+			continue
+		}
+		sep := slices.Index(f, "-")
+		if sep < 0 || sep+1 >= len(f) || !strings.HasPrefix(f[sep+1], "fuse") {
+			continue
+		}
+		var ma, mi uint32
+		if _, err := fmt.Sscanf(f[2], "%d:%d", &ma, &mi); err == nil {
+			dev, found = unix.Mkdev(ma, mi), true
+		}
+	}
+	return dev, found
 }

@@ -1,0 +1,158 @@
+package e2e_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/crdipc/crdipc/internal/csi/driver"
+	"github.com/crdipc/crdipc/internal/storage/fdstore"
+	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/metrics"
+	"github.com/crdipc/crdipc/internal/testenv/records"
+)
+
+// testNodePluginTakeover: a block volume staged and published on node-2 is written by a
+// writer that syncs every record, while node-2's node plugin is stopped and a new one
+// started, twice, as a rollout of the DaemonSet does; the fd holder keeps the volume's
+// FUSE connection meanwhile. No write fails, the new plugin reports the takeover, every
+// record is on the volume, and unstaging through the last plugin leaves the holder empty.
+func (w *world) testNodePluginTakeover(t *testing.T) {
+	testenv.RequireMounts(t)
+	ctx := context.Background()
+	const node = "node-2"
+	holderSock := filepath.Join(t.TempDir(), "fd.sock")
+	l, err := fdstore.Listen(holderSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := fdstore.New(slog.New(slog.DiscardHandler))
+	hctx, stopHolder := context.WithCancel(ctx)
+	go func() { _ = holder.Serve(hctx, l) }()
+	t.Cleanup(func() { stopHolder(); holder.Close() })
+
+	targets := filepath.Join(w.root, "targets", node)
+	var reg *prometheus.Registry
+	start := func() (*nodePlugin, func()) {
+		reg = prometheus.NewRegistry()
+		log := testr.NewWithOptions(t, testr.Options{Verbosity: 1})
+		return w.startNodePluginWith(t, node, func(o *driver.Options) {
+			o.FDHolder, o.TargetDir, o.Registerer, o.Logger = holderSock, targets, reg, &log
+		})
+	}
+	p, stop := start()
+
+	conn := w.dial(t)
+	created, err := csi.NewControllerClient(conn).CreateVolume(ctx, &csi.CreateVolumeRequest{
+		Name:               "takeover",
+		CapacityRange:      &csi.CapacityRange{RequiredBytes: 64 * mib},
+		Parameters:         map[string]string{driver.ParamReplicaCount: strconv.Itoa(2)},
+		VolumeCapabilities: []*csi.VolumeCapability{blockRWO()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.Volume.VolumeId
+	staging, target := filepath.Join(p.dir, "staging"), filepath.Join(p.dir, "target")
+	if err := os.Mkdir(staging, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := p.nc.NodeStageVolume(sctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: blockRWO()}); err != nil {
+		t.Fatalf("NodeStageVolume: %v", err)
+	}
+	if _, err := p.nc.NodePublishVolume(sctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: blockRWO()}); err != nil {
+		t.Fatalf("NodePublishVolume: %v", err)
+	}
+	export := filepath.Join(targets, id)
+	wr, err := records.Start(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A takeover that fails leaves the writer blocked on a connection this process holds:
+	// abort it rather than hang.
+	t.Cleanup(func() {
+		if err := wr.Stop(time.Minute); err != nil {
+			t.Errorf("writer: %v", err)
+			if err := records.AbortFUSE(export); err != nil {
+				t.Log(err)
+			}
+		}
+	})
+	acked := func(n int) {
+		t.Helper()
+		testenv.Eventually(t, 2*time.Minute, fmt.Sprintf("%d records acknowledged", n), func(context.Context) (bool, error) {
+			if err := wr.Err(); err != nil {
+				t.Fatalf("a write failed: %v", err)
+			}
+			if got := wr.Acked(); got < n {
+				return false, fmt.Errorf("%d acknowledged", got)
+			}
+			return true, nil
+		})
+	}
+	acked(50)
+	for round := 1; round <= 2; round++ {
+		before := wr.Acked()
+		stop()
+		p, stop = start()
+		acked(before + 50)
+		testenv.Eventually(t, 10*time.Second, "the new plugin counting its takeover", func(context.Context) (bool, error) {
+			if got, _ := metrics.Gather(t, reg).Sample("crdipc_csi_volume_takeovers_total", nil); got != 1 {
+				return false, fmt.Errorf("round %d: crdipc_csi_volume_takeovers_total %v, want 1", round, got)
+			}
+			return true, nil
+		})
+	}
+	if err := wr.Stop(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := wr.Err(); err != nil {
+		t.Fatal(err)
+	}
+	n := wr.Acked()
+	t.Logf("%d records through 2 node plugin restarts, the longest write+fsync %s", n, wr.MaxPause())
+	dev, err := os.Open(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	verr := records.Verify(dev, n)
+	dev.Close()
+	if verr != nil {
+		t.Fatal(verr)
+	}
+
+	if _, err := p.nc.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatalf("NodeUnpublishVolume: %v", err)
+	}
+	if _, err := p.nc.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatalf("NodeUnstageVolume: %v", err)
+	}
+	if names := holder.Names(); len(names) != 0 {
+		t.Errorf("the fd holder still keeps %v after the volume was unstaged", names)
+	}
+	if _, err := os.Stat(export); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the export directory %s: %v, want it gone", export, err)
+	}
+	if _, err := csi.NewControllerClient(conn).DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Errorf("DeleteVolume: %v", err)
+	}
+}
+
+func blockRWO() *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}

@@ -1,0 +1,315 @@
+package fdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrNotFound is returned by Client.Get for a name the store does not hold.
+var ErrNotFound = errors.New("not in the descriptor store")
+
+// MaxEntries bounds what one store holds, so that a misbehaving client cannot exhaust its
+// descriptor table.
+const MaxEntries = 4096
+
+const maxMsg = 64 << 10
+
+// Store holds descriptors by name. The zero value is not usable: New.
+type Store struct {
+	log *slog.Logger
+	mu  sync.Mutex
+	fds map[string]int
+}
+
+// New returns an empty store.
+func New(log *slog.Logger) *Store {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Store{log: log, fds: map[string]int{}}
+}
+
+// Listen opens the store's socket at path, replacing a stale socket file of an earlier
+// process (the directory is created, 0700).
+func Listen(path string) (*net.UnixListener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("fd store: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("fd store: removing a stale socket: %w", err)
+	}
+	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("fd store: %w", err)
+	}
+	return l, nil
+}
+
+// Serve answers requests on l until ctx ends; then it closes l. The descriptors stay held
+// until Close.
+func (s *Store) Serve(ctx context.Context, l *net.UnixListener) error {
+	go func() { <-ctx.Done(); l.Close() }()
+	for {
+		c, err := l.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("fd store: accept: %w", err)
+		}
+		go s.serveConn(c)
+	}
+}
+
+// Close closes every descriptor held.
+func (s *Store) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, fd := range s.fds {
+		unix.Close(fd)
+		delete(s.fds, name)
+	}
+}
+
+// Names lists what the store holds, sorted.
+func (s *Store) Names() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	names := make([]string, 0, len(s.fds))
+	for n := range s.fds {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func (s *Store) serveConn(c *net.UnixConn) {
+	defer c.Close()
+	buf, oob := make([]byte, maxMsg), make([]byte, unix.CmsgSpace(4*8))
+	for {
+		n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+		if err != nil || n == 0 {
+			return // the client went away
+		}
+		fds, err := rights(oob[:oobn])
+		reply, replyFD := "", -1
+		if err != nil {
+			reply = "ERR " + err.Error()
+		} else {
+			reply, replyFD = s.handle(string(buf[:n]), fds)
+		}
+		var rights []byte
+		if replyFD >= 0 {
+			rights = unix.UnixRights(replyFD)
+		}
+		_, _, err = c.WriteMsgUnix([]byte(reply), rights, nil)
+		if replyFD >= 0 {
+			unix.Close(replyFD)
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// handle answers one request; fds are the descriptors it came with, which handle owns.
+// A descriptor to send back is a duplicate the caller closes after sending.
+func (s *Store) handle(req string, fds []int) (string, int) {
+	closeAll := func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	verb, name, _ := strings.Cut(req, " ")
+	if verb != "LIST" {
+		if err := ValidName(name); err != nil {
+			closeAll()
+			return "ERR " + err.Error(), -1
+		}
+	}
+	if verb != "PUT" && len(fds) > 0 {
+		closeAll()
+		return "ERR " + verb + " takes no descriptor", -1
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch verb {
+	case "PUT":
+		if len(fds) != 1 {
+			closeAll()
+			return fmt.Sprintf("ERR PUT takes one descriptor, got %d", len(fds)), -1
+		}
+		old, had := s.fds[name]
+		if !had && len(s.fds) >= MaxEntries {
+			closeAll()
+			return fmt.Sprintf("ERR the store is full (%d descriptors)", MaxEntries), -1
+		}
+		if had {
+			unix.Close(old)
+		}
+		s.fds[name] = fds[0]
+		s.log.Info("descriptor kept", "name", name, "replaced", had)
+		return "OK", -1
+	case "GET":
+		fd, ok := s.fds[name]
+		if !ok {
+			return "NOTFOUND", -1
+		}
+		dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return "ERR dup: " + err.Error(), -1
+		}
+		return "OK", dup
+	case "DEL":
+		if fd, ok := s.fds[name]; ok {
+			unix.Close(fd)
+			delete(s.fds, name)
+			s.log.Info("descriptor released", "name", name)
+		}
+		return "OK", -1
+	case "LIST":
+		names := make([]string, 0, len(s.fds))
+		for n := range s.fds {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		return "OK " + strings.Join(names, "\n"), -1
+	}
+	closeAll()
+	return fmt.Sprintf("ERR unknown request %q", verb), -1
+}
+
+// ValidName says why name cannot name a descriptor: it is empty, too long, or has a space
+// or a control character (the protocol separates with those).
+func ValidName(name string) error {
+	if name == "" || len(name) > 512 {
+		return fmt.Errorf("name %q: want 1 to 512 bytes", name)
+	}
+	if i := strings.IndexFunc(name, func(r rune) bool { return r <= ' ' || r == 0x7f }); i >= 0 {
+		return fmt.Errorf("name %q: space or control character at byte %d", name, i)
+	}
+	return nil
+}
+
+func rights(oob []byte) ([]int, error) {
+	if len(oob) == 0 {
+		return nil, nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("control message: %w", err)
+	}
+	var fds []int
+	for i := range msgs {
+		got, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			continue
+		}
+		for _, fd := range got {
+			unix.CloseOnExec(fd)
+		}
+		fds = append(fds, got...)
+	}
+	return fds, nil
+}
+
+// Client talks to the store at Path.
+type Client struct {
+	Path string
+	// Timeout bounds each request; zero means 5 s.
+	Timeout time.Duration
+}
+
+// Put stores a duplicate of fd under name; the caller keeps fd.
+func (c Client) Put(name string, fd int) error {
+	_, _, err := c.do("PUT "+name, fd)
+	return err
+}
+
+// Get returns a descriptor of what name holds, which the caller owns, or ErrNotFound.
+func (c Client) Get(name string) (int, error) {
+	_, fd, err := c.do("GET "+name, -1)
+	return fd, err
+}
+
+// Delete drops what name holds; nothing held is not an error.
+func (c Client) Delete(name string) error {
+	_, _, err := c.do("DEL "+name, -1)
+	return err
+}
+
+// List returns the names the store holds, sorted.
+func (c Client) List() ([]string, error) {
+	body, _, err := c.do("LIST", -1)
+	if err != nil || body == "" {
+		return nil, err
+	}
+	return strings.Split(body, "\n"), nil
+}
+
+func (c Client) do(req string, fd int) (string, int, error) {
+	timeout := c.Timeout
+	if timeout == 0 {
+		timeout = 5 * time.Second
+	}
+	conn, err := net.DialTimeout("unixpacket", c.Path, timeout)
+	if err != nil {
+		return "", -1, fmt.Errorf("fd store at %s: %w", c.Path, err)
+	}
+	defer conn.Close()
+	uc := conn.(*net.UnixConn)
+	_ = uc.SetDeadline(time.Now().Add(timeout))
+	var oob []byte
+	if fd >= 0 {
+		oob = unix.UnixRights(fd)
+	}
+	if _, _, err := uc.WriteMsgUnix([]byte(req), oob, nil); err != nil {
+		return "", -1, fmt.Errorf("fd store at %s: %w", c.Path, err)
+	}
+	buf, roob := make([]byte, maxMsg), make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := uc.ReadMsgUnix(buf, roob)
+	if err != nil {
+		return "", -1, fmt.Errorf("fd store at %s: %w", c.Path, err)
+	}
+	fds, err := rights(roob[:oobn])
+	if err != nil {
+		return "", -1, fmt.Errorf("fd store at %s: %w", c.Path, err)
+	}
+	got := -1
+	for i, f := range fds {
+		if i == 0 {
+			got = f
+		} else {
+			unix.Close(f)
+		}
+	}
+	answer := string(buf[:n])
+	verb, body, _ := strings.Cut(answer, " ")
+	switch verb {
+	case "OK":
+		if strings.HasPrefix(req, "GET ") && got < 0 {
+			return "", -1, fmt.Errorf("fd store at %s: %s: answered without a descriptor", c.Path, req)
+		}
+		return body, got, nil
+	case "NOTFOUND":
+		if got >= 0 {
+			unix.Close(got)
+		}
+		return "", -1, fmt.Errorf("%s: %w", strings.TrimPrefix(req, "GET "), ErrNotFound)
+	}
+	if got >= 0 {
+		unix.Close(got)
+	}
+	return "", -1, fmt.Errorf("fd store at %s: %s: %s", c.Path, req, strings.TrimPrefix(answer, "ERR "))
+}
