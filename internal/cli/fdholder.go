@@ -55,4 +55,3 @@ connection it holds: those volumes' I/O fails.`,
 	cmd.Flags().StringVar(&socket, "socket", socket, "Unix socket (SOCK_SEQPACKET) to serve; its directory is created")
 	return cmd
 }
-

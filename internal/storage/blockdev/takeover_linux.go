@@ -140,4 +140,3 @@ func (e *Exported) Release() error {
 	})
 	return e.closeErr
 }
-
