@@ -4,10 +4,11 @@
 //
 // # How
 //
-// Export mounts a FUSE file system (go-fuse, mounted with mount(2) directly) holding a single
-// file, VolumeName, of the Device's size, and binds a loop device to that file with
-// losetup. The kernel's I/O on /dev/loopN becomes reads, writes and fsyncs of the file, which
-// the FUSE server in this process turns into Device calls.
+// Export mounts a FUSE file system (mount(2) directly, on a /dev/fuse descriptor of its own)
+// holding a single file, VolumeName, of the Device's size, and binds a loop device to that
+// file with losetup. The kernel's I/O on /dev/loopN becomes reads, writes and fsyncs of the
+// file, which the FUSE server in this process (server_linux.go: crdipc's own, on go-fuse's
+// protocol types) turns into Device calls.
 //
 // Why not a kernel NBD client, the usual way to put a user-space block device under a file
 // system: these hosts have no nbd module (and no ublk). FUSE and the loop driver are in
@@ -49,8 +50,19 @@
 // # Lifecycle and crashes
 //
 // Close detaches the loop device and unmounts. If the serving process dies instead, the
-// kernel ends the FUSE connection: I/O on the loop device then fails with EIO (it does not
-// hang), and the dead mount and the bound loop device stay until Cleanup removes them, which
-// the CSI driver calls on restart before exporting at the same place again. Writes the file
-// system had not flushed are lost as on a power cut; flushed ones are the Device's.
+// kernel ends the FUSE connection — unless another process holds a descriptor of it
+// (Exported.Conn, kept by crdipc's fd holder). Ended, I/O on the loop device fails with EIO
+// (it does not hang), and the dead mount and the bound loop device stay until Cleanup
+// removes them. Writes the file system had not flushed are lost as on a power cut; flushed
+// ones are the Device's.
+//
+// # Handing over to another process
+//
+// Kept by another process, the connection, the mount and the loop device outlive the
+// server: requests wait in the kernel, and a successor serves them with Adopt. Release is
+// the graceful way out (stop reading, answer what was read, leave everything mounted); after
+// a crash Adopt asks the kernel to resend what the dead server had read (NOTIFY_RESEND,
+// Linux 6.9+), so nothing is lost and no write fails. That works because nothing of what the
+// kernel was told lives in a process: the directory is node 1, the file node 2, and a file
+// handle only says whether it may write.
 package blockdev
