@@ -202,6 +202,7 @@ type defaultObject struct {
 		Labels    map[string]string `json:"labels"`
 	} `json:"metadata"`
 	Spec struct {
+		Replicas *int32 `json:"replicas"`
 		Template struct {
 			Spec struct {
 				ServiceAccountName string             `json:"serviceAccountName"`
@@ -287,6 +288,14 @@ func checkDefault(t *testing.T, docs [][]byte) {
 	for _, w := range append(slices.Clone(defaultWorkloads), "CSIDriver csi.crdipc.io") {
 		if _, ok := objects[w]; !ok {
 			t.Errorf("config/default has no %s", w)
+		}
+	}
+	// A drain must not take both replicas of a leader-elected Deployment at once.
+	for key, o := range objects {
+		if o.Kind == "Deployment" && o.Spec.Replicas != nil && *o.Spec.Replicas >= 2 {
+			if _, ok := objects["PodDisruptionBudget "+o.Metadata.Namespace+"/"+o.Metadata.Name]; !ok {
+				t.Errorf("%s has %d replicas and no PodDisruptionBudget of its name", key, *o.Spec.Replicas)
+			}
 		}
 	}
 	if o, ok := objects["DaemonSet crdipc-system/crdipc-csi-node"]; ok {

@@ -258,6 +258,10 @@ func TestRealNode(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+	t.Run("node plugin restarts", func(t *testing.T) { c.testPluginRestarts(t, phase) })
+	if t.Failed() {
+		return
+	}
 	// Last: they lose nodes.
 	t.Run("replicated volume and a lost node", func(t *testing.T) { c.testReplicated(t, phase) })
 	if t.Failed() {

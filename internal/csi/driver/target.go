@@ -29,6 +29,11 @@ import (
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get,resourceNames=crdipc-storage-data-ca,namespace=crdipc-system
 // +kubebuilder:rbac:groups=certificates.k8s.io,resources=certificatesigningrequests,verbs=create;get;list;watch
 
+// quorumWait is how long a write waits, rather than failing, while fewer than the
+// consistency factor of replicas are healthy: a pool agent restarting (a rollout, an
+// upgrade) or a replica being caught up after one did is a pause, not an I/O error.
+const quorumWait = 5 * time.Minute
+
 // membershipPoll is how often a staged volume's target looks at its CStorVolume for
 // replicas that were placed (a node joined) or moved (a replica was replaced).
 const membershipPoll = 2 * time.Second
@@ -169,6 +174,7 @@ func (d *Driver) newEngine(ctx context.Context, id string) (*target.Engine, *tls
 	e, err := target.New(ctx, target.Options{
 		Members:           members,
 		ConsistencyFactor: cf,
+		QuorumWait:        quorumWait,
 		Size:              servable(vol),
 		Logger:            slog.New(logr.ToSlogHandler(log.WithName("target"))),
 		OnReplicaState: func(rid string, s target.State, err error) {
