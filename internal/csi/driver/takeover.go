@@ -28,8 +28,28 @@ import (
 // holder that restarted has lost them all, and gets them again.
 const keepEvery = 5 * time.Second
 
-// holderPrefix names the holder's entries of this driver: csi-target/<volume id>.
+// holderPrefix starts the names of this driver's entries in the holder:
+// csi-target/<volume id>/<loop device>, e.g. csi-target/pvc-1/loop3. The loop device is in
+// the name because nothing else tells the next process which one is the volume's (see
+// blockdev.Exists).
 const holderPrefix = "csi-target/"
+
+func holderName(id string, s *staged) string {
+	return holderPrefix + id + "/" + filepath.Base(s.export.Device())
+}
+
+// parseHolderName is the volume id and loop device (/dev/loopN) of one of our names.
+func parseHolderName(name string) (id, loop string, ok bool) {
+	rest, ok := strings.CutPrefix(name, holderPrefix)
+	if !ok {
+		return "", "", false
+	}
+	id, dev, ok := strings.Cut(rest, "/")
+	if !ok || id == "" || !strings.HasPrefix(dev, "loop") || strings.Contains(dev, "/") {
+		return "", "", false
+	}
+	return id, "/dev/" + dev, true
+}
 
 func (d *Driver) holder() *fdstore.Client {
 	if d.o.FDHolder == "" || d.o.NodeID == "" {
@@ -47,7 +67,7 @@ func (d *Driver) keep(id string, s *staged) {
 	}
 	fd, err := s.export.Conn()
 	if err == nil {
-		err = h.Put(holderPrefix+id, fd)
+		err = h.Put(holderName(id, s), fd)
 		unix.Close(fd)
 	}
 	if err != nil {
@@ -58,13 +78,21 @@ func (d *Driver) keep(id string, s *staged) {
 	s.kept.Store(true)
 }
 
-// forget drops volume id's connection from the holder. A failure leaves a stale entry,
+// forget drops volume id's connections from the holder. A failure leaves a stale entry,
 // which the next process's recoverTargets drops.
 func (d *Driver) forget(id string) {
-	if h := d.holder(); h != nil {
-		if err := h.Delete(holderPrefix + id); err != nil {
-			d.log.Error(err, "removing the volume's connection from the fd holder", "volume", id)
+	h := d.holder()
+	if h == nil {
+		return
+	}
+	names, err := h.List()
+	for _, n := range names {
+		if nid, _, ok := parseHolderName(n); ok && nid == id && err == nil {
+			err = h.Delete(n)
 		}
+	}
+	if err != nil {
+		d.log.Error(err, "removing the volume's connection from the fd holder", "volume", id)
 	}
 }
 
@@ -94,7 +122,7 @@ func (d *Driver) keepLoop(ctx context.Context) {
 		d.data.Lock()
 		missing := map[string]*staged{}
 		for id, s := range d.data.staged {
-			if !held[holderPrefix+id] {
+			if !held[holderName(id, s)] {
 				missing[id] = s
 			}
 		}
@@ -119,7 +147,7 @@ func (d *Driver) recoverTargets(ctx context.Context) {
 		return
 	}
 	for _, n := range names {
-		id, ok := strings.CutPrefix(n, holderPrefix)
+		id, loop, ok := parseHolderName(n)
 		if !ok {
 			continue
 		}
@@ -127,21 +155,21 @@ func (d *Driver) recoverTargets(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		d.log.Info("taking over the volume's target from an earlier process", "volume", id)
+		d.log.Info("taking over the volume's target from an earlier process", "volume", id, "device", loop)
 		go func() {
 			defer done()
-			d.recoverTarget(ctx, id)
+			d.recoverTarget(ctx, id, loop, n)
 		}()
 	}
 }
 
 // recoverTarget serves volume id's kept connection again, retrying (with backoff, until
 // ctx ends) what can recover: the API, the data certificate, a quorum of replicas.
-func (d *Driver) recoverTarget(ctx context.Context, id string) {
+func (d *Driver) recoverTarget(ctx context.Context, id, loop, name string) {
 	start := time.Now()
 	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 30 * time.Second}
 	for {
-		err := d.adoptTarget(ctx, id)
+		err := d.adoptTarget(ctx, id, loop, name)
 		switch {
 		case err == nil:
 			d.metrics.takeovers.Inc()
@@ -150,7 +178,9 @@ func (d *Driver) recoverTarget(ctx context.Context, id string) {
 		case errors.Is(err, blockdev.ErrNoExport), errors.Is(err, fdstore.ErrNotFound):
 			// Unstaged, or torn down, while no process served it: nothing to take over.
 			d.log.Info("dropping the fd holder's stale entry", "volume", id, "reason", err.Error())
-			d.forget(id)
+			if err := d.holder().Delete(name); err != nil {
+				d.log.Error(err, "removing the stale entry from the fd holder", "volume", id)
+			}
 			return
 		}
 		d.log.Error(err, "taking over the volume's target; its I/O waits meanwhile; retrying", "volume", id)
@@ -162,13 +192,13 @@ func (d *Driver) recoverTarget(ctx context.Context, id string) {
 	}
 }
 
-// adoptTarget starts volume id's engine and serves its kept connection.
-func (d *Driver) adoptTarget(ctx context.Context, id string) error {
+// adoptTarget starts volume id's engine and serves its connection, kept under name.
+func (d *Driver) adoptTarget(ctx context.Context, id, loop, name string) error {
 	dir, err := d.adoptDir(id)
 	if err != nil {
 		return err
 	}
-	if err := blockdev.Exists(dir); err != nil {
+	if err := blockdev.Exists(dir, loop); err != nil {
 		return err
 	}
 	// A quorum may take a while after a node came back (replicas rebuilding, a pool agent
@@ -179,12 +209,12 @@ func (d *Driver) adoptTarget(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	conn, err := d.holder().Get(holderPrefix + id)
+	conn, err := d.holder().Get(name)
 	if err != nil {
 		e.Close()
 		return err
 	}
-	ex, err := blockdev.Adopt(ctx, e, dir, conn, d.exportOptions(id))
+	ex, err := blockdev.Adopt(ctx, e, dir, loop, conn, d.exportOptions(id))
 	if err != nil {
 		e.Close()
 		return err

@@ -65,6 +65,7 @@ func hasSysAdmin() (bool, string) {
 type Exported struct {
 	dir, file string
 	loop      string // /dev/loopN, empty until attached
+	backing   string // the loop's backing file as sysfs names it (see exported)
 	directIO  bool
 	opts      Options
 	srv       *server
@@ -110,6 +111,7 @@ func Export(ctx context.Context, dev Device, dir string, o Options) (*Exported, 
 	if err := e.mount(ctx, dev); err != nil {
 		return nil, fmt.Errorf("export at %s: %w", abs, err)
 	}
+	e.backing = e.file
 	e.loop, e.directIO, err = attachLoop(ctx, e.file, o.DirectIO)
 	if err != nil {
 		err = fmt.Errorf("export at %s: attach loop device: %w", abs, err)
@@ -230,13 +232,13 @@ func (e *Exported) close() error {
 	released := true
 	if e.loop != "" {
 		name := filepath.Base(e.loop)
-		if err := detachLoop(ctx, e.loop, e.file); err != nil {
+		if err := detachLoop(ctx, e.loop, e.backing); err != nil {
 			errs = append(errs, fmt.Errorf("detach %s: %w", e.loop, err))
 		}
 		// losetup -d on an open device only marks it auto-clear; wait for the release.
 		err := poll(deadline, func() (bool, error) {
 			bf, ok := loopBackingFile(name)
-			return !ok || bf != e.file, nil
+			return !ok || bf != e.backing, nil
 		})
 		if err != nil {
 			released = false

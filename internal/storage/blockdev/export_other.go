@@ -47,10 +47,10 @@ func Cleanup(dir string) error { return nil }
 var ErrNoExport = errors.New("no export to adopt")
 
 // Exists reports that there is no export off Linux.
-func Exists(dir string) error { return fmt.Errorf("%w: %v", ErrNoExport, Available()) }
+func Exists(dir, loop string) error { return fmt.Errorf("%w: %v", ErrNoExport, Available()) }
 
 // Adopt fails off Linux; see Available.
-func Adopt(ctx context.Context, dev Device, dir string, conn int, o Options) (*Exported, error) {
+func Adopt(ctx context.Context, dev Device, dir, loop string, conn int, o Options) (*Exported, error) {
 	return nil, Available()
 }
 

@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
 
 // Adopt serves an export that another process set up and no longer serves: the FUSE mount
-// at dir, the loop device bound to dir/VolumeName, and conn, a descriptor of that mount's
-// FUSE connection (from Exported.Conn in the predecessor, kept by a process that outlived
+// at dir, loop (/dev/loopN, Exported.Device of the predecessor) bound to its file, and conn,
+// a descriptor of that mount's FUSE connection (from Exported.Conn in the predecessor, kept by a process that outlived
 // it). The kernel kept every request of the connection queued meanwhile; Adopt asks it to
 // resend those the predecessor had read but not answered (Linux 6.9+), so a process killed
 // in the middle of a write loses nothing: the file system above only paused.
@@ -20,7 +21,7 @@ import (
 // serves it until Close or Release. dev must hold what the predecessor's Device held.
 // Nothing of the predecessor's process is needed: the kernel's node IDs and file handles
 // mean the same to every server (server).
-func Adopt(ctx context.Context, dev Device, dir string, conn int, o Options) (*Exported, error) {
+func Adopt(ctx context.Context, dev Device, dir, loop string, conn int, o Options) (*Exported, error) {
 	fail := func(err error) (*Exported, error) {
 		unix.Close(conn)
 		return nil, fmt.Errorf("adopt export at %s: %w", dir, err)
@@ -33,7 +34,7 @@ func Adopt(ctx context.Context, dev Device, dir string, conn int, o Options) (*E
 	if err != nil {
 		return fail(err)
 	}
-	loop, err := exported(abs)
+	backing, err := exported(abs, loop)
 	if err != nil {
 		return fail(err)
 	}
@@ -49,7 +50,7 @@ func Adopt(ctx context.Context, dev Device, dir string, conn int, o Options) (*E
 	}
 	unix.CloseOnExec(conn)
 
-	e := &Exported{dir: abs, file: file, loop: loop, opts: o}
+	e := &Exported{dir: abs, file: file, loop: loop, backing: backing, opts: o}
 	e.directIO = loopDirectIO(e.loop)
 	e.vol = newVolume(dev, o.Logger)
 	if e.srv, err = newServer(conn, e.vol, o); err != nil {
@@ -78,20 +79,25 @@ func Adopt(ctx context.Context, dev Device, dir string, conn int, o Options) (*E
 // ErrNoExport is wrapped by Exists and Adopt when dir holds no export to adopt.
 var ErrNoExport = errors.New("no export to adopt")
 
-// Exists says whether dir holds an export (an export's FUSE mount, and a loop device bound
-// to its file) that Adopt could serve: nil, or an error wrapping ErrNoExport. It reads only
-// the mount table and sysfs, which answer while no server does.
-func Exists(dir string) error {
+// Exists says whether dir holds an export that Adopt could serve — an export's FUSE mount,
+// and loop bound to a file of it: nil, or an error wrapping ErrNoExport. It reads only the
+// mount table and sysfs, which answer while no server does.
+func Exists(dir, loop string) error {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return err
 	}
-	_, err = exported(abs)
+	_, err = exported(abs, loop)
 	return err
 }
 
-// exported returns the loop device of the export at dir.
-func exported(dir string) (string, error) {
+// exported checks that dir holds an export whose loop device is loop, and returns the
+// loop's backing file as sysfs names it. That is dir/VolumeName while the mount the loop
+// was bound through is attached; a mount namespace that has gone since (the container of a
+// predecessor) leaves it detached, and sysfs then names the file from the root of that
+// mount: /VolumeName. Nothing else would tell which loop device is whose: statting the
+// file, or LOOP_GET_STATUS on the device, waits for a server to answer.
+func exported(dir, loop string) (string, error) {
 	ms, err := mountsAt(dir)
 	if err != nil {
 		return "", err
@@ -100,16 +106,14 @@ func exported(dir string) (string, error) {
 		return "", fmt.Errorf("%w: no %s mount at %s", ErrNoExport, fuseType, dir)
 	}
 	file := filepath.Join(dir, VolumeName)
-	// By sysfs's backing file only: statting the file, or LOOP_GET_STATUS on the device,
-	// blocks until a server answers.
-	loops := loopsBackedBy(func(name, bf string) bool { return bf == file })
-	switch len(loops) {
-	case 0:
-		return "", fmt.Errorf("%w: no loop device bound to %s", ErrNoExport, file)
-	case 1:
-		return "/dev/" + loops[0], nil
+	bf, ok := loopBackingFile(filepath.Base(loop))
+	if !ok || !strings.HasPrefix(loop, "/dev/loop") {
+		return "", fmt.Errorf("%w: %s is not a bound loop device", ErrNoExport, loop)
 	}
-	return "", fmt.Errorf("%d loop devices bound to %s (%v), want one", len(loops), file, loops)
+	if bf != file && bf != "/"+VolumeName {
+		return "", fmt.Errorf("%w: %s is bound to %s, not to %s", ErrNoExport, loop, bf, file)
+	}
+	return bf, nil
 }
 
 // Conn returns a new descriptor of the export's FUSE connection, for a process that keeps

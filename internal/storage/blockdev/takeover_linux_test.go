@@ -47,7 +47,7 @@ func TestReleaseAndAdopt(t *testing.T) {
 			t.Fatalf("round %d: the FUSE mount went with the released server", round)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		next, err := Adopt(ctx, dev, dir, conn, o)
+		next, err := Adopt(ctx, dev, dir, e.Device(), conn, o)
 		cancel()
 		if err != nil {
 			t.Fatalf("round %d: adopt: %v", round, err)
@@ -88,7 +88,7 @@ func TestAdoptAfterKill(t *testing.T) {
 		}
 	})
 
-	first, loop, conn := startTakeoverHelper(t, backing, dir, -1)
+	first, loop, conn := startTakeoverHelper(t, backing, dir, "", -1)
 	w := startWriter(t, loop, file)
 	for round := 1; round <= 2; round++ {
 		wantAcked(t, w, 100*round)
@@ -101,7 +101,7 @@ func TestAdoptAfterKill(t *testing.T) {
 			t.Fatalf("round %d: a write failed while nothing served: %v", round, err)
 		}
 		var next *exec.Cmd
-		next, _, conn = startTakeoverHelper(t, backing, dir, conn)
+		next, _, conn = startTakeoverHelper(t, backing, dir, loop, conn)
 		first = next
 	}
 	wantAcked(t, w, 300)
@@ -117,7 +117,10 @@ func TestAdoptAfterKill(t *testing.T) {
 	}
 }
 
-const takeoverEnv = "CRDIPC_BLOCKDEV_TAKEOVER" // "backing file|dir|adopt"
+const (
+	takeoverEnv     = "CRDIPC_BLOCKDEV_TAKEOVER" // "backing file|dir|adopt"
+	takeoverLoopEnv = "CRDIPC_BLOCKDEV_TAKEOVER_LOOP"
+)
 
 // takeoverHelper is the process TestAdoptAfterKill kills: it exports a file-backed Device
 // at dir, or adopts the connection at fd 3, prints the loop device and the connection's
@@ -137,7 +140,7 @@ func takeoverHelper(spec string) {
 	o := Options{Logger: quietLogger(), DirectIO: DirectIOOn}
 	var e *Exported
 	if mode == "adopt" {
-		e, err = Adopt(ctx, dev, dir, 3, o)
+		e, err = Adopt(ctx, dev, dir, os.Getenv(takeoverLoopEnv), 3, o)
 	} else {
 		e, err = Export(ctx, dev, dir, o)
 		if err == nil {
@@ -179,7 +182,7 @@ func (d *slowFlushDevice) Flush() error {
 // startTakeoverHelper starts a helper that exports (conn < 0) or adopts conn, waits until
 // it serves, and returns it, its loop device, and this process's descriptor of the
 // connection.
-func startTakeoverHelper(t *testing.T, backing, dir string, conn int) (*exec.Cmd, string, int) {
+func startTakeoverHelper(t *testing.T, backing, dir, loop string, conn int) (*exec.Cmd, string, int) {
 	t.Helper()
 	mode := "export"
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -197,7 +200,7 @@ func startTakeoverHelper(t *testing.T, backing, dir string, conn int) (*exec.Cmd
 		cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(dupFD(t, sock[1])), "unused"), os.NewFile(uintptr(sock[1]), "sock")}
 		defer unix.Close(sock[0])
 	}
-	cmd.Env = append(os.Environ(), takeoverEnv+"="+backing+"|"+dir+"|"+mode)
+	cmd.Env = append(os.Environ(), takeoverEnv+"="+backing+"|"+dir+"|"+mode, takeoverLoopEnv+"="+loop)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
