@@ -258,7 +258,7 @@ func TestRealNode(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	t.Run("node plugin restarts", func(t *testing.T) { c.testPluginRestarts(t, phase) })
+	t.Run("every workload restarted, the node plugin killed", func(t *testing.T) { c.testRestarts(t, phase) })
 	if t.Failed() {
 		return
 	}

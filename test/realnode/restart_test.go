@@ -11,25 +11,36 @@ import (
 	"time"
 )
 
-// testPluginRestarts: a pod on real-1 appends records to a claim, each with fsync, and
-// stops at the first failed write. Its node's CSI node plugin is restarted the way an
-// upgrade does it (kubectl rollout restart), then SIGKILLed; the fd holder keeps the
-// volume's FUSE connection meanwhile, and each new plugin process takes the volume over.
-// The writer never fails, its records go on after each, and a pod on another node reads
-// every acknowledged record back. The claim has one replica (testVolume's class), wherever
-// it was placed: what restarts is the target on real-1, not the replica.
-func (c *cluster) testPluginRestarts(t *testing.T, phase func(string)) {
+// testRestarts: a pod on real-1 appends records to a 3-replica claim, each with fsync, and
+// stops at the first failed write. Every crdipc DaemonSet and Deployment is restarted in
+// turn as an upgrade restarts them (kubectl rollout restart): the pool agents (the
+// replicas' servers, one node at a time) and the CSI node plugins (the writer's target)
+// among them; then real-1's node plugin is SIGKILLed from the host. The fd holder keeps the
+// volume's FUSE connection while no plugin serves it, and each new plugin process takes the
+// volume over. The writer never fails, its records go on after each step (the longest pause
+// of each is logged), the volume is Healthy with 3 replicas at the end, and a pod on
+// another node reads every acknowledged record back.
+func (c *cluster) testRestarts(t *testing.T, phase func(string)) {
 	on, other := nodeN(1), nodeN(3)
 	c.apply(t, `apiVersion: v1
 kind: PersistentVolumeClaim
 metadata: {name: restarts, namespace: default}
 spec:
-  storageClassName: crdipc-one
+  storageClassName: crdipc
   accessModes: ["ReadWriteOnce"]
   resources: {requests: {storage: 64Mi}}
 `)
 	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Bound", "pvc/restarts")
-	// The time of each acknowledgement, to measure the pauses.
+	volume := c.kubectl(t, "get", "pvc", "restarts", "-o", "jsonpath={.spec.volumeName}")
+	healthy := func(what string) {
+		t.Helper()
+		c.poll(t, 5*time.Minute, "volume "+volume+" Healthy with 3 replicas "+what, func() (bool, string) {
+			out := c.kubectl(t, "get", "cstorvolume", "-n", "crdipc-system", volume, "-o", "jsonpath={.status.phase} {.status.readyReplicas}")
+			return out == "Healthy 3", out
+		})
+	}
+	healthy("at the start")
+	// Each acknowledgement with its time (ns), to measure the pauses.
 	c.apply(t, podWithClaim("restart-writer", on.name, "busybox", "restarts", "sh", "-c", `i=0
 while [ $i -lt 1000000 ]; do
   printf 'record %08d\n' $i | dd of=/data/records bs=16 seek=$i count=1 conv=notrunc,fsync 2>/dev/null || { echo "failed $i"; exit 1; }
@@ -41,7 +52,7 @@ done`))
 	goOn := func(what string, more int) {
 		t.Helper()
 		from := acked()
-		c.poll(t, 3*time.Minute, fmt.Sprintf("%d more records after %s", more, what), func() (bool, string) {
+		c.poll(t, 5*time.Minute, fmt.Sprintf("%d more records after %s", more, what), func() (bool, string) {
 			if p := c.kubectl(t, "get", "pod", "restart-writer", "-o", "jsonpath={.status.phase}"); p != "Running" {
 				t.Fatalf("the writer is %s after %s: %s", p, what, tail(c.kubectl(t, "logs", "restart-writer"), 5))
 			}
@@ -50,18 +61,31 @@ done`))
 		})
 	}
 	goOn("the start", 50)
-	phase("a pod on real-1 writing records")
+	phase("a pod on real-1 writing records to a 3-replica volume")
 
-	c.kubectl(t, "-n", "crdipc-system", "rollout", "restart", "daemonset/crdipc-csi-node")
-	if out, err := runErr(5*time.Minute, c.env(), "kubectl", "-n", "crdipc-system", "rollout", "status", "daemonset/crdipc-csi-node", "--timeout=5m"); err != nil {
-		t.Fatalf("rollout: %v\n%s\n%s", err, out, c.describe())
+	for _, w := range []struct{ ns, name string }{
+		{"crdipc-system", "daemonset/crdipc-pool-agent"},
+		{"crdipc-system", "daemonset/crdipc-csi-node"},
+		{"crdipc-system", "deployment/crdipc-storage-operator"},
+		{"crdipc-system", "deployment/crdipc-csi-controller"},
+		{"crdipc-system", "deployment/crdipc-snapshot-controller"},
+		{"crdipc-system", "deployment/crdipc-books"},
+		{"crdipc-system", "deployment/crdipc-bitcoin-operator"},
+		{"crdipc-scm", "deployment/crdipc-webhook-listener"},
+		{"crdipc-scm", "deployment/crdipc-metrics-agent"},
+	} {
+		since := time.Now()
+		c.kubectl(t, "-n", w.ns, "rollout", "restart", w.name)
+		if out, err := runErr(6*time.Minute, c.env(), "kubectl", "-n", w.ns, "rollout", "status", w.name, "--timeout=6m"); err != nil {
+			t.Fatalf("rollout of %s: %v\n%s\n%s", w.name, err, out, c.describe())
+		}
+		goOn("the rollout of "+w.name, 20)
+		phase(fmt.Sprintf("%s rolled; the writer's longest pause %s", w.name, c.longestPause(t, since)))
 	}
-	goOn("the rollout", 50)
-	rollout := c.longestPause(t)
-	phase(fmt.Sprintf("node plugins rolled; the writer's longest pause %s", rollout))
 
 	pid := pluginPID(t, on)
 	restarts := c.pluginRestarts(t, on)
+	since := time.Now()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("SIGKILL the node plugin of %s (pid %d): %v", on.name, pid, err)
 	}
@@ -70,8 +94,8 @@ done`))
 		return n > restarts, fmt.Sprintf("%d restarts", n)
 	})
 	goOn("the SIGKILL", 50)
-	killed := c.longestPause(t)
-	phase(fmt.Sprintf("node plugin of real-1 SIGKILLed; the writer's longest pause %s", killed))
+	phase(fmt.Sprintf("node plugin of real-1 SIGKILLed; the writer's longest pause %s", c.longestPause(t, since)))
+	healthy("after the restarts")
 
 	c.kubectl(t, "delete", "pod", "restart-writer", "--wait=true")
 	last := acked()
@@ -84,11 +108,12 @@ cmp -n %d /data/records /tmp/expected && echo "records 0-%d intact"`, last, 16*(
 	}
 	c.kubectl(t, "delete", "pod", "restart-reader", "--wait=true")
 	c.kubectl(t, "delete", "pvc", "restarts", "--wait=true")
-	t.Logf("%d records through a rollout (longest pause %s) and a SIGKILL (longest pause %s) of the node plugin", last+1, rollout, killed)
+	phase(fmt.Sprintf("%d records read back on %s", last+1, other.name))
 }
 
-// longestPause is the longest time between two acknowledgements in the writer's log.
-func (c *cluster) longestPause(t *testing.T) time.Duration {
+// longestPause is the longest time between two acknowledgements in the writer's log, of
+// those whose second came after since.
+func (c *cluster) longestPause(t *testing.T, since time.Time) time.Duration {
 	t.Helper()
 	var longest time.Duration
 	var prev int64
@@ -101,7 +126,7 @@ func (c *cluster) longestPause(t *testing.T) time.Duration {
 		if err != nil {
 			continue
 		}
-		if prev != 0 {
+		if prev != 0 && ns >= since.UnixNano() {
 			longest = max(longest, time.Duration(ns-prev))
 		}
 		prev = ns
