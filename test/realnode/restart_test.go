@@ -18,8 +18,9 @@ import (
 // among them; then real-1's node plugin is SIGKILLed from the host. The fd holder keeps the
 // volume's FUSE connection while no plugin serves it, and each new plugin process takes the
 // volume over. The writer never fails, its records go on after each step (the longest pause
-// of each is logged), the volume is Healthy with 3 replicas at the end, and a pod on
-// another node reads every acknowledged record back.
+// of each is logged), and the volume is Healthy with 3 replicas at the end. Then real-1 is
+// drained: the writer goes, the volume detaches, and a pod on another node reads every
+// acknowledged record back.
 func (c *cluster) testRestarts(t *testing.T, phase func(string)) {
 	on, other := nodeN(1), nodeN(3)
 	c.apply(t, `apiVersion: v1
@@ -97,8 +98,19 @@ done`))
 	phase(fmt.Sprintf("node plugin of real-1 SIGKILLed; the writer's longest pause %s", c.longestPause(t, since)))
 	healthy("after the restarts")
 
-	c.kubectl(t, "delete", "pod", "restart-writer", "--wait=true")
+	// Drained, real-1 gives up the writer (evicted; --force: a bare pod) and crdipc's own
+	// pods there, one replica of each Deployment at a time (their PodDisruptionBudgets);
+	// the volume detaches from real-1, and a pod on another node gets it with every record.
+	if out, err := runErr(6*time.Minute, c.env(), "kubectl", "drain", on.name, "--ignore-daemonsets", "--force", "--delete-emptydir-data", "--timeout=5m"); err != nil {
+		t.Fatalf("kubectl drain %s: %v\n%s\n%s", on.name, err, out, c.describe())
+	}
+	t.Cleanup(func() { c.kubectl(t, "uncordon", on.name) })
+	c.poll(t, 3*time.Minute, "the volume detached from "+on.name, func() (bool, string) {
+		out := c.kubectl(t, "get", "volumeattachments", "-o", "jsonpath={range .items[*]}{.spec.source.persistentVolumeName}@{.spec.nodeName}{\" \"}{end}")
+		return !strings.Contains(out, volume+"@"+on.name), out
+	})
 	last := acked()
+	phase(fmt.Sprintf("%s drained after %d records; the volume detached", on.name, last+1))
 	c.apply(t, podWithClaim("restart-reader", other.name, "busybox", "restarts", "sh", "-c", fmt.Sprintf(`i=0
 while [ $i -le %d ]; do printf 'record %%08d\n' $i; i=$((i+1)); done > /tmp/expected
 cmp -n %d /data/records /tmp/expected && echo "records 0-%d intact"`, last, 16*(last+1), last)))
@@ -108,6 +120,7 @@ cmp -n %d /data/records /tmp/expected && echo "records 0-%d intact"`, last, 16*(
 	}
 	c.kubectl(t, "delete", "pod", "restart-reader", "--wait=true")
 	c.kubectl(t, "delete", "pvc", "restarts", "--wait=true")
+	c.kubectl(t, "uncordon", on.name)
 	phase(fmt.Sprintf("%d records read back on %s", last+1, other.name))
 }
 
