@@ -26,6 +26,7 @@ func newBenchVolumeCommand() *cobra.Command {
 	o := bench.DefaultVolumeOptions
 	nodes := 3
 	dir := ""
+	other, runs := "", 5
 	cmd := &cobra.Command{
 		Use:   "volume",
 		Short: "Measure a replicated volume's data path against a local file, with fio",
@@ -63,9 +64,21 @@ driver serving node-1, with the pools and the local file under --dir. With
 --kubeconfig, --endpoint names a running driver's socket whose Node service
 serves a node of the cluster (crdipc up: <data-dir>/csi/csi.sock), and --dir
 should be on the disk of that node's pools. Needs fio (apt-get install fio),
-/dev/fuse, loop devices and mount privilege.`,
+/dev/fuse, loop devices and mount privilege.
+
+With --binary, bench compares two builds instead: it runs "bench volume" of this
+binary and of --binary in turn, --runs times each, with the same flags, and
+prints each job's median volume/local ratio for both and their quotient. It
+fails if a median moved by more than 10 %: on a shared machine single runs of
+one build differ by up to 3x, so one run against another says nothing.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if other != "" {
+				if runs < 1 {
+					return fmt.Errorf("--runs %d: want at least 1", runs)
+				}
+				return runVolumeAB(cmd, other, runs)
+			}
 			return runBench(cmd, &target, func(ctx context.Context, cfg *rest.Config) (*bench.Volume, error) {
 				work, err := os.MkdirTemp(dir, "crdipc-bench-volume-")
 				if err != nil {
@@ -104,6 +117,8 @@ should be on the disk of that node's pools. Needs fio (apt-get install fio),
 	f.Var(bytesFlag{&o.RebuildSize}, "rebuild-size", "size of the volume whose replica is rebuilt")
 	f.Var(bytesFlag{&o.RebuildData}, "rebuild-data", "bytes written to it before the rebuild")
 	f.BoolVar(&o.DropCaches, "drop-caches", o.DropCaches, "empty the page cache before reads and the rebuild (needs root)")
+	f.StringVar(&other, "binary", "", "another crdipc build to compare with: run both builds' bench volume in turn (--runs each) and compare the medians")
+	f.IntVar(&runs, "runs", runs, "with --binary: runs of each build")
 	f.IntVar(&o.Rounds, "rounds", o.Rounds, "runs of each job on each side, taking turns; the ratio is the median round's (a shared machine's disk drifts between runs)")
 	return cmd
 }

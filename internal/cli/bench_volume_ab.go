@@ -1,0 +1,129 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/crdipc/crdipc/internal/bench"
+)
+
+// abTolerance is how far a job's median ratio may move between two builds before the A/B
+// comparison calls it a regression (or a gain).
+const abTolerance = 0.10
+
+// runVolumeAB runs `bench volume` of this binary and of other in turn, runs times each,
+// with the flags cmd was given (but --binary, --runs and --json), and prints each job's
+// median volume/local ratio for both and their quotient. Taking turns spreads a shared
+// machine's drift over both builds alike.
+func runVolumeAB(cmd *cobra.Command, other string, runs int) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if other, err = exec.LookPath(other); err != nil {
+		return fmt.Errorf("--binary: %w", err)
+	}
+	var args []string
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		switch f.Name {
+		case "binary", "runs", "json":
+			return
+		}
+		args = append(args, "--"+f.Name+"="+f.Value.String())
+	})
+	tmp, err := os.MkdirTemp("", "crdipc-bench-ab-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	results := map[string][]*bench.Volume{}
+	builds := []string{self, other}
+	for i := range runs {
+		for _, b := range builds {
+			out := filepath.Join(tmp, fmt.Sprintf("run-%d-%d.json", i, len(results[b])))
+			fmt.Fprintf(cmd.ErrOrStderr(), "bench volume A/B: run %d of %d, %s\n", i+1, runs, b)
+			c := exec.CommandContext(cmd.Context(), b, append([]string{"bench", "volume", "--json", out}, args...)...)
+			c.Stdout, c.Stderr = io.Discard, cmd.ErrOrStderr()
+			if err := c.Run(); err != nil {
+				return fmt.Errorf("%s bench volume: %w", b, err)
+			}
+			data, err := os.ReadFile(out)
+			if err != nil {
+				return err
+			}
+			var v bench.Volume
+			if err := json.Unmarshal(data, &v); err != nil {
+				return fmt.Errorf("%s bench volume: its JSON: %w", b, err)
+			}
+			results[b] = append(results[b], &v)
+		}
+	}
+	return printVolumeAB(cmd.OutOrStdout(), self, other, results[self], results[other])
+}
+
+// printVolumeAB prints the A/B table and fails when a job's median moved past abTolerance.
+func printVolumeAB(out io.Writer, self, other string, a, b []*bench.Volume) error {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "job (median volume/local ratio of %d runs each)\tthis\tother\tthis/other\truns (this)\truns (other)\t\n", len(a))
+	var moved []string
+	for _, j := range a[0].Jobs {
+		ra, rb := jobRatios(a, j.Name), jobRatios(b, j.Name)
+		if len(rb) == 0 {
+			fmt.Fprintf(tw, "%s\t%.2f\t-\t-\t%s\t\t\n", j.Description, median(ra), fmtRatios(ra))
+			continue
+		}
+		q := median(ra) / median(rb)
+		if q < 1-abTolerance || q > 1+abTolerance {
+			moved = append(moved, fmt.Sprintf("%s %.2f×", j.Name, q))
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", j.Description, median(ra), median(rb), q, fmtRatios(ra), fmtRatios(rb))
+	}
+	tw.Flush()
+	fmt.Fprintf(out, "(this: %s; other: %s)\n", self, other)
+	if len(moved) > 0 {
+		return fmt.Errorf("bench volume A/B: medians moved by more than %.0f%%: %s", abTolerance*100, strings.Join(moved, ", "))
+	}
+	fmt.Fprintf(out, "every job's median within %.0f%% of the other build's\n", abTolerance*100)
+	return nil
+}
+
+func jobRatios(runs []*bench.Volume, name string) []float64 {
+	var rs []float64
+	for _, v := range runs {
+		for _, j := range v.Jobs {
+			if j.Name == name {
+				rs = append(rs, j.Ratio)
+			}
+		}
+	}
+	return rs
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func fmtRatios(xs []float64) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(s, " ")
+}
