@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 const testSize = 256 << 10
@@ -683,3 +685,57 @@ var _ interface {
 	Flush() error
 	Size() int64
 } = (*Engine)(nil)
+
+// TestQuorumWaitRidesOutAFailureDuringARebuild: pool agents restarting one after the
+// other. One replica was lost and is being rebuilt when a second healthy one fails in the
+// middle of a write and of a flush: with QuorumWait, both wait for the rebuild and then
+// succeed on the replicas that remain, instead of failing.
+func TestQuorumWaitRidesOutAFailureDuringARebuild(t *testing.T) {
+	h := newHarness(t, 3)
+	h.start(2, func(o *Options) { o.QuorumWait = 10 * time.Second })
+	h.waitAllHealthy()
+	rng := rand.New(rand.NewPCG(21, 22))
+	h.randomWrites(rng, 20)
+	first, second := h.stores[0], h.stores[1]
+	// The first agent restarts: its replica is faulted by the next write, and comes back
+	// to be rebuilt, held by the gate.
+	gate := make(chan struct{})
+	first.set(func(s *fakeStore) { s.down, s.gate = true, gate })
+	h.randomWrites(rng, 5)
+	first.set(func(s *fakeStore) { s.down = false })
+	wait.Eventually(t, 10*time.Second, "the first replica rebuilding", func(context.Context) (bool, error) {
+		if st := h.e.States()[first.id].State; st != Rebuilding {
+			return false, fmt.Errorf("%s", st)
+		}
+		return true, nil
+	})
+	// The second agent restarts while it rebuilds.
+	second.set(func(s *fakeStore) { s.down = true })
+	p := make([]byte, 4096)
+	for i := range p {
+		p[i] = byte(rng.Uint32())
+	}
+	done := make(chan error, 2)
+	go func() { done <- h.write(p, 8192) }()
+	go func() { done <- h.e.Flush() }()
+	// Without QuorumWait's retry both fail once the second replica is found down: that
+	// leaves one healthy replica of the two needed, until the rebuild is let through.
+	wait.Eventually(t, 10*time.Second, "the second replica faulted", func(context.Context) (bool, error) {
+		if st := h.e.States()[second.id].State; st != Faulted {
+			return false, fmt.Errorf("%s", st)
+		}
+		return true, nil
+	})
+	close(gate)
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatalf("write or flush across the failure: %v", err)
+		}
+	}
+	h.checkRead()
+	second.set(func(s *fakeStore) { s.down = false })
+	h.waitAllHealthy()
+	h.randomWrites(rng, 20)
+	h.checkRead()
+	h.checkStores(h.stores...)
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 )
 
 // ReadAt reads from a healthy replica, the local one first; a replica that fails is faulted
@@ -143,18 +144,38 @@ func (e *Engine) WriteAt(p []byte, off int64) (int, error) {
 // then every remaining replica has a revision above anything the faulted one can have
 // (it may have applied writes up to the last revision handed out), so after a crash it
 // can never be mistaken for the freshest.
+//
+// With QuorumWait, a shortfall of healthy replicas — before the write, or because one
+// failed during it while another was still rebuilding (pool agents restarting one after
+// the other) — waits for the quorum and writes again, until QuorumWait has passed. The
+// write was acknowledged to nobody, so writing it again under a new revision is what the
+// fence does anyway.
 func (e *Engine) writeChunk(p []byte, off int64) error {
-	if e.quorumWait > 0 {
-		ctx, cancel := context.WithTimeout(e.ioCtx, e.quorumWait)
-		_ = e.WaitQuorum(ctx) // the fan-out below reports the shortfall
-		cancel()
-	}
+	deadline := time.Now().Add(e.quorumWait)
+	e.awaitQuorum(deadline) // the fan-out below reports a shortfall
 	for {
 		fence, err := e.fanOutWrite(p, off)
-		if err != nil || !fence {
-			return err
+		switch {
+		case err == nil && !fence:
+			return nil
+		case err == nil:
+			continue
+		case errors.Is(err, ErrNoQuorum) && e.awaitQuorum(deadline):
+			continue
 		}
+		return err
 	}
+}
+
+// awaitQuorum waits until ConsistencyFactor replicas are healthy or the deadline passes,
+// and reports whether they are. Without QuorumWait it does not wait.
+func (e *Engine) awaitQuorum(deadline time.Time) bool {
+	if e.quorumWait <= 0 || !time.Now().Before(deadline) {
+		return false
+	}
+	ctx, cancel := context.WithDeadline(e.ioCtx, deadline)
+	defer cancel()
+	return e.WaitQuorum(ctx) == nil
 }
 
 // fanOutWrite sends p to the write set under a fresh revision and waits for every replica.
@@ -211,7 +232,21 @@ func (e *Engine) fanOutWrite(p []byte, off int64) (fence bool, err error) {
 
 // Flush makes every acknowledged write durable on the replicas of the write set; it needs
 // ConsistencyFactor healthy replicas to succeed.
+//
+// With QuorumWait, a shortfall waits for the quorum and flushes again, as writeChunk does.
 func (e *Engine) Flush() error {
+	deadline := time.Now().Add(e.quorumWait)
+	e.awaitQuorum(deadline)
+	for {
+		err := e.flushOnce()
+		if errors.Is(err, ErrNoQuorum) && e.awaitQuorum(deadline) {
+			continue
+		}
+		return err
+	}
+}
+
+func (e *Engine) flushOnce() error {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
