@@ -142,6 +142,12 @@ func (d *Driver) checkStage(req *csi.NodeStageVolumeRequest) (staging, fsType st
 // ours reports whether a mount source is the loop device presenting volume id's target:
 // one bound to a file in the volume's directory under the target directory.
 func (d *Driver) ours(id, source string) bool {
+	// A volume taken over from an earlier process of a container that has gone: sysfs
+	// names its loop's backing file only as /volume (blockdev.Exists), but the running
+	// export knows its device.
+	if s := d.stagedVolume(id); s != nil && source != "" && s.export.Device() == source {
+		return true
+	}
 	dir, err := d.targetDir(id)
 	if err != nil {
 		return false
