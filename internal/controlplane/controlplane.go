@@ -63,7 +63,8 @@ var DefaultControllers = []string{
 // kubelet leaves attaching to it; kube-root-ca.crt, which every pod's service account
 // token volume mounts, is published into each namespace; pods of deleted nodes and
 // terminated pods are collected; the `kubernetes` Service and every other one get
-// EndpointSlices for kube-proxy; finished Jobs are cleaned up after their TTL. Tests that create bare Nodes with no kubelet behind them keep
+// EndpointSlices for kube-proxy; finished Jobs are cleaned up after their TTL; disruption
+// budgets say what a drain may evict. Tests that create bare Nodes with no kubelet behind them keep
 // DefaultControllers: node lifecycle would taint those nodes Unknown.
 var ClusterControllers = append(slices.Clone(DefaultControllers),
 	names.DeploymentController,
@@ -79,6 +80,9 @@ var ClusterControllers = append(slices.Clone(DefaultControllers),
 	names.EndpointSliceController,
 	names.EndpointSliceMirroringController,
 	names.TTLAfterFinishedController,
+	// PodDisruptionBudgets' status (how many pods may go): without it every budget allows
+	// none, and an eviction — every pod of a kubectl drain — is refused forever.
+	names.DisruptionController,
 )
 
 // Config says where and how to run the control plane.
