@@ -8,7 +8,9 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -72,7 +74,7 @@ func TestReleaseAndAdopt(t *testing.T) {
 }
 
 // TestAdoptAfterKill: the serving process is SIGKILLed in the middle of the writer's
-// records, with a request of them read and not answered; this process holds the
+// records, twice, each time holding a FSYNC it has read and not answered; this process holds the
 // connection, and a new process adopts it. The kernel resends what the dead one had read:
 // the writer pauses, no write fails, and every record is on the Device.
 func TestAdoptAfterKill(t *testing.T) {
@@ -88,11 +90,15 @@ func TestAdoptAfterKill(t *testing.T) {
 		}
 	})
 
-	first, loop, conn := startTakeoverHelper(t, backing, dir, "", -1)
+	first, held, loop, conn := startTakeoverHelper(t, backing, dir, "", -1, heldFlush)
 	w := startWriter(t, loop, file)
 	for round := 1; round <= 2; round++ {
-		wantAcked(t, w, 100*round)
-		// Kill while a flush is being served: the helper holds every FSYNC for a while.
+		// Kill while a FSYNC is read and unanswered: the helper holds one and says so.
+		select {
+		case <-held:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("round %d: the helper never held a flush (%d records acknowledged)", round, w.Acked())
+		}
 		if err := first.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -100,9 +106,11 @@ func TestAdoptAfterKill(t *testing.T) {
 		if err := w.Err(); err != nil {
 			t.Fatalf("round %d: a write failed while nothing served: %v", round, err)
 		}
-		var next *exec.Cmd
-		next, _, conn = startTakeoverHelper(t, backing, dir, loop, conn)
-		first = next
+		hold := heldFlush
+		if round == 2 {
+			hold = 0 // the last one serves to the end
+		}
+		first, held, _, conn = startTakeoverHelper(t, backing, dir, loop, conn, hold)
 	}
 	wantAcked(t, w, 300)
 	n := stopWriter(t, w)
@@ -120,12 +128,16 @@ func TestAdoptAfterKill(t *testing.T) {
 const (
 	takeoverEnv     = "CRDIPC_BLOCKDEV_TAKEOVER" // "backing file|dir|adopt"
 	takeoverLoopEnv = "CRDIPC_BLOCKDEV_TAKEOVER_LOOP"
+	takeoverHoldEnv = "CRDIPC_BLOCKDEV_TAKEOVER_HOLD" // the flush to hold, 0 none
+	// heldFlush is the flush a helper holds: far enough in for records to be flowing.
+	heldFlush = 50
 )
 
 // takeoverHelper is the process TestAdoptAfterKill kills: it exports a file-backed Device
 // at dir, or adopts the connection at fd 3, prints the loop device and the connection's
 // descriptor (sent on fd 4 when exporting), and serves until killed or SIGTERM (Close).
-// Its flushes are slow, so that a kill usually lands while one is read and unanswered.
+// It never answers its takeoverHoldEnv'th flush, and prints HELD when it has it: a kill
+// then lands while a request is read and unanswered, the case NOTIFY_RESEND is for.
 func takeoverHelper(spec string) {
 	backing, rest, _ := strings.Cut(spec, "|")
 	dir, mode, _ := strings.Cut(rest, "|")
@@ -135,7 +147,8 @@ func takeoverHelper(spec string) {
 		os.Exit(1)
 	}
 	fi, _ := f.Stat()
-	dev := &slowFlushDevice{fileDevice: &fileDevice{f: f, size: fi.Size()}}
+	hold, _ := strconv.ParseInt(os.Getenv(takeoverHoldEnv), 10, 64)
+	dev := &holdingDevice{fileDevice: &fileDevice{f: f, size: fi.Size()}, hold: hold}
 	ctx := context.Background()
 	o := Options{Logger: quietLogger(), DirectIO: DirectIOOn}
 	var e *Exported
@@ -172,17 +185,25 @@ func sendConn(e *Exported) error {
 	return unix.Sendmsg(4, []byte{0}, unix.UnixRights(c), nil, 0)
 }
 
-type slowFlushDevice struct{ *fileDevice }
+// holdingDevice never returns from its hold'th Flush (0: none), after printing HELD.
+type holdingDevice struct {
+	*fileDevice
+	hold    int64
+	flushes atomic.Int64
+}
 
-func (d *slowFlushDevice) Flush() error {
-	time.Sleep(20 * time.Millisecond) // a replica round trip, long enough to be killed in
+func (d *holdingDevice) Flush() error {
+	if n := d.flushes.Add(1); n == d.hold {
+		fmt.Println("HELD")
+		select {} // until killed
+	}
 	return d.fileDevice.Flush()
 }
 
-// startTakeoverHelper starts a helper that exports (conn < 0) or adopts conn, waits until
-// it serves, and returns it, its loop device, and this process's descriptor of the
-// connection.
-func startTakeoverHelper(t *testing.T, backing, dir, loop string, conn int) (*exec.Cmd, string, int) {
+// startTakeoverHelper starts a helper that exports (conn < 0) or adopts conn and holds its
+// hold'th flush, waits until it serves, and returns it, a channel closed when it holds the
+// flush, its loop device, and this process's descriptor of the connection.
+func startTakeoverHelper(t *testing.T, backing, dir, loop string, conn int, hold int) (*exec.Cmd, <-chan struct{}, string, int) {
 	t.Helper()
 	mode := "export"
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -200,7 +221,8 @@ func startTakeoverHelper(t *testing.T, backing, dir, loop string, conn int) (*ex
 		cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(dupFD(t, sock[1])), "unused"), os.NewFile(uintptr(sock[1]), "sock")}
 		defer unix.Close(sock[0])
 	}
-	cmd.Env = append(os.Environ(), takeoverEnv+"="+backing+"|"+dir+"|"+mode, takeoverLoopEnv+"="+loop)
+	cmd.Env = append(os.Environ(), takeoverEnv+"="+backing+"|"+dir+"|"+mode, takeoverLoopEnv+"="+loop,
+		takeoverHoldEnv+"="+strconv.Itoa(hold))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -213,15 +235,28 @@ func startTakeoverHelper(t *testing.T, backing, dir, loop string, conn int) (*ex
 		f.Close()
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
+	r := bufio.NewReader(out)
+	line, err := r.ReadString('\n')
 	loop, ok := strings.CutPrefix(strings.TrimSpace(line), "DEVICE ")
 	if err != nil || !ok {
 		t.Fatalf("helper (%s): %q, %v", mode, line, err)
 	}
+	held := make(chan struct{})
+	go func() {
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if strings.TrimSpace(line) == "HELD" {
+				close(held)
+			}
+		}
+	}()
 	if conn < 0 {
 		conn = recvConn(t, sock[0])
 	}
-	return cmd, loop, conn
+	return cmd, held, loop, conn
 }
 
 func recvConn(t *testing.T, sock int) int {
