@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -353,3 +354,50 @@ func abortConn(t *testing.T, file string) {
 }
 
 func signalNotify(c chan os.Signal) { signal.Notify(c, syscall.SIGTERM) }
+
+// TestAbortFUSEEndsAHeldConnection: the failsafe of these tests. With no server and this
+// process holding the connection, I/O on the loop device would wait forever; aborted
+// through fusectl (records.AbortFUSE), it fails instead, and the export can be cleaned up.
+func TestAbortFUSEEndsAHeldConnection(t *testing.T) {
+	requireMount(t)
+	dev := newFileDevice(t, filepath.Join(t.TempDir(), "backing.img"), 4<<20)
+	dir := filepath.Join(t.TempDir(), "export")
+	e, err := Export(context.Background(), dev, dir, Options{Logger: quietLogger(), DirectIO: DirectIOOn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := e.Conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(conn)
+	if err := e.Release(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := Cleanup(dir); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	read := make(chan error, 1)
+	go func() {
+		f, err := os.OpenFile(e.Device(), os.O_RDONLY|unix.O_DIRECT, 0)
+		if err == nil {
+			buf := make([]byte, 2*records.Size)
+			_, err = f.ReadAt(buf[records.Size-int(uintptr(unsafe.Pointer(&buf[0]))%records.Size):][:records.Size], 0)
+			f.Close()
+		}
+		read <- err
+	}()
+	if err := records.AbortFUSE(dir); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-read:
+		if err == nil {
+			t.Fatal("a read of the loop device succeeded with no server")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("a read of the loop device still waits after the abort")
+	}
+}

@@ -9,12 +9,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/crdipc/crdipc/internal/mountinfo"
 )
 
 // Size is one record: a multiple of every logical block size, so that O_DIRECT takes it.
@@ -169,24 +170,18 @@ func AbortFUSE(dir string) error {
 
 // fuseDevAt is the device number of the topmost FUSE mount at dir, from the mount table.
 func fuseDevAt(dir string) (uint64, bool) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	entries, err := mountinfo.Read(mountinfo.Self)
 	if err != nil {
 		return 0, false
 	}
 	var dev uint64
 	found := false
-	for _, line := range strings.Split(string(b), "\n") {
-		// id parent major:minor root mountpoint options ... - fstype source superopts
-		f := strings.Fields(line)
-		if len(f) < 5 || f[4] != dir {
-			continue
-		}
-		sep := slices.Index(f, "-")
-		if sep < 0 || sep+1 >= len(f) || !strings.HasPrefix(f[sep+1], "fuse") {
+	for _, e := range entries {
+		if e.MountPoint != dir || (e.FSType != "fuse" && !strings.HasPrefix(e.FSType, "fuse.")) {
 			continue
 		}
 		var ma, mi uint32
-		if _, err := fmt.Sscanf(f[2], "%d:%d", &ma, &mi); err == nil {
+		if _, err := fmt.Sscanf(e.Dev, "%d:%d", &ma, &mi); err == nil {
 			dev, found = unix.Mkdev(ma, mi), true
 		}
 	}
