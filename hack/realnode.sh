@@ -23,6 +23,9 @@
 #       Starts node N (1-200, link crnN): containerd, the kubelet and kube-proxy, everything
 #       under DIR (keep it short: /tmp/crn1). Exits 0 once the node is Ready and kube-proxy
 #       has programmed its rules. The admin kubeconfig in $KUBECONFIG, if set, watches the node.
+#   hack/realnode.sh load --dir DIR --image TAR...
+#       Imports images into a joined node's containerd, as join's --image does: another
+#       version's image, for an upgrade in place (docs/deploy.md "Upgrading").
 #   hack/realnode.sh kill --dir DIR
 #       Loses the node as a machine is lost: its link goes down and every process of it
 #       (kubelet, containerd, kube-proxy, its pods) is killed at once, nothing told. The API
@@ -595,6 +598,29 @@ cmd_join() {
   say "node $name Ready, kube-proxy synced ($((SECONDS - t0))s); logs in $dir/logs"
 }
 
+# --- load ------------------------------------------------------------------------------------
+cmd_load() {
+  local images=() f
+  while [ $# -gt 0 ]; do
+    case $1 in
+    --dir) set_dir "${2:-}" ;;
+    --image) images+=("${2:-}") ;;
+    *) usage ;;
+    esac
+    [ $# -ge 2 ] || usage
+    shift 2
+  done
+  [ -n "$dir" ] || die "load: --dir is required"
+  [ ${#images[@]} -gt 0 ] || die "load: no --image given"
+  need_root load
+  [ -e "$state/marker" ] || die "load: $dir holds no node (join it first)"
+  for f in "${images[@]}"; do
+    [ -r "$f" ] || die "load: cannot read $f"
+    say "importing $f into $(read_state node)"
+    ctr_ -n k8s.io images import "$f" >/dev/null || die "load: could not import $f (a docker-archive or OCI tar?)"
+  done
+}
+
 # --- kill ------------------------------------------------------------------------------------
 # Parses the only flag of kill and down: --dir DIR.
 dir_flag() {
@@ -673,6 +699,7 @@ deps) cmd_deps "$@" ;;
 tools) cmd_tools ;; # the commands deps installs, one a line
 network) cmd_network "$@" ;;
 join) cmd_join "$@" ;;
+load) cmd_load "$@" ;;
 kill) cmd_kill "$@" ;;
 down) cmd_down "$@" ;;
 ns-init) cmd_ns_init "$@" ;; # internal: the holder of a node's mount namespace

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -142,6 +143,48 @@ func TestManifests(t *testing.T) {
 		args = []string{"apply", "--server-side", "--dry-run=server", "--validate=strict", "-k", dir}
 		out, err = up.Run("kubectl", args...)
 		checkDryRun(t, args, out, err, len(objects))
+	})
+
+	// An upgrade overlay (config/upgrade/from-<version>) is config/default with some
+	// DaemonSets updated only on delete, and nothing else changed: what it applies first is
+	// what config/default then applies again without restarting a pod.
+	t.Run("config/upgrade", func(t *testing.T) {
+		dirs, err := filepath.Glob("../../config/upgrade/from-*")
+		if err != nil || len(dirs) == 0 {
+			t.Fatalf("no config/upgrade/from-* overlay (%v)", err)
+		}
+		def := decodeDocuments(t, "config/default", []byte(up.Kubectl(t, "kustomize", "../../config/default")))
+		for _, dir := range dirs {
+			docs := decodeDocuments(t, dir, []byte(up.Kubectl(t, "kustomize", dir)))
+			if len(docs) != len(def) {
+				t.Fatalf("%s: %d objects, config/default %d", dir, len(docs), len(def))
+			}
+			var onDelete []string
+			for i := range docs {
+				var got, want map[string]any
+				if err := yaml.Unmarshal(docs[i], &got); err != nil {
+					t.Fatal(err)
+				}
+				if err := yaml.Unmarshal(def[i], &want); err != nil {
+					t.Fatal(err)
+				}
+				if got["kind"] == "DaemonSet" {
+					spec, _ := got["spec"].(map[string]any)
+					if s, _ := spec["updateStrategy"].(map[string]any); s["type"] == "OnDelete" {
+						onDelete = append(onDelete, got["metadata"].(map[string]any)["name"].(string))
+						delete(spec, "updateStrategy")
+						delete(want["spec"].(map[string]any), "updateStrategy")
+					}
+				}
+				if !bytes.Equal(mustJSON(t, got), mustJSON(t, want)) {
+					t.Errorf("%s: object %d differs from config/default's:\n%s\n%s", dir, i, docs[i], def[i])
+				}
+			}
+			slices.Sort(onDelete)
+			if want := []string{"crdipc-csi-node", "crdipc-fd-holder", "crdipc-pool-agent"}; !slices.Equal(onDelete, want) {
+				t.Errorf("%s: DaemonSets updated on delete %v, want %v", dir, onDelete, want)
+			}
+		}
 	})
 
 	// The VolumeAttachment sample needs the name of a provisioned PV, so it is a template
@@ -405,6 +448,16 @@ func checkDryRun(t *testing.T, args []string, out string, err error, want int) {
 }
 
 // decodeDocuments splits a YAML stream into its non-empty documents, as JSON.
+// mustJSON is v as JSON, map keys sorted: two equal objects give equal bytes.
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 func decodeDocuments(t *testing.T, name string, body []byte) [][]byte {
 	t.Helper()
 	var docs [][]byte

@@ -2,7 +2,6 @@ package realnode
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -19,7 +18,6 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/crdipc/crdipc/internal/scm/delivery"
 	"github.com/crdipc/crdipc/internal/testenv/kubectl"
 	"github.com/crdipc/crdipc/internal/testenv/podmanifest"
 	"github.com/crdipc/crdipc/internal/testenv/realnodeplan"
@@ -114,6 +112,8 @@ type cluster struct {
 	// doc runs docs/deploy.md's harness block, which starts up as its background job.
 	doc    *harness
 	joined []realNode
+	// webhookKey is the webhook listener's secret, once crdipc-webhook-secret is created.
+	webhookKey string
 }
 
 func (c *cluster) env() []string { return []string{"KUBECONFIG=" + c.kubeconfig} }
@@ -231,6 +231,12 @@ func TestRealNode(t *testing.T) {
 	}
 	t.Run("pod scheduled and its logs", func(t *testing.T) { c.testPod(t) })
 	phase("a pod scheduled, its logs read")
+	if t.Failed() {
+		return
+	}
+	// The previous release deployed, then upgraded in place to this one: the upgrade ends
+	// with the harness block's own apply of config/default.
+	t.Run("upgrade from the previous release", func(t *testing.T) { c.testUpgrade(t, phase) })
 	if t.Failed() {
 		return
 	}
@@ -385,48 +391,15 @@ func (c *cluster) testDeploy(t *testing.T) {
 // routes it to a pod on the node) becomes a PullRequest and an Event, which the metrics
 // agent's pod reports on its Service's /metrics.
 func (c *cluster) testWebhook(t *testing.T) {
-	secret := make([]byte, 32)
-	if _, err := rand.Read(secret); err != nil {
-		t.Fatal(err)
+	c.webhookSecret(t)
+	pr := c.deliverPR(t, "pull_request-opened.json", 42, "open")
+	if evs := strings.Fields(c.kubectl(t, "-n", "crdipc-scm", "get", "events", "--field-selector", "involvedObject.kind=PullRequest,involvedObject.name="+pr, "-o", "name")); len(evs) != 1 {
+		t.Errorf("events of PullRequest %s after the delivery: %v", pr, evs)
 	}
-	key := hex.EncodeToString(secret)
-	c.kubectl(t, "-n", "crdipc-scm", "create", "secret", "generic", "crdipc-webhook-secret", "--from-literal=secret="+key)
-	c.wait(t, 3*time.Minute, "--for=condition=Available", "deployment", "--all", "-n", "crdipc-scm")
 	service := func(name string) string {
 		return c.kubectl(t, "-n", "crdipc-scm", "get", "service", name, "-o", "jsonpath={.spec.clusterIP}")
 	}
-	body, err := os.ReadFile(filepath.Join(root, "internal/scm/webhook/testdata/pull_request-opened.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "http://" + service("crdipc-webhook-listener") + "/webhook"
 	client := &http.Client{Timeout: 30 * time.Second}
-	// A Deployment is Available before kube-proxy has programmed its Service's new
-	// endpoints: until then the Service refuses connections. Sending again is safe: the
-	// listener's writes are idempotent, its Event and record named after the body.
-	var res *http.Response
-	var reply []byte
-	c.poll(t, time.Minute, "the listener's Service answering the delivery", func() (bool, string) {
-		req, err := delivery.New(context.Background(), url, []byte(key), "pull_request", "5e1b7d2a-cc78-11e3-81ab-4c9367dc0958", body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res, err = client.Do(req); err != nil {
-			return false, err.Error()
-		}
-		reply, _ = io.ReadAll(res.Body)
-		res.Body.Close()
-		return true, ""
-	})
-	if res.StatusCode != http.StatusOK {
-		t.Fatalf("delivery: HTTP %d %s", res.StatusCode, reply)
-	}
-	if prs := strings.Fields(c.kubectl(t, "-n", "crdipc-scm", "get", "pullrequests", "-o", "name")); len(prs) != 1 {
-		t.Errorf("pull requests after the delivery: %v", prs)
-	}
-	if evs := strings.Fields(c.kubectl(t, "-n", "crdipc-scm", "get", "events", "--field-selector", "involvedObject.kind=PullRequest", "-o", "name")); len(evs) != 1 {
-		t.Errorf("PullRequest events after the delivery: %v", evs)
-	}
 	metrics := "http://" + service("crdipc-metrics-agent") + ":9102/metrics"
 	c.poll(t, time.Minute, "the metrics agent reporting the open pull request", func() (bool, string) {
 		res, err := client.Get(metrics)
