@@ -109,6 +109,8 @@ func (c *cluster) testUpgrade(t *testing.T, phase func(string)) {
 	}
 	// As that release's docs/deploy.md applies it.
 	c.kubectl(t, "apply", "--server-side", "-k", filepath.Join(dir, "config", "default"))
+	// The webhook listener starts once its Secret exists.
+	c.webhookSecret(t)
 	c.rolledOut(t)
 	phase(fmt.Sprintf("config/default of %s available", prev.version))
 
@@ -119,13 +121,11 @@ metadata: {name: upgrade, namespace: default}
 spec: {title: Great Expectations, author: Charles Dickens, isbn: 978-0-14-143956-3}
 `)
 	c.wait(t, 2*time.Minute, "--for=condition=Ready", "book/upgrade")
-	c.webhookSecret(t)
 	pr := c.deliverPR(t, "pull_request-opened.json", 7, "open")
 	c.kubectl(t, "apply", "-f", "config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml")
 	volume := c.threeReplicaClaim(t, "upgrade")
-	on := nodeN(1)
-	w := c.startWriter(t, "upgrade-writer", "upgrade", on)
-	w.goOn(t, "the start", 50)
+	// The objects as the old version left them, the volume not attached (after the
+	// upgrade, too, it is compared detached: its target's status comes and goes with it).
 	objects := []objectRef{
 		{"book", "default", "upgrade"},
 		{"pullrequest", "crdipc-scm", pr},
@@ -135,6 +135,9 @@ spec: {title: Great Expectations, author: Charles Dickens, isbn: 978-0-14-143956
 		{"pv", "", volume},
 	}
 	before := c.getObjects(t, objects)
+	on := nodeN(1)
+	w := c.startWriter(t, "upgrade-writer", "upgrade", on)
+	w.goOn(t, "the start", 50)
 	leaders := c.leaseHolders(t)
 	phase(fmt.Sprintf("%s answered a Book, a PullRequest; real-1 writing to a 3-replica volume", prev.version))
 
