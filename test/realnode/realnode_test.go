@@ -392,7 +392,7 @@ func (c *cluster) testDeploy(t *testing.T) {
 // agent's pod reports on its Service's /metrics.
 func (c *cluster) testWebhook(t *testing.T) {
 	c.webhookSecret(t)
-	pr := c.deliverPR(t, "pull_request-opened.json", 42, "open")
+	pr := c.deliverPR(t, 42, false)
 	if evs := strings.Fields(c.kubectl(t, "-n", "crdipc-scm", "get", "events", "--field-selector", "involvedObject.kind=PullRequest,involvedObject.name="+pr, "-o", "name")); len(evs) != 1 {
 		t.Errorf("events of PullRequest %s after the delivery: %v", pr, evs)
 	}

@@ -68,6 +68,7 @@ func (c *cluster) testRestarts(t *testing.T, phase func(string)) {
 	t.Cleanup(func() { c.kubectl(t, "uncordon", on.name) })
 	c.drain(t, on, volume)
 	last := w.acked()
+	w.noFailure(t)
 	phase(fmt.Sprintf("%s drained after %d records; the volume detached", on.name, last+1))
 	c.readBack(t, "restart-reader", "restarts", other, last)
 	c.kubectl(t, "delete", "pvc", "restarts", "--wait=true")

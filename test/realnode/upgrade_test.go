@@ -1,12 +1,12 @@
 package realnode
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -121,7 +121,7 @@ metadata: {name: upgrade, namespace: default}
 spec: {title: Great Expectations, author: Charles Dickens, isbn: 978-0-14-143956-3}
 `)
 	c.wait(t, 2*time.Minute, "--for=condition=Ready", "book/upgrade")
-	pr := c.deliverPR(t, "pull_request-opened.json", 7, "open")
+	pr := c.deliverPR(t, 7, false)
 	c.kubectl(t, "apply", "-f", "config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml")
 	volume := c.threeReplicaClaim(t, "upgrade")
 	// The objects as the old version left them, the volume not attached (after the
@@ -158,9 +158,7 @@ spec: {title: Great Expectations, author: Charles Dickens, isbn: 978-0-14-143956
 			t.Cleanup(func() { c.kubectl(t, "uncordon", n.name) })
 			c.drain(t, n, volume)
 			last = w.acked()
-			if strings.Contains(c.kubectl(t, "logs", w.pod), "failed") {
-				t.Fatalf("the writer failed: %s", tail(c.kubectl(t, "logs", w.pod), 5))
-			}
+			w.noFailure(t)
 		}
 		c.kubectl(t, "-n", "crdipc-system", "delete", "pod", "-l", "app.kubernetes.io/name in (crdipc-csi-node,crdipc-pool-agent)",
 			"--field-selector", "spec.nodeName="+n.name, "--wait=true")
@@ -206,7 +204,7 @@ spec: {title: Great Expectations, author: Charles Dickens, isbn: 978-0-14-143956
 		}
 	}
 	// The new version answers what the old one made: the pull request closes.
-	c.deliverPR(t, "pull_request-closed.json", 7, "closed")
+	c.deliverPR(t, 7, true)
 	c.wait(t, time.Minute, "--for=condition=Ready", "book/upgrade")
 	c.kubectl(t, "delete", "pvc", "upgrade", "--wait=true")
 	phase("leaders handed over, no field lost, the old pull request closed by the new listener")
@@ -270,29 +268,37 @@ func (c *cluster) webhookSecret(t *testing.T) {
 	c.wait(t, 3*time.Minute, "--for=condition=Available", "deployment", "--all", "-n", "crdipc-scm")
 }
 
-// deliverPR sends testdata's file with the pull request's number replaced, signed, to the
-// webhook listener's Service, and waits for the PullRequest to have the state; it returns
-// the PullRequest's name.
-func (c *cluster) deliverPR(t *testing.T, file string, number int, state string) string {
+// deliverPR sends testdata's pull_request-opened.json as pull request number, opened or
+// (closed) closed two hours later, signed, to the webhook listener's Service, and waits for
+// the PullRequest to have that state; it returns the PullRequest's name.
+func (c *cluster) deliverPR(t *testing.T, number int, closed bool) string {
 	t.Helper()
-	body, err := os.ReadFile(filepath.Join(root, "internal/scm/webhook/testdata", file))
+	raw, err := os.ReadFile(filepath.Join(root, "internal/scm/webhook/testdata/pull_request-opened.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	body = bytes.ReplaceAll(body, []byte(`"number": 42,`), []byte(fmt.Sprintf(`"number": %d,`, number)))
-	var event struct {
-		Repository struct {
-			FullName string `json:"full_name"`
-		} `json:"repository"`
-	}
-	if err := json.Unmarshal(body, &event); err != nil {
+	var event map[string]any
+	if err := json.Unmarshal(raw, &event); err != nil {
 		t.Fatal(err)
 	}
+	pr := event["pull_request"].(map[string]any)
+	event["number"], pr["number"] = number, number
+	action, state := "opened", "open"
+	if closed {
+		action, state = "closed", "closed"
+		event["action"], pr["state"] = action, state
+		pr["updated_at"], pr["closed_at"] = "2026-03-02T12:06:00Z", "2026-03-02T12:06:00Z"
+	}
+	body, err := json.Marshal(event)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repository := event["repository"].(map[string]any)["full_name"].(string)
 	url := "http://" + c.kubectl(t, "-n", "crdipc-scm", "get", "service", "crdipc-webhook-listener", "-o", "jsonpath={.spec.clusterIP}") + "/webhook"
 	client := &http.Client{Timeout: 30 * time.Second}
-	id := fmt.Sprintf("realnode-%s-%d", strings.TrimSuffix(file, ".json"), number)
+	id := fmt.Sprintf("realnode-pull-request-%s-%d", action, number)
 	// Until kube-proxy has the Service's new endpoints, it refuses: sending again is safe.
-	c.poll(t, 2*time.Minute, "the listener answering "+file, func() (bool, string) {
+	c.poll(t, 2*time.Minute, "the listener answering pull request "+fmt.Sprint(number)+" "+action, func() (bool, string) {
 		req, err := delivery.New(context.Background(), url, []byte(c.webhookKey), "pull_request", id, body)
 		if err != nil {
 			t.Fatal(err)
@@ -301,10 +307,14 @@ func (c *cluster) deliverPR(t *testing.T, file string, number int, state string)
 		if err != nil {
 			return false, err.Error()
 		}
+		reply, _ := io.ReadAll(res.Body)
 		res.Body.Close()
-		return res.StatusCode == http.StatusOK, res.Status
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("delivery of pull request %d %s: %s %s", number, action, res.Status, reply)
+		}
+		return true, ""
 	})
-	name := webhook.PullRequestName(event.Repository.FullName, int64(number))
+	name := webhook.PullRequestName(repository, int64(number))
 	c.wait(t, time.Minute, "--for=jsonpath={.spec.status}="+state, "pullrequest/"+name, "-n", "crdipc-scm")
 	return name
 }

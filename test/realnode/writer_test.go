@@ -14,7 +14,8 @@ import (
 type recordWriter struct {
 	c     *cluster
 	pod   string
-	acked func() int // the highest record acknowledged so far (-1 before any)
+	acked  func() int // the highest record acknowledged so far (-1 before any)
+	failed func() int // the record whose write failed (-1: none)
 }
 
 func (c *cluster) startWriter(t *testing.T, pod, claim string, on realNode) *recordWriter {
@@ -27,7 +28,16 @@ while [ $i -lt 1000000 ]; do
   i=$((i+1))
 done`))
 	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Running", "pod/"+pod)
-	return &recordWriter{c: c, pod: pod, acked: c.follow(t, pod, "acked ")}
+	return &recordWriter{c: c, pod: pod, acked: c.follow(t, pod, "acked "), failed: c.follow(t, pod, "failed ")}
+}
+
+// noFailure fails the test if a write failed, also once the pod is gone (its log was
+// followed while it ran).
+func (w *recordWriter) noFailure(t *testing.T) {
+	t.Helper()
+	if n := w.failed(); n >= 0 {
+		t.Fatalf("the writer's record %d failed (%d acknowledged)", n, w.acked()+1)
+	}
 }
 
 // goOn waits for more records acknowledged after what happened, failing if the writer stops.
