@@ -12,8 +12,8 @@ import (
 // at the first failed write. It logs each acknowledgement with the time since boot
 // (busybox's date has no %N; 10 ms resolution), to measure the pauses.
 type recordWriter struct {
-	c     *cluster
-	pod   string
+	c      *cluster
+	pod    string
 	acked  func() int // the highest record acknowledged so far (-1 before any)
 	failed func() int // the record whose write failed (-1: none)
 }
