@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/lru"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -42,7 +43,7 @@ const (
 // from there) and in the conditions Resizing and FileSystemResizePending. Retryable
 // failures are retried with backoff; a final one is recorded (ControllerResizeError, and
 // ControllerResizeInfeasible for a size the driver refuses) and not retried until the claim
-// changes.
+// asks for another size.
 type resizer struct {
 	*started
 	c client.Client
@@ -52,8 +53,9 @@ type resizer struct {
 	csi   csi.ControllerClient
 	o     Options
 	log   logr.Logger
-	// failed holds the claims whose expansion failed for good, by UID, with the
-	// resourceVersion the failure was recorded at (as the provisioner's).
+	// failed holds the claims whose expansion failed for good, by UID, with the size
+	// requested then. Not the resourceVersion: any other write to the claim (an annotation,
+	// another controller's status) would have it asked again for what was refused.
 	failed *lru.Cache
 }
 
@@ -97,7 +99,7 @@ func (z *resizer) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 		pv.Spec.ClaimRef.Namespace != pvc.Namespace || pv.Spec.ClaimRef.UID != pvc.UID {
 		return reconcile.Result{}, nil
 	}
-	if rv, ok := z.failed.Get(pvc.UID); ok && rv == pvc.ResourceVersion {
+	if size, ok := z.failed.Get(pvc.UID); ok && size == requested.String() {
 		z.log.V(1).Info("not retrying an expansion that failed for good until the claim changes", "claim", req.NamespacedName)
 		return reconcile.Result{}, nil
 	}
@@ -148,6 +150,7 @@ func (z *resizer) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 	}); err != nil {
 		return reconcile.Result{}, fmt.Errorf("marking PVC %s as resized: %w", req.NamespacedName, err)
 	}
+	z.failed.Remove(pvc.UID)
 	rec.Event(&pvc, corev1.EventTypeNormal, EventVolumeResizeSuccessful, "Resize volume succeeded")
 	return reconcile.Result{}, nil
 }
@@ -223,7 +226,8 @@ func (z *resizer) markFailed(ctx context.Context, pvc *corev1.PersistentVolumeCl
 	if err != nil {
 		return fmt.Errorf("recording the failed expansion of PVC %s/%s: %w", pvc.Namespace, pvc.Name, err)
 	}
-	z.failed.Add(pvc.UID, pvc.ResourceVersion)
+	requested := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	z.failed.Add(pvc.UID, requested.String())
 	z.log.Info("expansion failed, not retrying until the claim changes", "claim", client.ObjectKeyFromObject(pvc), "error", cause.Error())
 	return nil
 }
@@ -247,13 +251,24 @@ func (z *resizer) expand(ctx context.Context, pv *corev1.PersistentVolume, size 
 
 // patchStatus applies change to the claim's status, guarded by its resourceVersion as
 // upstream's resizer does: a claim that changed meanwhile is read again and retried.
+// A conflict (another writer changed the claim meanwhile) re-reads the claim and applies
+// the change to it again: returning the conflict would have the call to the driver made twice.
 func (z *resizer) patchStatus(ctx context.Context, pvc *corev1.PersistentVolumeClaim, change func(*corev1.PersistentVolumeClaimStatus)) error {
-	patch := client.MergeFromWithOptions(pvc.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	change(&pvc.Status)
-	if err := z.c.Status().Patch(ctx, pvc, patch); err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	return nil
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		patch := client.MergeFromWithOptions(pvc.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		change(&pvc.Status)
+		err := z.c.Status().Patch(ctx, pvc, patch)
+		switch {
+		case apierrors.IsConflict(err):
+			if gerr := z.fresh.Get(ctx, client.ObjectKeyFromObject(pvc), pvc); gerr != nil {
+				return gerr
+			}
+			return err
+		case err != nil && !apierrors.IsNotFound(err):
+			return err
+		}
+		return nil
+	})
 }
 
 func hasCondition(pvc *corev1.PersistentVolumeClaim, t corev1.PersistentVolumeClaimConditionType) bool {
