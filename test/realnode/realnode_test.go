@@ -369,22 +369,8 @@ func (c *cluster) testDeploy(t *testing.T) {
 	if !strings.Contains(out, "crdipc") {
 		t.Errorf("kubectl exec crdipc version in a books pod: %q", out)
 	}
-	for _, ds := range strings.Fields(c.kubectl(t, "get", "daemonsets", "-n", "crdipc-system", "-o", "name")) {
-		// kubectl rollout status knows only RollingUpdate; an OnDelete DaemonSet (the fd
-		// holder) is available when every pod it schedules is.
-		if c.kubectl(t, "get", ds, "-n", "crdipc-system", "-o", "jsonpath={.spec.updateStrategy.type}") == "OnDelete" {
-			c.poll(t, 4*time.Minute, ds+" available on every node", func() (bool, string) {
-				out := c.kubectl(t, "get", ds, "-n", "crdipc-system", "-o", "jsonpath={.status.desiredNumberScheduled} {.status.numberAvailable}")
-				f := strings.Fields(out)
-				return len(f) == 2 && f[0] != "0" && f[0] == f[1], "desired, available: " + out
-			})
-			continue
-		}
-		out, err := runErr(4*time.Minute, c.env(), "kubectl", "rollout", "status", ds, "-n", "crdipc-system", "--timeout=4m")
-		if err != nil {
-			t.Fatalf("kubectl rollout status %s: %v\n%s\n%s", ds, err, out, c.describe())
-		}
-	}
+	// Every Deployment available, and each DaemonSet's pod on every node.
+	c.rolledOut(t, "crdipc-system")
 }
 
 // testWebhook: a signed GitHub delivery to the webhook listener's Service (kube-proxy

@@ -262,6 +262,12 @@ func busyboxPod(name, node, script string) string {
 // prefix at the start of a line so far (-1 before any).
 func (c *cluster) follow(t *testing.T, pod, prefix string) func() int {
 	t.Helper()
+	return c.followEach(t, pod, prefix)[0]
+}
+
+// followEach is follow for several prefixes, from one stream of the pod's output.
+func (c *cluster) followEach(t *testing.T, pod string, prefixes ...string) []func() int {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, "kubectl", "logs", "-f", pod)
 	cmd.Env = append(os.Environ(), c.env()...)
@@ -273,18 +279,23 @@ func (c *cluster) follow(t *testing.T, pod, prefix string) func() int {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	highest := -1
+	highest := make([]int, len(prefixes))
+	for i := range highest {
+		highest[i] = -1
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			var n int
-			if rest, ok := strings.CutPrefix(sc.Text(), prefix); ok {
-				if _, err := fmt.Sscan(rest, &n); err == nil {
-					mu.Lock()
-					highest = max(highest, n)
-					mu.Unlock()
+			for i, prefix := range prefixes {
+				var n int
+				if rest, ok := strings.CutPrefix(sc.Text(), prefix); ok {
+					if _, err := fmt.Sscan(rest, &n); err == nil {
+						mu.Lock()
+						highest[i] = max(highest[i], n)
+						mu.Unlock()
+					}
 				}
 			}
 		}
@@ -294,11 +305,15 @@ func (c *cluster) follow(t *testing.T, pod, prefix string) func() int {
 		_ = cmd.Wait()
 		<-done
 	})
-	return func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return highest
+	get := make([]func() int, len(prefixes))
+	for i := range prefixes {
+		get[i] = func() int {
+			mu.Lock()
+			defer mu.Unlock()
+			return highest[i]
+		}
 	}
+	return get
 }
 
 // testDataPathIdentities: the data path's certificates come through the API, as

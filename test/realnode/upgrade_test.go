@@ -36,12 +36,9 @@ func previousRelease(t *testing.T) release {
 	if err != nil {
 		t.Fatal(err)
 	}
-	version, err := os.ReadFile(filepath.Join(root, "VERSION"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	version := currentVersion(t)
 	for _, m := range releaseHeading.FindAllStringSubmatch(string(changelog), -1) {
-		if m[1] == strings.TrimSpace(string(version)) {
+		if m[1] == version {
 			continue
 		}
 		r := release{version: m[1], commit: m[2]}
@@ -166,7 +163,7 @@ spec: {title: Great Expectations, author: Charles Dickens, isbn: 978-0-14-143956
 			out := c.kubectl(t, "-n", "crdipc-system", "get", "pods", "-l", "app.kubernetes.io/name in (crdipc-csi-node,crdipc-pool-agent)",
 				"--field-selector", "spec.nodeName="+n.name, "-o", `jsonpath={range .items[*]}{.spec.containers[0].image} {.status.containerStatuses[0].ready}{"\n"}{end}`)
 			lines := strings.Split(strings.TrimSpace(out), "\n")
-			want := "crdipc/crdipc:" + c.version(t) + " true"
+			want := "crdipc/crdipc:" + currentVersion(t) + " true"
 			return len(lines) == 2 && lines[0] == want && lines[1] == want, out
 		})
 		if n == on {
@@ -210,8 +207,8 @@ spec: {title: Great Expectations, author: Charles Dickens, isbn: 978-0-14-143956
 	phase("leaders handed over, no field lost, the old pull request closed by the new listener")
 }
 
-// version is VERSION, the image tag config/default deploys.
-func (c *cluster) version(t *testing.T) string {
+// currentVersion is VERSION, the image tag config/default deploys.
+func currentVersion(t *testing.T) string {
 	t.Helper()
 	v, err := os.ReadFile(filepath.Join(root, "VERSION"))
 	if err != nil {
@@ -220,11 +217,16 @@ func (c *cluster) version(t *testing.T) string {
 	return strings.TrimSpace(string(v))
 }
 
-// rolledOut waits for every Deployment and DaemonSet of crdipc to have each of its pods
-// updated and available (an OnDelete DaemonSet: available).
-func (c *cluster) rolledOut(t *testing.T) {
+// rolledOut waits for every Deployment and DaemonSet of crdipc (in namespaces, or all of
+// crdipc's) to have each of its pods updated and available. kubectl rollout status knows
+// only RollingUpdate; an OnDelete DaemonSet (the fd holder) is done when every pod it
+// schedules is available.
+func (c *cluster) rolledOut(t *testing.T, namespaces ...string) {
 	t.Helper()
-	for _, ns := range crdipcNamespaces {
+	if len(namespaces) == 0 {
+		namespaces = crdipcNamespaces
+	}
+	for _, ns := range namespaces {
 		for _, w := range strings.Fields(c.kubectl(t, "-n", ns, "get", "deployments,daemonsets", "-o", "name")) {
 			if c.kubectl(t, "-n", ns, "get", w, "-o", "jsonpath={.spec.updateStrategy.type}") == "OnDelete" {
 				c.poll(t, 4*time.Minute, w+" available on every node", func() (bool, string) {
@@ -407,7 +409,7 @@ func (c *cluster) leaseHolders(t *testing.T) map[string]string {
 // checkLeaders: every Lease an old pod held is now held by a pod of the new image.
 func (c *cluster) checkLeaders(t *testing.T, before map[string]string) {
 	t.Helper()
-	want := "crdipc/crdipc:" + c.version(t)
+	want := "crdipc/crdipc:" + currentVersion(t)
 	handed := 0
 	c.poll(t, 2*time.Minute, "every leader a pod of "+want, func() (bool, string) {
 		images := map[string]string{} // pod → image

@@ -28,7 +28,8 @@ while [ $i -lt 1000000 ]; do
   i=$((i+1))
 done`))
 	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Running", "pod/"+pod)
-	return &recordWriter{c: c, pod: pod, acked: c.follow(t, pod, "acked "), failed: c.follow(t, pod, "failed ")}
+	seen := c.followEach(t, pod, "acked ", "failed ")
+	return &recordWriter{c: c, pod: pod, acked: seen[0], failed: seen[1]}
 }
 
 // noFailure fails the test if a write failed, also once the pod is gone (its log was

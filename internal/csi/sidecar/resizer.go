@@ -100,7 +100,7 @@ func (z *resizer) Reconcile(ctx context.Context, req reconcile.Request) (reconci
 		return reconcile.Result{}, nil
 	}
 	if size, ok := z.failed.Get(pvc.UID); ok && size == requested.String() {
-		z.log.V(1).Info("not retrying an expansion that failed for good until the claim changes", "claim", req.NamespacedName)
+		z.log.V(1).Info("not retrying an expansion that failed for good until the claim asks for another size", "claim", req.NamespacedName)
 		return reconcile.Result{}, nil
 	}
 	size, ok := expansionTarget(&pvc, &pv)
@@ -228,7 +228,7 @@ func (z *resizer) markFailed(ctx context.Context, pvc *corev1.PersistentVolumeCl
 	}
 	requested := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
 	z.failed.Add(pvc.UID, requested.String())
-	z.log.Info("expansion failed, not retrying until the claim changes", "claim", client.ObjectKeyFromObject(pvc), "error", cause.Error())
+	z.log.Info("expansion failed, not retrying until the claim asks for another size", "claim", client.ObjectKeyFromObject(pvc), "error", cause.Error())
 	return nil
 }
 
@@ -250,9 +250,8 @@ func (z *resizer) expand(ctx context.Context, pv *corev1.PersistentVolume, size 
 }
 
 // patchStatus applies change to the claim's status, guarded by its resourceVersion as
-// upstream's resizer does: a claim that changed meanwhile is read again and retried.
-// A conflict (another writer changed the claim meanwhile) re-reads the claim and applies
-// the change to it again: returning the conflict would have the call to the driver made twice.
+// upstream's resizer does: a claim that changed meanwhile is read again and the change
+// applied to it again here (returning the conflict would have the driver called twice).
 func (z *resizer) patchStatus(ctx context.Context, pvc *corev1.PersistentVolumeClaim, change func(*corev1.PersistentVolumeClaimStatus)) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		patch := client.MergeFromWithOptions(pvc.DeepCopy(), client.MergeFromWithOptimisticLock{})
