@@ -84,6 +84,11 @@ every replica, and to peers that rebuild from it. A replica that is new on the n
 or fell behind its peers while no target writes the volume is rebuilt from the
 freshest healthy peer (kubectl get cvr shows Rebuilding and its progress).
 
+/readyz turns ready once the agent holds the node's Lease and every replica of the
+node that a volume's target writes has caught up with the writes it missed while no
+agent served it (at most --catch-up-timeout): a DaemonSet's rolling update then takes
+down the next node's agent only when this node's replicas count toward quorum again.
+
 Before acting the agent takes the node's Lease (pool-agent-<node> in
 crdipc-system): a second agent for the same node waits until the first is gone.
 On a real cluster, run it as a DaemonSet with --node from the downward API.
@@ -109,6 +114,7 @@ func (s *poolAgentService) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.o.Identity, "identity", "", "name of this agent in the node Lease (default: hostname_uuid)")
 	fs.StringVar(&s.o.MetricsAddr, "metrics-bind-address", ":8080", "address for Prometheus /metrics ('0' disables)")
 	fs.StringVar(&s.o.HealthAddr, "health-probe-bind-address", ":8081", "address for /healthz and /readyz ('0' disables)")
+	fs.DurationVar(&s.o.CatchUpTimeout, "catch-up-timeout", 10*time.Minute, "longest time /readyz waits, after the agent takes the node Lease, for the node's replicas that targets write to be caught up")
 }
 
 // In up, the pool agents run under a supervisor that starts one per simulated node. The

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -69,6 +70,9 @@ type Options struct {
 	// service, the replicas are files nobody else can reach. A host-less address (":9500")
 	// needs DataAdvertiseHost, the address peers dial.
 	DataAddr, DataAdvertiseHost string
+	// CatchUpTimeout bounds how long the agent's readiness (/readyz) waits, from taking the
+	// node Lease, for the node's replicas that targets write to be caught up; default 10m.
+	CatchUpTimeout time.Duration
 	// MaxConcurrentReconciles per kind; default 4.
 	MaxConcurrentReconciles int
 	// Logger for the agent; default: controller-runtime's global logger.
@@ -84,6 +88,8 @@ type Agent struct {
 	cfg     *rest.Config
 	o       Options
 	leading atomic.Bool
+	// ready is the readiness of the manager running now (each start makes a new one).
+	ready atomic.Pointer[catchUp]
 }
 
 // New checks o and returns an agent for o.Node.
@@ -119,6 +125,9 @@ func New(cfg *rest.Config, o Options) (*Agent, error) {
 	if o.MaxConcurrentReconciles <= 0 {
 		o.MaxConcurrentReconciles = 4
 	}
+	if o.CatchUpTimeout <= 0 {
+		o.CatchUpTimeout = 10 * time.Minute
+	}
 	if o.Backends == nil {
 		o.Backends = map[storagev1alpha1.Backend]backend.Backend{
 			storagev1alpha1.BackendFile: backend.NewFile(o.Root),
@@ -132,6 +141,17 @@ func New(cfg *rest.Config, o Options) (*Agent, error) {
 
 // Leading reports whether this agent holds its node's Lease and acts.
 func (a *Agent) Leading() bool { return a.leading.Load() }
+
+// Ready is the agent's readiness, as /readyz serves it: nil once the agent holds the node
+// Lease and the replicas that targets write on its node are caught up (or CatchUpTimeout
+// has passed since it took the Lease); otherwise an error saying what it waits for.
+func (a *Agent) Ready(req *http.Request) error {
+	c := a.ready.Load()
+	if c == nil {
+		return errors.New("not started")
+	}
+	return c.check(req)
+}
 
 // Run serves the node until ctx ends. Losing the node Lease stops the agent's controllers
 // at once (another agent may act now); Run then starts over and waits for the Lease again,
@@ -150,6 +170,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		go func() {
 			select {
 			case <-mgr.Elected():
+				a.ready.Load().leading(time.Now())
 				a.leading.Store(true)
 				log.Info("holding the node lease; serving the node")
 			case <-ctx.Done():
@@ -208,9 +229,6 @@ func (a *Agent) newManager(log logr.Logger) (manager.Manager, *dataServer, error
 		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 			return nil, nil, err
 		}
-		if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
-			return nil, nil, err
-		}
 	}
 	var data *dataServer
 	if a.o.DataAddr != "" {
@@ -227,7 +245,17 @@ func (a *Agent) newManager(log logr.Logger) (manager.Manager, *dataServer, error
 			return nil, nil, err
 		}
 	}
-	if err := a.register(mgr, data); err != nil {
+	ready := &catchUp{node: a.o.Node, cache: mgr.GetCache(), data: data, timeout: a.o.CatchUpTimeout, log: log.WithName("readiness")}
+	a.ready.Store(ready)
+	if a.o.HealthAddr != "0" {
+		if err := mgr.AddReadyzCheck("replicas", ready.check); err != nil {
+			if data != nil {
+				data.ln.Close()
+			}
+			return nil, nil, err
+		}
+	}
+	if err := a.register(mgr, data, ready); err != nil {
 		if data != nil {
 			data.ln.Close()
 		}
@@ -249,7 +277,7 @@ func (a *Agent) backend(name storagev1alpha1.Backend) (backend.Backend, error) {
 }
 
 // register adds the two receivers, CStorPool and CStorVolumeReplica, to mgr.
-func (a *Agent) register(mgr manager.Manager, data *dataServer) error {
+func (a *Agent) register(mgr manager.Manager, data *dataServer, ready *catchUp) error {
 	ctx := context.Background()
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &storagev1alpha1.CStorVolumeReplica{}, storagev1alpha1.FieldPool, func(o client.Object) []string {
 		return []string{o.(*storagev1alpha1.CStorVolumeReplica).Spec.Pool}
@@ -280,7 +308,7 @@ func (a *Agent) register(mgr manager.Manager, data *dataServer) error {
 	if err := ipc.Register(mgr, &storagev1alpha1.CStorPool{}, ipc.Handler[*storagev1alpha1.CStorPool](pools), po); err != nil {
 		return err
 	}
-	replicas := &replicaHandler{node: a.o.Node, c: mgr.GetClient(), live: mgr.GetAPIReader(), backends: backends, resync: a.o.Resync, data: data}
+	replicas := &replicaHandler{node: a.o.Node, c: mgr.GetClient(), live: mgr.GetAPIReader(), backends: backends, resync: a.o.Resync, data: data, ready: ready}
 	ro := base
 	ro.Name = "cstorvolumereplica-agent"
 	ro.Watches = []ipc.Watch{{

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -116,6 +118,11 @@ type agentAndReplica struct {
 	r    *storagev1alpha1.CStorVolumeReplica
 	// ready waits until the agent reports r at its current generation with capacity total.
 	ready func(total string)
+	// restart stops the agent and starts another for the node, on the same files, with
+	// its options changed by the functions given.
+	restart func(...func(*Options))
+	// readyz is the running agent's readiness (Agent.Ready).
+	readyz func() error
 }
 
 // startAgent creates a volume "vol" of size in a namespace of its own, a pool of poolSize
@@ -145,7 +152,7 @@ func startAgent(t *testing.T, prefix, poolSize, size string) *agentAndReplica {
 
 // startAgentFor is startAgent for another replica of vol, on node <prefix>-<namespace>;
 // ca is the data CA whose requests the test signs.
-func startAgentFor(t *testing.T, ca replica.CA, vol *storagev1alpha1.CStorVolume, prefix, poolSize string) *agentAndReplica {
+func startAgentFor(t *testing.T, ca replica.CA, vol *storagev1alpha1.CStorVolume, prefix, poolSize string, opts ...func(*Options)) *agentAndReplica {
 	t.Helper()
 	env := testenv.Get(t)
 	ns, size := vol.Namespace, vol.Spec.Capacity.String()
@@ -173,36 +180,52 @@ func startAgentFor(t *testing.T, ca replica.CA, vol *storagev1alpha1.CStorVolume
 			_ = c.Delete(bg, o)
 		}
 	})
-	ag, err := New(env.Config, Options{
+	o := Options{
 		Node: node, Root: t.TempDir(), Resync: 300 * time.Millisecond, DataAddr: "127.0.0.1:0",
 		LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 100 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
-	actx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- ag.Run(actx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
+	var (
+		ag   *Agent
+		stop func()
+	)
+	run := func(opts ...func(*Options)) {
+		o := o
+		for _, f := range opts {
+			f(&o)
 		}
-	})
-	return &agentAndReplica{c: c, ca: ca, vol: vol, pool: pool, r: r, ready: func(total string) {
-		t.Helper()
-		wait.Eventually(t, 60*time.Second, "replica Ready with capacity "+total, func(ctx context.Context) (bool, error) {
-			if err := c.Get(ctx, client.ObjectKeyFromObject(r), r); err != nil {
-				return false, err
+		var err error
+		if ag, err = New(env.Config, o); err != nil {
+			t.Fatal(err)
+		}
+		actx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func(ag *Agent) { done <- ag.Run(actx) }(ag)
+		stop = sync.OnceFunc(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("agent: %v", err)
 			}
-			cond := meta.FindStatusCondition(r.Status.Conditions, conditions.TypeReady)
-			if cond == nil || cond.Status != metav1.ConditionTrue || r.Status.ObservedGeneration != r.Generation ||
-				r.Status.Capacity == nil || r.Status.Capacity.Total.String() != total {
-				return false, fmt.Errorf("generation %d, status %+v", r.Generation, r.Status)
-			}
-			return true, nil
 		})
-	}}
+	}
+	run(opts...)
+	t.Cleanup(func() { stop() })
+	return &agentAndReplica{c: c, ca: ca, vol: vol, pool: pool, r: r,
+		restart: func(opts ...func(*Options)) { stop(); run(opts...) },
+		readyz:  func() error { return ag.Ready(httptest.NewRequestWithContext(t.Context(), "GET", "/readyz", nil)) },
+		ready: func(total string) {
+			t.Helper()
+			wait.Eventually(t, 60*time.Second, "replica Ready with capacity "+total, func(ctx context.Context) (bool, error) {
+				if err := c.Get(ctx, client.ObjectKeyFromObject(r), r); err != nil {
+					return false, err
+				}
+				cond := meta.FindStatusCondition(r.Status.Conditions, conditions.TypeReady)
+				if cond == nil || cond.Status != metav1.ConditionTrue || r.Status.ObservedGeneration != r.Generation ||
+					r.Status.Capacity == nil || r.Status.Capacity.Total.String() != total {
+					return false, fmt.Errorf("generation %d, status %+v", r.Generation, r.Status)
+				}
+				return true, nil
+			})
+		}}
 }
 
 // signRequests stands in for the storage operator, which this package cannot import: it

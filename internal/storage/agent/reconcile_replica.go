@@ -31,6 +31,8 @@ type replicaHandler struct {
 	resync   time.Duration
 	// data is the node's replica data service; nil when the agent runs without one.
 	data *dataServer
+	// ready is told what each reconcile found (the agent's readiness); nil: nobody asks.
+	ready *catchUp
 }
 
 // ReasonRebuilding: the replica is being filled from a healthy one (Ready=False, not terminal).
@@ -66,6 +68,19 @@ func backendReplica(r *storagev1alpha1.CStorVolumeReplica) backend.Replica {
 
 // Handle implements ipc.Handler.
 func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica) (ipc.Result, error) {
+	unchecked := false
+	res, err := h.handle(ctx, r, &unchecked)
+	phase := r.Status.Phase
+	if unchecked {
+		phase = ""
+	}
+	h.ready.observe(r.UID, phase)
+	return res, err
+}
+
+// handle reconciles r; *unchecked is set when the data service could not be asked, so the
+// phase left in r's status is not known to be current.
+func (h *replicaHandler) handle(ctx context.Context, r *storagev1alpha1.CStorVolumeReplica, unchecked *bool) (ipc.Result, error) {
 	before, created := r.Status.Phase, replicaCreated(r.Status.Phase)
 	offline := func(msg string) (ipc.Result, error) {
 		r.Status.Phase = storagev1alpha1.ReplicaPhaseOffline
@@ -144,6 +159,7 @@ func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVol
 		// Every time, not only after growing: the agent may have died between growing the
 		// file and telling the data service, which keeps an open replica's size.
 		if err := h.data.resize(storagev1alpha1.ReplicaDataID(r.Namespace, r.Name), st.Size); err != nil {
+			*unchecked = true
 			return ipc.Result{Reason: conditions.ReasonReconciling, Message: fmt.Sprintf("replica data service: %v", err), RequeueAfter: rebuildPoll}, nil
 		}
 		ds, err := h.reconcileData(ctx, r, poolFull(&pool))
@@ -157,6 +173,7 @@ func (h *replicaHandler) Handle(ctx context.Context, r *storagev1alpha1.CStorVol
 			if before != storagev1alpha1.ReplicaPhaseHealthy && !h.data.current(r.UID) {
 				r.Status.Phase = storagev1alpha1.ReplicaPhaseRebuilding
 			}
+			*unchecked = true
 			return ipc.Result{Reason: conditions.ReasonReconciling, Message: err.Error(), RequeueAfter: rebuildPoll}, nil
 		}
 		// Housekeeping, not the replica's state: a failure is logged and tried at the next

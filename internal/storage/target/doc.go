@@ -52,9 +52,10 @@
 //     when its revision looks current, since a write that failed on it does not show in
 //     its revision. A rebuild starts with no write in flight, so the replica's record of
 //     sectors written since (which the copier must not overwrite) misses none.
-//   - A rebuilding replica is polled: when it is no longer rebuilding and its revision
-//     reaches what was acknowledged when the rebuild began, it is healthy. If its copier
-//     failed (for instance its source died) the rebuild is restarted from a healthy one.
+//   - A rebuilding replica is polled, every 200ms at most: when it is no longer rebuilding
+//     and its revision reaches what was acknowledged when the rebuild began, it is
+//     healthy. If its copier failed (for instance its source died) the rebuild is
+//     restarted from a healthy one.
 //   - No healthy replica left: as soon as CF complete replicas are reachable again (or
 //     every other replica is rebuilding from one, as at start) the freshest becomes the
 //     healthy one (the same rule as at start) and the others rebuild from it.

@@ -24,7 +24,12 @@ const maxIO = 1 << 20
 const (
 	defaultIOTimeout      = 10 * time.Second
 	defaultRejoinInterval = 2 * time.Second
-	busyRetry             = 50 * time.Millisecond
+	// maxRebuildPoll bounds how long a replica whose rebuild finished waits to count as
+	// healthy: a rolling restart of the pool agents takes the next replica down as soon as
+	// this one's agent says it caught up, and until the engine has seen it, that is a
+	// replica short of quorum.
+	maxRebuildPoll = 200 * time.Millisecond
+	busyRetry      = 50 * time.Millisecond
 )
 
 var (
@@ -78,8 +83,8 @@ type Options struct {
 	// IOTimeout bounds every call to a replica (default 10s); a replica that does not
 	// answer a write in time is faulted.
 	IOTimeout time.Duration
-	// RejoinInterval is how often faulted replicas are retried and rebuilding ones polled
-	// (default 2s).
+	// RejoinInterval is how often faulted replicas are retried (default 2s); rebuilding ones
+	// are polled every 200ms, or every RejoinInterval if that is shorter.
 	RejoinInterval time.Duration
 	// QuorumWait is how long a write waits for rebuilding replicas to become healthy when
 	// fewer than ConsistencyFactor are (for instance just after an unclean restart); 0 fails
@@ -95,9 +100,10 @@ type member struct {
 	state       State
 	err         error
 	info        Info
-	busy        bool   // a rejoin or rebuild poll is running
-	removed     bool   // RemoveMember took it out
-	rebuildBase uint64 // acknowledged revision when the rebuild began
+	busy        bool      // a rejoin or rebuild poll is running
+	retryAt     time.Time // a faulted replica's next rejoin is not tried before this
+	removed     bool      // RemoveMember took it out
+	rebuildBase uint64    // acknowledged revision when the rebuild began
 }
 
 // Engine is the volume engine of one staged volume: it writes every replica of the write set,
@@ -111,6 +117,7 @@ type Engine struct {
 	snapMu         sync.Mutex // serializes Snapshot and DeleteSnapshot
 	ioTimeout      time.Duration
 	rejoinInterval time.Duration
+	pollInterval   time.Duration // of rebuilding replicas, and of the loop
 	quorumWait     time.Duration
 	log            *slog.Logger
 	onState        func(id string, s State, err error)
@@ -162,6 +169,7 @@ func New(ctx context.Context, o Options) (*Engine, error) {
 	if e.rejoinInterval <= 0 {
 		e.rejoinInterval = defaultRejoinInterval
 	}
+	e.pollInterval = min(e.rejoinInterval, maxRebuildPoll)
 	if e.log == nil {
 		e.log = slog.New(slog.DiscardHandler)
 	}

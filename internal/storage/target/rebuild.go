@@ -9,11 +9,11 @@ import (
 	"github.com/crdipc/crdipc/internal/storage/replica"
 )
 
-// loop retries faulted replicas and watches rebuilding ones every RejoinInterval (and at
-// once when a member is added).
+// loop retries faulted replicas every RejoinInterval (a new member at once) and watches
+// rebuilding ones every pollInterval.
 func (e *Engine) loop() {
 	defer e.wg.Done()
-	t := time.NewTicker(e.rejoinInterval)
+	t := time.NewTicker(e.pollInterval)
 	defer t.Stop()
 	for {
 		e.tick()
@@ -54,6 +54,7 @@ func (e *Engine) tick() {
 		}()
 		return
 	}
+	now := time.Now()
 	for _, m := range e.order {
 		if m.busy || m.removed {
 			continue
@@ -61,6 +62,10 @@ func (e *Engine) tick() {
 		var work func(*member)
 		switch m.state {
 		case Faulted:
+			if now.Before(m.retryAt) {
+				continue
+			}
+			m.retryAt = now.Add(e.rejoinInterval)
 			work = e.rejoin
 		case Rebuilding:
 			work = e.poll
