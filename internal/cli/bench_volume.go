@@ -69,8 +69,9 @@ should be on the disk of that node's pools. Needs fio (apt-get install fio),
 With --binary, bench compares two builds instead: it runs "bench volume" of this
 binary and of --binary in turn, --runs times each, with the same flags, and
 prints each job's median volume/local ratio for both and their quotient. It
-fails if a median moved by more than 10 %: on a shared machine single runs of
-one build differ by up to 3x, so one run against another says nothing.`,
+fails if a median is more than 10 % below the other build's (and names those
+more than 10 % above): on a shared machine single runs of one build differ by
+up to 3x, so one run against another says nothing.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if other != "" {

@@ -101,7 +101,8 @@ func TestBenchVolume(t *testing.T) {
 	}
 }
 
-// The A/B comparison passes medians within 10 % and names the jobs that moved further.
+// The A/B comparison fails on a median more than 10 % below the other build's, naming the
+// job; one more than 10 % above is named as faster and passes.
 func TestPrintVolumeAB(t *testing.T) {
 	run := func(seq, rand float64) *bench.Volume {
 		return &bench.Volume{Jobs: []bench.FioRatio{{Name: "seq-write", Description: "seq write", Ratio: seq}, {Name: "rand-write", Description: "rand write", Ratio: rand}}}
@@ -109,9 +110,13 @@ func TestPrintVolumeAB(t *testing.T) {
 	this := []*bench.Volume{run(0.50, 0.30), run(0.40, 0.31), run(0.90, 0.29)}
 	other := []*bench.Volume{run(0.52, 0.20), run(0.48, 0.21), run(0.10, 0.19)}
 	var out strings.Builder
-	err := printVolumeAB(&out, "new", "old", this, other)
-	if err == nil || !strings.Contains(err.Error(), "rand-write 1.50×") || strings.Contains(err.Error(), "seq-write") {
-		t.Fatalf("error %v, want rand-write named (0.30/0.20) and not seq-write (0.50/0.48):\n%s", err, out.String())
+	if err := printVolumeAB(&out, "new", "old", this, other); err != nil || !strings.Contains(out.String(), "faster than the other build by more than 10%: rand-write 1.50×") {
+		t.Fatalf("a build faster at rand-write (0.30/0.20), even at seq-write (0.50/0.48): %v\n%s", err, out.String())
+	}
+	out.Reset()
+	err := printVolumeAB(&out, "old", "new", other, this)
+	if err == nil || !strings.Contains(err.Error(), "slower than the other build by more than 10%: rand-write 0.67×") || strings.Contains(err.Error(), "seq-write") {
+		t.Fatalf("error %v, want rand-write named (0.20/0.30) and not seq-write (0.48/0.50):\n%s", err, out.String())
 	}
 	if err := printVolumeAB(&out, "new", "old", this, this); err != nil {
 		t.Fatalf("a build against itself: %v", err)
