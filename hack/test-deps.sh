@@ -13,7 +13,9 @@
 #    watches it update (without it that test skips, unless CRDIPC_REQUIRE_CHROMIUM=1).
 # and, from the Go module proxy:
 #  - btcd, a Bitcoin full node in Go: the simulated nodes run BitcoinNetwork pods with it
-#    (without it the Bitcoin tests skip, unless CRDIPC_REQUIRE_BTCD=1).
+#    (without it the Bitcoin tests skip, unless CRDIPC_REQUIRE_BTCD=1);
+#  - versitygw, an S3 server in Go (Apache-2.0): the backup tests store into a real
+#    bucket of it (without it they skip, unless CRDIPC_REQUIRE_S3=1).
 #
 # `hack/test-deps.sh --list` prints, one a line, the commands it guarantees (from the same
 # lists it installs from): internal/testenv/require's tests check that every tool a test's
@@ -23,8 +25,9 @@ set -euo pipefail
 # command:package, for each command the tests look up, from Debian.
 apt_tools=(prometheus:prometheus mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs xfs_growfs:xfsprogs
   blkid:util-linux losetup:mount mount:mount fio:fio chromium:chromium)
-# command:module, from the Go module proxy (btcd: keep in step with internal/bitcoin/btcd.Module).
-go_tools=(btcd:github.com/btcsuite/btcd@v0.26.2)
+# command:module, from the Go module proxy (keep in step with internal/bitcoin/btcd.Module and
+# internal/testenv/s3server.Module).
+go_tools=(btcd:github.com/btcsuite/btcd@v0.26.2 versitygw:github.com/versity/versitygw/cmd/versitygw@v1.8.0)
 
 if [ "${1:-}" = --list ]; then
   for entry in "${apt_tools[@]}" "${go_tools[@]}"; do echo "${entry%%:*}"; done

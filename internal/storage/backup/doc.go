@@ -1,0 +1,25 @@
+// Package backup keeps volume backups in an S3 bucket, outside the cluster: a restore
+// needs the bucket and the key, nothing else.
+//
+// A backup cuts the volume into fixed-size chunks (ChunkSize, 4 MiB by default). A chunk
+// of zeros is not stored. Every other chunk is an object named by a keyed hash of its
+// contents (HMAC-SHA256 under a key derived from the store's key), so equal chunks — in
+// the backups of one volume, or of different volumes in one store — are stored once, and
+// the name says nothing about the contents to whoever lacks the key. Its contents are
+// compressed (zstd) and then encrypted (AES-256-GCM under another derived key, the name as
+// additional data: an object moved to another name does not decrypt). A manifest per
+// backup, encrypted the same way, lists the volume's chunks in order.
+//
+// A backup is incremental: the chunks its parent (the volume's previous backup) lists are
+// known to be stored and are not asked for again; any other chunk is looked up by name
+// before it is uploaded. So a backup uploads only the chunks that changed.
+//
+// A backup that stops half way leaves chunks but no manifest: it does not exist until
+// its manifest does, and a backup of the same ID again uploads only what is missing.
+//
+// Prune deletes the chunks no manifest lists, in two passes so that it never deletes one
+// that a running backup counts on (see Prune). Verify reads every chunk back.
+//
+// The layout of a store, under its prefix, and what an attacker holding the bucket
+// learns, are in docs/backup.md.
+package backup

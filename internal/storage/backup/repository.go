@@ -1,0 +1,128 @@
+package backup
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Object keys of a store, under its prefix (docs/backup.md).
+const (
+	configKey      = "crdipc-backup.json"
+	chunksPrefix   = "chunks/"
+	backupsPrefix  = "backups/"
+	pendingPrefix  = "pending/"
+	condemnedKey   = "prune/condemned"
+	formatVersion  = 1
+	keyCheckLabel  = "crdipc-backup key check"
+	keyCheckPlain  = "crdipc backup store"
+	defaultChunk   = 4 << 20
+	minChunk       = 64 << 10
+	maxChunk       = 64 << 20
+	manifestSuffix = ".manifest"
+)
+
+var (
+	// ErrWrongKey: the store was made with another key.
+	ErrWrongKey = errors.New("the encryption key is not the store's")
+	// ErrNoStore: the bucket (under its prefix) holds no crdipc backup store.
+	ErrNoStore = errors.New("no crdipc backup store here")
+)
+
+// config is the store's one plaintext object: what a reader needs before it has a key,
+// and a check that the key is the right one.
+type config struct {
+	Format    int    `json:"format"`
+	ChunkSize int    `json:"chunkSize"`
+	Salt      []byte `json:"salt"`
+	// KeyCheck is keyCheckPlain sealed under the store's key: a wrong key is told apart
+	// from a damaged object at once, before anything is read or written.
+	KeyCheck []byte `json:"keyCheck"`
+}
+
+// Repository is a backup store opened with its key.
+type Repository struct {
+	store     Store
+	keys      *keys
+	chunkSize int
+}
+
+// InitOptions configure a new store.
+type InitOptions struct {
+	// ChunkSize of the store's backups, a multiple of 4 KiB; default 4 MiB. Fixed once
+	// the store exists: chunks of another size would never be shared.
+	ChunkSize int
+}
+
+// Open opens the store in s with key, making it first if s holds none. Opening a store
+// that exists checks key (ErrWrongKey) and ignores o.
+func Open(ctx context.Context, s Store, key []byte, o InitOptions) (*Repository, error) {
+	r, err := OpenExisting(ctx, s, key)
+	if !errors.Is(err, ErrNoStore) {
+		return r, err
+	}
+	size := o.ChunkSize
+	if size == 0 {
+		size = defaultChunk
+	}
+	if size < minChunk || size > maxChunk || size%4096 != 0 {
+		return nil, fmt.Errorf("chunk size %d: a multiple of 4 KiB from %d to %d is needed", size, minChunk, maxChunk)
+	}
+	cfg := config{Format: formatVersion, ChunkSize: size, Salt: make([]byte, 32)}
+	if _, err := rand.Read(cfg.Salt); err != nil {
+		return nil, err
+	}
+	k, err := deriveKeys(key, cfg.Salt)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", s, err)
+	}
+	cfg.KeyCheck = k.seal([]byte(keyCheckPlain), keyCheckLabel)
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	// Two clients making the store at once would each write a config of their own salt,
+	// and the last one would win: read back what stands, so both use it.
+	if err := s.Put(ctx, configKey, data); err != nil {
+		return nil, fmt.Errorf("store %s: writing its configuration: %w", s, err)
+	}
+	return OpenExisting(ctx, s, key)
+}
+
+// OpenExisting opens the store in s with key: ErrNoStore if there is none, ErrWrongKey if
+// key is not its key.
+func OpenExisting(ctx context.Context, s Store, key []byte) (*Repository, error) {
+	data, err := s.Get(ctx, configKey)
+	if errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("store %s: %w", s, ErrNoStore)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("store %s: reading its configuration: %w", s, err)
+	}
+	var cfg config
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return nil, fmt.Errorf("store %s: its configuration %s is damaged: %w", s, configKey, err)
+	}
+	if cfg.Format != formatVersion {
+		return nil, fmt.Errorf("store %s: format %d, this version reads format %d", s, cfg.Format, formatVersion)
+	}
+	if cfg.ChunkSize < minChunk || cfg.ChunkSize > maxChunk || cfg.ChunkSize%4096 != 0 {
+		return nil, fmt.Errorf("store %s: its configuration gives chunk size %d, which is not one this version writes", s, cfg.ChunkSize)
+	}
+	k, err := deriveKeys(key, cfg.Salt)
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", s, err)
+	}
+	if plain, err := k.open(cfg.KeyCheck, keyCheckLabel); err != nil || string(plain) != keyCheckPlain {
+		return nil, fmt.Errorf("store %s: %w", s, ErrWrongKey)
+	}
+	return &Repository{store: s, keys: k, chunkSize: cfg.ChunkSize}, nil
+}
+
+// ChunkSize is the store's chunk size in bytes.
+func (r *Repository) ChunkSize() int { return r.chunkSize }
+
+// Store is where the repository keeps its objects.
+func (r *Repository) Store() Store { return r.store }
