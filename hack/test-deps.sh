@@ -26,7 +26,7 @@ set -euo pipefail
 apt_tools=(prometheus:prometheus mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs xfs_growfs:xfsprogs
   blkid:util-linux losetup:mount mount:mount fio:fio chromium:chromium)
 # command:module, from the Go module proxy (keep in step with internal/bitcoin/btcd.Module and
-# internal/testenv/s3server.Module).
+# internal/storage/backup/s3local.Module).
 go_tools=(btcd:github.com/btcsuite/btcd@v0.26.2 versitygw:github.com/versity/versitygw/cmd/versitygw@v1.8.0)
 
 if [ "${1:-}" = --list ]; then

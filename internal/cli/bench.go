@@ -62,7 +62,7 @@ temporary directory and removes it afterwards.`,
 			stopProfile()
 		}
 	}
-	cmd.AddCommand(newBenchFloorCommand(), newBenchRoundTripCommand(), newBenchWebhookCommand(), newBenchStorageCommand(), newBenchVolumeCommand(), newBenchScaleCommand(), newBenchUpCommand(), newBenchAllCommand(), newBenchPlotCommand())
+	cmd.AddCommand(newBenchFloorCommand(), newBenchRoundTripCommand(), newBenchWebhookCommand(), newBenchStorageCommand(), newBenchVolumeCommand(), newBenchBackupCommand(), newBenchScaleCommand(), newBenchUpCommand(), newBenchAllCommand(), newBenchPlotCommand())
 	return cmd
 }
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/crdipc/crdipc/internal/storage/backup"
+	"github.com/crdipc/crdipc/internal/storage/backup/s3local"
 	"github.com/crdipc/crdipc/internal/testenv/s3server"
 	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
@@ -27,7 +28,7 @@ const (
 )
 
 type fixture struct {
-	srv   *s3server.Server
+	srv   *s3local.Server
 	store backup.Store
 	key   []byte
 	repo  *backup.Repository
