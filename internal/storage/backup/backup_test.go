@@ -207,6 +207,17 @@ func TestBucketHoldsNoPlaintextAndAWrongKeyIsRefused(t *testing.T) {
 	if !errors.Is(err, backup.ErrWrongKey) || !strings.Contains(err.Error(), f.store.String()) {
 		t.Fatalf("opened with another key: %v; want ErrWrongKey naming the store", err)
 	}
+	// Open of a store that exists never makes it anew, whatever the key: the configuration
+	// is written only where there is none (a conditional write).
+	if _, err := backup.Open(ctx, f.store, randomBytes(t, 32), backup.InitOptions{}); !errors.Is(err, backup.ErrWrongKey) {
+		t.Fatalf("Open with another key: %v; want ErrWrongKey", err)
+	}
+	if err := f.store.Create(ctx, "crdipc-backup.json", []byte("{}")); !errors.Is(err, backup.ErrExists) {
+		t.Fatalf("a conditional write over the configuration: %v; want ErrExists", err)
+	}
+	if _, err := backup.OpenExisting(ctx, f.store, f.key); err != nil {
+		t.Fatalf("the store after a refused overwrite: %v", err)
+	}
 	if _, err := backup.OpenExisting(ctx, f.store, []byte("short")); err == nil || !strings.Contains(err.Error(), "at least 32") {
 		t.Fatalf("opened with a 5-byte key: %v", err)
 	}

@@ -83,9 +83,9 @@ func Open(ctx context.Context, s Store, key []byte, o InitOptions) (*Repository,
 	if err != nil {
 		return nil, err
 	}
-	// Two clients making the store at once would each write a config of their own salt,
-	// and the last one would win: read back what stands, so both use it.
-	if err := s.Put(ctx, configKey, data); err != nil {
+	// Written only if absent: of two clients making the store at once, one writes its
+	// salt and the other opens the store with it.
+	if err := s.Create(ctx, configKey, data); err != nil && !errors.Is(err, ErrExists) {
 		return nil, fmt.Errorf("store %s: writing its configuration: %w", s, err)
 	}
 	return OpenExisting(ctx, s, key)

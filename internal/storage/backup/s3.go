@@ -97,6 +97,19 @@ func (s *s3Store) Put(ctx context.Context, key string, data []byte) error {
 	return nil
 }
 
+func (s *s3Store) Create(ctx context.Context, key string, data []byte) error {
+	opts := minio.PutObjectOptions{ContentType: "application/octet-stream", DisableMultipart: true}
+	opts.SetMatchETagExcept("*")
+	_, err := s.c.PutObject(ctx, s.bucket, s.prefix+key, bytes.NewReader(data), int64(len(data)), opts)
+	if err != nil {
+		if minio.ToErrorResponse(err).Code == "PreconditionFailed" {
+			return fmt.Errorf("create %s: %w", key, ErrExists)
+		}
+		return fmt.Errorf("create %s: %w", key, err)
+	}
+	return nil
+}
+
 func (s *s3Store) Get(ctx context.Context, key string) ([]byte, error) {
 	obj, err := s.c.GetObject(ctx, s.bucket, s.prefix+key, minio.GetObjectOptions{})
 	if err != nil {

@@ -6,8 +6,12 @@ import (
 	"time"
 )
 
-// ErrNotFound: no object of that key.
-var ErrNotFound = errors.New("object not found")
+var (
+	// ErrNotFound: no object of that key.
+	ErrNotFound = errors.New("object not found")
+	// ErrExists: Create found an object of that key.
+	ErrExists = errors.New("object exists")
+)
 
 // ObjectInfo is what a Store says of an object.
 type ObjectInfo struct {
@@ -22,6 +26,9 @@ type ObjectInfo struct {
 type Store interface {
 	// Put writes the object key, replacing one that exists.
 	Put(ctx context.Context, key string, data []byte) error
+	// Create writes the object key unless one exists (ErrExists): S3's conditional write,
+	// If-None-Match: *. A service that ignores the condition replaces the object.
+	Create(ctx context.Context, key string, data []byte) error
 	// Get reads object key whole; ErrNotFound if there is none.
 	Get(ctx context.Context, key string) ([]byte, error)
 	// Stat describes object key; ErrNotFound if there is none.
