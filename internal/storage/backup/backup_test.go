@@ -280,6 +280,19 @@ func TestDamagedOrMissingChunk(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Chunk != missing || !errors.Is(err, backup.ErrNotFound) || w.n.Load() != 0 {
 		t.Fatalf("restore with a missing chunk: %v, %d writes; want it refused, naming %s, before writing", err, w.n.Load(), missing)
 	}
+
+	// The next backup of the volume puts the missing chunk back (the damaged one is there:
+	// only verify tells it apart).
+	m, err := f.repo.Backup(ctx, bytes.NewReader(v), volSize, backup.BackupOptions{ID: "wednesday", Volume: "ns/data", Parent: "tuesday"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Stats.Uploaded != 1 {
+		t.Fatalf("a backup after a chunk went missing uploaded %d chunks, want the missing one", m.Stats.Uploaded)
+	}
+	if rep, err := f.repo.Verify(ctx, 0); err != nil || len(rep.Bad) != 1 || rep.Bad[0].Chunk != damaged {
+		t.Fatalf("verify after the missing chunk was put back: %+v, %v; want only %s bad", rep, err, damaged)
+	}
 }
 
 type discard struct{}

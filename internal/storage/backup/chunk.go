@@ -2,6 +2,7 @@ package backup
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -40,10 +41,25 @@ func (e *ChunkError) Unwrap() error { return e.Err }
 // errAltered: a chunk decrypted, but its contents are not what its name says.
 var errAltered = errors.New("its contents do not match its name")
 
-// sealChunk compresses and encrypts plain, bound to its name.
-func (r *Repository) sealChunk(plain []byte, name string) []byte {
-	return r.keys.seal(encoder.EncodeAll(plain, make([]byte, 0, len(plain)/2)), chunkKey(name))
+// sealChunk compresses and encrypts plain, bound to its name, into buf if it is large
+// enough (a nonce, the ciphertext and its tag, in place: no copy of the chunk is made).
+func (r *Repository) sealChunk(plain []byte, name string, buf []byte) []byte {
+	aead := r.keys.aead
+	n := aead.NonceSize()
+	if cap(buf) < n {
+		buf = make([]byte, n, n+len(plain)+aead.Overhead())
+	}
+	nonce := buf[:n]
+	if _, err := rand.Read(nonce); err != nil {
+		panic(err) // crypto/rand does not fail on Linux
+	}
+	packed := encoder.EncodeAll(plain, buf[n:n])
+	return aead.Seal(nonce, nonce, packed, []byte(chunkKey(name)))
 }
+
+// sealedSize is a buffer size that holds any sealed chunk of size bytes: zstd's bound for
+// incompressible data, the nonce and the tag.
+func sealedSize(size int) int { return size + size/128 + 1024 }
 
 // readChunk reads chunk name back and checks it.
 func (r *Repository) readChunk(ctx context.Context, name string) ([]byte, error) {

@@ -10,9 +10,9 @@
 // additional data: an object moved to another name does not decrypt). A manifest per
 // backup, encrypted the same way, lists the volume's chunks in order.
 //
-// A backup is incremental: the chunks its parent (the volume's previous backup) lists are
-// known to be stored and are not asked for again; any other chunk is looked up by name
-// before it is uploaded. So a backup uploads only the chunks that changed.
+// A backup is incremental: it lists the chunks the store holds once, at its start, and
+// uploads only the chunks missing from it — those that changed since any earlier backup,
+// of this volume or another, and any that went missing from the store.
 //
 // A backup that stops half way leaves chunks but no manifest: it does not exist until
 // its manifest does, and a backup of the same ID again uploads only what is missing.
