@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -9,7 +10,6 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -240,7 +240,7 @@ func sameFiles(a, b io.ReaderAt, size int64) (bool, error) {
 		if _, err := b.ReadAt(y[:n], off); err != nil && !errors.Is(err, io.EOF) {
 			return false, err
 		}
-		if string(x[:n]) != string(y[:n]) {
+		if !bytes.Equal(x[:n], y[:n]) {
 			return false, nil
 		}
 	}
@@ -248,18 +248,13 @@ func sameFiles(a, b io.ReaderAt, size int64) (bool, error) {
 }
 
 // progress returns a Progress func that prints a line to w at most once a second (and the
-// last), or nil without w.
+// last), or nil without w. The repository never calls it concurrently.
 func progress(w io.Writer, what string) func(backup.Progress) {
 	if w == nil {
 		return nil
 	}
-	var (
-		mu   sync.Mutex
-		last time.Time
-	)
+	var last time.Time
 	return func(p backup.Progress) {
-		mu.Lock()
-		defer mu.Unlock()
 		if time.Since(last) < time.Second && p.Done < p.Total {
 			return
 		}

@@ -97,11 +97,10 @@ func (c *catchUp) check(req *http.Request) error {
 		c.log.Info("ready although replicas have not caught up: waited the longest allowed (--catch-up-timeout)", "waited", waited.Round(time.Second), "replicas", behind)
 		return nil
 	}
-	return fmt.Errorf("%d %s not caught up: %s", len(behind), plural(len(behind), "replica"), strings.Join(behind, "; "))
+	return fmt.Errorf("not caught up: %s", strings.Join(behind, "; "))
 }
 
-// behind says why replica r is not caught up, or "" if it is, or if no wait would help
-// (it waits for its pool, or is Offline or in Error: its status says why).
+// behind says why replica r is not caught up, or "" if it is, or if no wait would help.
 func (c *catchUp) behind(req *http.Request, r *storagev1alpha1.CStorVolumeReplica) string {
 	c.mu.Lock()
 	phase, seen := c.observed[r.UID]
@@ -111,11 +110,12 @@ func (c *catchUp) behind(req *http.Request, r *storagev1alpha1.CStorVolumeReplic
 		return "not checked since the agent started"
 	case phase == "":
 		return "its data could not be checked yet"
-	case phase != storagev1alpha1.ReplicaPhaseHealthy && phase != storagev1alpha1.ReplicaPhaseRebuilding:
-		return ""
+	case phase != storagev1alpha1.ReplicaPhaseRebuilding:
+		return "" // Healthy; or Init, Offline, Error: no wait helps, its status says why
 	}
-	// Asked now rather than at the last reconcile: a target polls its rebuilding replicas
-	// faster than the agent requeues them.
+	// Asked now rather than at the next reconcile: a target polls its rebuilding replicas
+	// faster than the agent requeues them. Only these are asked: a probe every second
+	// costs nothing once every replica is caught up.
 	d := c.data
 	self, err := d.client(req.Context(), d.endpoint, storagev1alpha1.ReplicaDataID(r.Namespace, r.Name))
 	if err != nil {
@@ -128,18 +128,11 @@ func (c *catchUp) behind(req *http.Request, r *storagev1alpha1.CStorVolumeReplic
 	switch {
 	case info.Rebuilding:
 		return fmt.Sprintf("rebuilding, %d of %d bytes copied", info.RebuildDone, info.RebuildTotal)
-	case info.Session || phase == storagev1alpha1.ReplicaPhaseHealthy:
+	case info.Session:
 		return ""
 	default:
 		// The agent found that a target writes the volume without this replica (it was
 		// down while the target went on): the target takes it back in within seconds.
 		return "waiting for the volume's target to take it back in"
 	}
-}
-
-func plural(n int, word string) string {
-	if n == 1 {
-		return word
-	}
-	return word + "s"
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -92,15 +91,15 @@ func (r *Repository) Backup(ctx context.Context, src io.ReaderAt, size int64, o 
 	// What the store holds, listed once (a thousand names a request) rather than asked
 	// chunk by chunk: a HEAD per chunk cost a third of a full backup's time. A chunk
 	// another backup uploads meanwhile is uploaded again, which is harmless.
-	stored, err := r.storedChunks(ctx)
+	known, err := r.storedChunks(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("backup %s: %w", o.ID, err)
 	}
-	known := map[string]bool{}
-	for name := range stored {
-		if !condemned.has(name) {
-			known[name] = true
-		}
+	// known: stored and not condemned (a condemned chunk is uploaded again), or claimed by
+	// this backup's upload. A chunk met again while its upload runs is not waited for:
+	// the manifest is written only once every upload has succeeded.
+	for name := range condemned {
+		delete(known, name)
 	}
 	if o.Parent != "" {
 		// The parent is named in the manifest; what it lists needs no special case, being
@@ -111,19 +110,17 @@ func (r *Repository) Backup(ctx context.Context, src io.ReaderAt, size int64, o 
 	}
 
 	var (
-		mu       sync.Mutex
-		stats    Stats
-		done     atomic.Int64
-		inFlight = map[string]*sync.WaitGroup{} // chunks being checked or uploaded
+		mu    sync.Mutex // known, stats, done, and the calls of o.Progress
+		stats = Stats{Chunks: int64(len(m.Chunks))}
+		done  int64
 	)
-	stats.Chunks = int64(len(m.Chunks))
-	report := func(n int64) {
-		d := done.Add(n)
+	count := func(n int64, f func(*Stats)) {
+		mu.Lock()
+		defer mu.Unlock()
+		f(&stats)
+		done += n
 		if o.Progress != nil {
-			mu.Lock()
-			p := Progress{Done: d, Total: size, Uploaded: stats.Uploaded, UploadedBytes: stats.UploadedBytes}
-			o.Progress(p)
-			mu.Unlock()
+			o.Progress(Progress{Done: done, Total: size, Uploaded: stats.Uploaded, UploadedBytes: stats.UploadedBytes})
 		}
 	}
 	zero := make([]byte, r.chunkSize)
@@ -147,53 +144,26 @@ func (r *Repository) Backup(ctx context.Context, src io.ReaderAt, size int64, o 
 				return fmt.Errorf("backup %s: reading the volume at %d: %d of %d bytes: %w", o.ID, off, got, n, err)
 			}
 			if bytes.Equal(buf, zero[:n]) {
-				mu.Lock()
-				stats.Zero++
-				mu.Unlock()
-				report(n)
+				count(n, func(s *Stats) { s.Zero++ })
 				return nil
 			}
 			name := r.keys.name(buf)
 			m.Chunks[i] = name
-			// One check and upload per name: equal chunks of this volume wait for the first.
 			mu.Lock()
-			if known[name] {
-				stats.Reused++
-				mu.Unlock()
-				report(n)
-				return nil
-			}
-			if wg, ok := inFlight[name]; ok {
-				mu.Unlock()
-				wg.Wait()
-				mu.Lock()
-				ok := known[name]
-				stats.Reused++
-				mu.Unlock()
-				if !ok {
-					return gctx.Err() // the first one failed; its error is the group's
-				}
-				report(n)
-				return nil
-			}
-			wg := &sync.WaitGroup{}
-			wg.Add(1)
-			inFlight[name] = wg
+			_, have := known[name]
+			known[name] = ObjectInfo{}
 			mu.Unlock()
-			defer wg.Done()
-
+			if have {
+				count(n, func(s *Stats) { s.Reused++ })
+				return nil
+			}
 			sp := seals.Get().(*[]byte)
 			defer seals.Put(sp)
 			sealed := r.sealChunk(buf, name, *sp)
 			if err := r.store.Put(gctx, chunkKey(name), sealed); err != nil {
 				return fmt.Errorf("backup %s: %w", o.ID, err)
 			}
-			mu.Lock()
-			known[name] = true
-			stats.Uploaded++
-			stats.UploadedBytes += int64(len(sealed))
-			mu.Unlock()
-			report(n)
+			count(n, func(s *Stats) { s.Uploaded++; s.UploadedBytes += int64(len(sealed)) })
 			return nil
 		})
 	}

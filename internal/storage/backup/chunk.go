@@ -2,7 +2,6 @@ package backup
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -42,30 +41,28 @@ func (e *ChunkError) Unwrap() error { return e.Err }
 var errAltered = errors.New("its contents do not match its name")
 
 // sealChunk compresses and encrypts plain, bound to its name, into buf if it is large
-// enough (a nonce, the ciphertext and its tag, in place: no copy of the chunk is made).
+// enough (sealedSize): compressed past the nonce's room and sealed there, no copy is made.
 func (r *Repository) sealChunk(plain []byte, name string, buf []byte) []byte {
-	aead := r.keys.aead
-	n := aead.NonceSize()
+	n := r.keys.aead.NonceSize()
 	if cap(buf) < n {
-		buf = make([]byte, n, n+len(plain)+aead.Overhead())
+		buf = make([]byte, n, sealedSize(len(plain)))
 	}
-	nonce := buf[:n]
-	if _, err := rand.Read(nonce); err != nil {
-		panic(err) // crypto/rand does not fail on Linux
-	}
-	packed := encoder.EncodeAll(plain, buf[n:n])
-	return aead.Seal(nonce, nonce, packed, []byte(chunkKey(name)))
+	return r.keys.seal(buf, encoder.EncodeAll(plain, buf[n:n]), chunkKey(name))
 }
 
 // sealedSize is a buffer size that holds any sealed chunk of size bytes: zstd's bound for
 // incompressible data, the nonce and the tag.
 func sealedSize(size int) int { return size + size/128 + 1024 }
 
-// readChunk reads chunk name back and checks it.
+// readChunk reads chunk name back and checks it. A chunk that is missing or damaged is a
+// *ChunkError; a store that cannot be read is another error.
 func (r *Repository) readChunk(ctx context.Context, name string) ([]byte, error) {
 	data, err := r.store.Get(ctx, chunkKey(name))
+	if errors.Is(err, ErrNotFound) {
+		return nil, &ChunkError{Chunk: name, Err: ErrNotFound}
+	}
 	if err != nil {
-		return nil, &ChunkError{Chunk: name, Err: err}
+		return nil, fmt.Errorf("chunk %s: %w", name, err)
 	}
 	packed, err := r.keys.open(data, chunkKey(name))
 	if err != nil {

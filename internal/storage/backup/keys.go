@@ -53,14 +53,19 @@ func (k *keys) name(plain []byte) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// seal encrypts plain bound to label (a chunk's name, a manifest's key): a random nonce,
-// then the ciphertext and its tag.
-func (k *keys) seal(plain []byte, label string) []byte {
-	out := make([]byte, k.aead.NonceSize(), k.aead.NonceSize()+len(plain)+k.aead.Overhead())
-	if _, err := rand.Read(out); err != nil {
+// seal encrypts plain bound to label (a chunk's name, a manifest's key) into buf, or a
+// new buffer if buf cannot hold the nonce: a random nonce, then the ciphertext and its
+// tag. plain may lie at buf[NonceSize:], and is then sealed in place, or elsewhere.
+func (k *keys) seal(buf, plain []byte, label string) []byte {
+	n := k.aead.NonceSize()
+	if cap(buf) < n {
+		buf = make([]byte, n, n+len(plain)+k.aead.Overhead())
+	}
+	nonce := buf[:n]
+	if _, err := rand.Read(nonce); err != nil {
 		panic(err) // crypto/rand does not fail on Linux
 	}
-	return k.aead.Seal(out, out, plain, []byte(label))
+	return k.aead.Seal(nonce, nonce, plain, []byte(label))
 }
 
 // errOpen: the ciphertext does not decrypt under this key for this label.

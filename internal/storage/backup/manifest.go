@@ -56,7 +56,7 @@ func (r *Repository) putManifest(ctx context.Context, m *Manifest) error {
 		return err
 	}
 	key := manifestKey(m.ID)
-	return r.store.Put(ctx, key, r.keys.seal(data, key))
+	return r.store.Put(ctx, key, r.keys.seal(nil, data, key))
 }
 
 // Manifest reads backup id's manifest; ErrNotFound if there is no such backup.

@@ -78,7 +78,7 @@ func Open(ctx context.Context, s Store, key []byte, o InitOptions) (*Repository,
 	if err != nil {
 		return nil, fmt.Errorf("store %s: %w", s, err)
 	}
-	cfg.KeyCheck = k.seal([]byte(keyCheckPlain), keyCheckLabel)
+	cfg.KeyCheck = k.seal(nil, []byte(keyCheckPlain), keyCheckLabel)
 	data, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err

@@ -89,23 +89,24 @@ func NewS3(ctx context.Context, o S3Options) (Store, error) {
 func (s *s3Store) String() string { return s.name }
 
 func (s *s3Store) Put(ctx context.Context, key string, data []byte) error {
-	_, err := s.c.PutObject(ctx, s.bucket, s.prefix+key, bytes.NewReader(data), int64(len(data)),
-		minio.PutObjectOptions{ContentType: "application/octet-stream", DisableMultipart: true})
-	if err != nil {
-		return fmt.Errorf("put %s: %w", key, err)
-	}
-	return nil
+	return s.put(ctx, "put", key, data, minio.PutObjectOptions{})
 }
 
 func (s *s3Store) Create(ctx context.Context, key string, data []byte) error {
-	opts := minio.PutObjectOptions{ContentType: "application/octet-stream", DisableMultipart: true}
+	var opts minio.PutObjectOptions
 	opts.SetMatchETagExcept("*")
-	_, err := s.c.PutObject(ctx, s.bucket, s.prefix+key, bytes.NewReader(data), int64(len(data)), opts)
-	if err != nil {
-		if minio.ToErrorResponse(err).Code == "PreconditionFailed" {
-			return fmt.Errorf("create %s: %w", key, ErrExists)
-		}
-		return fmt.Errorf("create %s: %w", key, err)
+	err := s.put(ctx, "create", key, data, opts)
+	if minio.ToErrorResponse(errors.Unwrap(err)).Code == "PreconditionFailed" {
+		return fmt.Errorf("create %s: %w", key, ErrExists)
+	}
+	return err
+}
+
+// put writes an object in one request (objects here are a chunk at most: no multipart).
+func (s *s3Store) put(ctx context.Context, op, key string, data []byte, opts minio.PutObjectOptions) error {
+	opts.ContentType, opts.DisableMultipart = "application/octet-stream", true
+	if _, err := s.c.PutObject(ctx, s.bucket, s.prefix+key, bytes.NewReader(data), int64(len(data)), opts); err != nil {
+		return fmt.Errorf("%s %s: %w", op, key, err)
 	}
 	return nil
 }

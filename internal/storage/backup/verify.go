@@ -63,7 +63,7 @@ func (r *Repository) Verify(ctx context.Context, concurrency int) (*VerifyReport
 			switch {
 			case err == nil:
 				rep.Bytes += int64(len(plain))
-			case errors.As(err, &ce) && (errors.Is(err, ErrNotFound) || errors.Is(err, errOpen) || errors.Is(err, errAltered) || strings.Contains(err.Error(), "decompressing")):
+			case errors.As(err, &ce):
 				ce.Backups = ids
 				rep.Bad = append(rep.Bad, *ce)
 			default:
