@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -390,7 +392,10 @@ func (r *runtime) unmountVolume(ctx context.Context, ps *podState, cv *csiVolume
 	published := cv.published
 	r.mu.Unlock()
 	if published {
-		if _, err := nc.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: cv.handle, TargetPath: cv.target}); err != nil {
+		if err := whenFree(ctx, func() error {
+			_, err := nc.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: cv.handle, TargetPath: cv.target})
+			return err
+		}); err != nil {
 			return fmt.Errorf("UnmountVolume.TearDown failed for volume %q (%s): %w", cv.name, cv.pv, err)
 		}
 		r.mu.Lock()
@@ -400,7 +405,10 @@ func (r *runtime) unmountVolume(ctx context.Context, ps *podState, cv *csiVolume
 	if cv.staging == "" || r.stagedForOthers(ps, cv) {
 		return nil
 	}
-	if _, err := nc.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: cv.handle, StagingTargetPath: cv.staging}); err != nil {
+	if err := whenFree(ctx, func() error {
+		_, err := nc.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: cv.handle, StagingTargetPath: cv.staging})
+		return err
+	}); err != nil {
 		return fmt.Errorf("UnmountDevice failed for volume %q (%s): %w", cv.name, cv.pv, err)
 	}
 	r.mu.Lock()
@@ -546,5 +554,26 @@ func (r *runtime) removePodDir(dir string) {
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		r.log.Error(err, "removing pod directory", "dir", dir)
+	}
+}
+
+// whenFree calls op until it is not Aborted: the driver refuses a call on a volume while
+// another is in flight (a snapshot being taken, or a teardown whose caller gave up but whose
+// work goes on), and kubelet retries those. Backing off from 20 ms to 1 s, until ctx ends.
+func whenFree(ctx context.Context, op func() error) error {
+	wait := 20 * time.Millisecond
+	for {
+		err := op()
+		if status.Code(err) != codes.Aborted {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
 	}
 }

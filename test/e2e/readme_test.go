@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/crdipc/crdipc/internal/mountinfo"
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
+	"github.com/crdipc/crdipc/internal/testenv/kubectl"
 	"github.com/crdipc/crdipc/internal/testenv/require"
 )
 
@@ -98,7 +100,27 @@ func TestREADME(t *testing.T) {
 		t.Fatalf("the README's run block has %d commands, want 1", len(run))
 	}
 	work := t.TempDir()
-	up := startIn(t, work, run[0].args[1:]...)
+	var up *upProcess
+	// Registered before up's own cleanup, so it runs after up stopped: a stopped up leaves
+	// nothing mounted (a mount left on a FUSE file nobody serves fails the directory's
+	// removal with "transport endpoint is not connected").
+	t.Cleanup(func() {
+		mounts, err := mountinfo.Read("/proc/self/mountinfo")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		var left []string
+		for _, m := range mounts {
+			if strings.HasPrefix(m.MountPoint, work+"/") {
+				left = append(left, m.MountPoint+" ("+m.FSType+")")
+			}
+		}
+		if len(left) > 0 && up != nil {
+			t.Errorf("up left mounts behind when it stopped:\n%s\nup's output:\n%s", strings.Join(left, "\n"), kubectl.Tail(up.Output.String(), 80))
+		}
+	})
+	up = startIn(t, work, run[0].args[1:]...)
 
 	// Every path up prints is absolute: the export line is pasted into another terminal,
 	// whose working directory is anybody's guess.

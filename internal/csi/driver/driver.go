@@ -288,6 +288,7 @@ func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
 	case <-time.After(2 * time.Second):
 		srv.Stop()
 	}
+	d.awaitNodeOps(30 * time.Second)
 	d.releaseTargets()
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -346,4 +347,24 @@ func (d *Driver) lockVolume(id string) (func(), error) {
 		defer d.nodeOps.Unlock()
 		delete(d.nodeOps.busy, id)
 	}, nil
+}
+
+// awaitNodeOps waits, at most timeout, for the node operations in flight. A gRPC server
+// that stops cancels their calls but not their work: an unstage cut short by the process
+// exiting would leave its volume's mounts on a FUSE file nobody serves.
+func (d *Driver) awaitNodeOps(timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for {
+		d.nodeOps.Lock()
+		busy := len(d.nodeOps.busy)
+		d.nodeOps.Unlock()
+		if busy == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			d.log.Info("stopping with node operations still in flight", "volumes", busy)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
