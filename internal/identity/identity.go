@@ -154,7 +154,7 @@ func applyObject(ctx context.Context, kube kubernetes.Interface, svc string, u *
 // for a moment after they are written a service would be refused what its role allows; a
 // service started right after Apply must not see that.
 func waitEnforced(ctx context.Context, kube kubernetes.Interface, user string, objs []*unstructured.Unstructured) error {
-	rules := map[string][]rbacv1.PolicyRule{} // by "<kind>/<name>"
+	rules := map[string][]rbacv1.PolicyRule{} // by "<kind>/<namespace>/<name>": one Role name may be in several namespaces
 	var bindings []*unstructured.Unstructured
 	for _, u := range objs {
 		switch u.GetKind() {
@@ -163,7 +163,7 @@ func waitEnforced(ctx context.Context, kube kubernetes.Interface, user string, o
 			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &role); err != nil {
 				return err
 			}
-			rules[u.GetKind()+"/"+u.GetName()] = role.Rules
+			rules[u.GetKind()+"/"+u.GetNamespace()+"/"+u.GetName()] = role.Rules
 		case "RoleBinding", "ClusterRoleBinding":
 			bindings = append(bindings, u)
 		}
@@ -174,7 +174,11 @@ func waitEnforced(ctx context.Context, kube kubernetes.Interface, user string, o
 			return err
 		}
 		var attrs *authorizationv1.ResourceAttributes
-		for _, r := range rules[binding.RoleRef.Kind+"/"+binding.RoleRef.Name] {
+		roleNS := b.GetNamespace() // a RoleBinding's Role is in its namespace; a ClusterRole in none
+		if binding.RoleRef.Kind == "ClusterRole" {
+			roleNS = ""
+		}
+		for _, r := range rules[binding.RoleRef.Kind+"/"+roleNS+"/"+binding.RoleRef.Name] {
 			if len(r.Verbs) > 0 && len(r.Resources) > 0 && len(r.APIGroups) > 0 {
 				attrs = &authorizationv1.ResourceAttributes{Namespace: b.GetNamespace(), Verb: r.Verbs[0], Group: r.APIGroups[0], Resource: r.Resources[0]}
 				if len(r.ResourceNames) > 0 {

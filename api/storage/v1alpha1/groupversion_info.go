@@ -32,6 +32,8 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&CStorVolume{}, &CStorVolumeList{},
 		&CStorVolumeReplica{}, &CStorVolumeReplicaList{},
 		&CStorVolumeSnapshot{}, &CStorVolumeSnapshotList{},
+		&BackupStore{}, &BackupStoreList{},
+		&VolumeBackup{}, &VolumeBackupList{},
 	)
 	metav1.AddToGroupVersion(scheme, GroupVersion)
 	return nil

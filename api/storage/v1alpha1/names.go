@@ -42,6 +42,10 @@ func joinName(parts ...string) string {
 	return readable + "-" + hash
 }
 
+// CSIDriverName is crdipc's CSI driver: the provisioner of its StorageClasses and the driver
+// of its VolumeSnapshotClasses.
+const CSIDriverName = "csi.crdipc.io"
+
 // DataCASecret is the Secret, in the crdipc system namespace, holding the certificate
 // authority of the storage data path (tls.crt, tls.key). Only the storage operator reads
 // it: it signs the data-path certificates the node agents and CSI node services request

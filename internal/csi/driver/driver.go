@@ -42,7 +42,7 @@ import (
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools,verbs=get;list;watch
 
 // Name is the driver's CSI name: the StorageClass provisioner and the VolumeAttachment attacher.
-const Name = "csi.crdipc.io"
+const Name = storagev1alpha1.CSIDriverName
 
 // Annotations the driver keeps on a CStorVolume. They are metadata, not spec, so writing
 // them does not bump the generation the operator reconciles.

@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -217,6 +218,8 @@ func (a *Agent) newManager(log logr.Logger) (manager.Manager, *dataServer, error
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&storagev1alpha1.CStorPool{}:          own,
 			&storagev1alpha1.CStorVolumeReplica{}: own,
+			// Only the backups the operator gave this node to upload.
+			&storagev1alpha1.VolumeBackup{}: {Label: labels.SelectorFromSet(labels.Set{storagev1alpha1.LabelBackupNode: a.o.Node})},
 		}},
 		// Agents for several nodes share one process in `crdipc up`, and an agent
 		// restarts its manager after losing the Lease.
@@ -276,7 +279,8 @@ func (a *Agent) backend(name storagev1alpha1.Backend) (backend.Backend, error) {
 	return b, nil
 }
 
-// register adds the two receivers, CStorPool and CStorVolumeReplica, to mgr.
+// register adds the two receivers, CStorPool and CStorVolumeReplica, and the backup
+// uploader to mgr.
 func (a *Agent) register(mgr manager.Manager, data *dataServer, ready *catchUp) error {
 	ctx := context.Background()
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &storagev1alpha1.CStorVolumeReplica{}, storagev1alpha1.FieldPool, func(o client.Object) []string {
@@ -307,6 +311,10 @@ func (a *Agent) register(mgr manager.Manager, data *dataServer, ready *catchUp) 
 	}}
 	if err := ipc.Register(mgr, &storagev1alpha1.CStorPool{}, ipc.Handler[*storagev1alpha1.CStorPool](pools), po); err != nil {
 		return err
+	}
+	uploads := &backupUploader{node: a.o.Node, c: mgr.GetClient(), live: mgr.GetAPIReader(), log: mgr.GetLogger().WithName("backup")}
+	if err := uploads.setup(mgr, 2); err != nil {
+		return fmt.Errorf("backup uploader: %w", err)
 	}
 	replicas := &replicaHandler{node: a.o.Node, c: mgr.GetClient(), live: mgr.GetAPIReader(), backends: backends, resync: a.o.Resync, data: data, ready: ready}
 	ro := base

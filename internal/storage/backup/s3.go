@@ -29,6 +29,8 @@ type S3Options struct {
 	// system's roots.
 	Insecure bool
 	CA       []byte
+	// SkipVerify accepts any server certificate (tests only).
+	SkipVerify bool
 	// CreateBucket makes the bucket if it does not exist.
 	CreateBucket bool
 }
@@ -57,13 +59,16 @@ func NewS3(ctx context.Context, o S3Options) (Store, error) {
 		Secure: !o.Insecure,
 		Region: o.Region,
 	}
-	if !o.Insecure && len(o.CA) > 0 {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(o.CA) {
-			return nil, errors.New("the S3 CA bundle holds no PEM certificate")
+	if !o.Insecure && (len(o.CA) > 0 || o.SkipVerify) {
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: o.SkipVerify}
+		if len(o.CA) > 0 {
+			cfg.RootCAs = x509.NewCertPool()
+			if !cfg.RootCAs.AppendCertsFromPEM(o.CA) {
+				return nil, errors.New("the S3 CA bundle holds no PEM certificate")
+			}
 		}
 		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		tr.TLSClientConfig = cfg
 		opts.Transport = tr
 	}
 	c, err := minio.New(o.Endpoint, opts)

@@ -49,6 +49,12 @@ type Options struct {
 	// it is replaced on another pool (a deleted node's replicas are replaced at once);
 	// default DefaultReplaceAfter.
 	ReplaceAfter time.Duration
+	// PruneInterval is how often each BackupStore's unreferenced chunks are pruned; default
+	// DefaultPruneInterval.
+	PruneInterval time.Duration
+	// StoreSync is how often each BackupStore is opened again, its backups listed (those
+	// found become VolumeBackups) and its retention applied; default DefaultStoreSync.
+	StoreSync time.Duration
 }
 
 // Register adds the operator's receivers for StoragePoolClaims and CStorVolumes to mgr.
@@ -126,7 +132,38 @@ func Register(mgr manager.Manager, o Options) error {
 		// A restored volume is placed once its source snapshot exists and is ready to use.
 		{Object: &storagev1alpha1.CStorVolumeSnapshot{}, Map: volumes.snapshotToVolumes, Predicates: []predicate.Predicate{snapshotChanged}},
 	}
-	return ipc.Register(mgr, &storagev1alpha1.CStorVolume{}, ipc.Handler[*storagev1alpha1.CStorVolume](volumes), vo)
+	if err := ipc.Register(mgr, &storagev1alpha1.CStorVolume{}, ipc.Handler[*storagev1alpha1.CStorVolume](volumes), vo); err != nil {
+		return err
+	}
+	return registerBackups(mgr, o)
+}
+
+// registerBackups adds the receivers of BackupStores and VolumeBackups.
+func registerBackups(mgr manager.Manager, o Options) error {
+	if o.PruneInterval <= 0 {
+		o.PruneInterval = DefaultPruneInterval
+	}
+	if o.StoreSync <= 0 {
+		o.StoreSync = DefaultStoreSync
+	}
+	stores := &storeHandler{c: mgr.GetClient(), live: mgr.GetAPIReader(), pruneEvery: o.PruneInterval, sync: o.StoreSync}
+	so := o.Receiver
+	so.Name, so.Finalizer = "backupstore", ""
+	if err := ipc.Register(mgr, &storagev1alpha1.BackupStore{}, ipc.Handler[*storagev1alpha1.BackupStore](stores), so); err != nil {
+		return err
+	}
+	backups := &backupHandler{c: mgr.GetClient(), live: mgr.GetAPIReader()}
+	bo := o.Receiver
+	bo.Name, bo.Finalizer = "volumebackup", BackupFinalizer
+	// The VolumeSnapshot a backup takes is owned by it: deleted with it.
+	bo.OwnedEffects = true
+	bo.Watches = []ipc.Watch{
+		// The uploading agent ending or failing the upload.
+		{Object: &storagev1alpha1.VolumeBackup{}, Map: backupToSelf, Predicates: []predicate.Predicate{backupProgressed}},
+		// A store opening lets its waiting backups go on.
+		{Object: &storagev1alpha1.BackupStore{}, Map: backups.storeToBackups},
+	}
+	return ipc.Register(mgr, &storagev1alpha1.VolumeBackup{}, ipc.Handler[*storagev1alpha1.VolumeBackup](backups), bo)
 }
 
 func poolToClaim(_ context.Context, o client.Object) []reconcile.Request {

@@ -207,6 +207,8 @@ func (c *cluster) cleanup() {
 	purge(&storagev1alpha1.CStorVolumeReplicaList{})
 	purge(&storagev1alpha1.StoragePoolClaimList{})
 	purge(&storagev1alpha1.CStorPoolList{})
+	purge(&storagev1alpha1.VolumeBackupList{})
+	purge(&storagev1alpha1.BackupStoreList{})
 	_ = c.c.DeleteAllOf(ctx, &corev1.Node{}, client.MatchingLabels{testLabel: c.id})
 	// The next test must not see this one's pools or replicas.
 	err := wait.Until(ctx, 20*time.Second, func(ctx context.Context) (bool, error) {
