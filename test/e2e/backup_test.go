@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,38 +17,15 @@ import (
 
 	"github.com/crdipc/crdipc/internal/storage/backup"
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
+	"github.com/crdipc/crdipc/internal/testenv/podmanifest"
 	"github.com/crdipc/crdipc/internal/testenv/require"
 	"github.com/crdipc/crdipc/internal/testenv/s3server"
 )
 
-// backupStoreManifest is the BackupStore a user writes for an S3 server on endpoint, with the
-// Secret s3 holding the credentials and the key.
-func backupStoreManifest(endpoint, bucket string) string {
-	return fmt.Sprintf(`apiVersion: storage.crdipc.io/v1alpha1
-kind: BackupStore
-metadata:
-  name: offsite
-spec:
-  endpoint: http://%s
-  bucket: %s
-  chunkSize: 256Ki
-  accessKeyID: {name: s3, key: accessKeyID}
-  secretAccessKey: {name: s3, key: secretAccessKey}
-  encryptionKey: {name: s3, key: key}
-`, endpoint, bucket)
-}
-
-func volumeBackupManifest(name string) string {
-	return fmt.Sprintf(`apiVersion: storage.crdipc.io/v1alpha1
-kind: VolumeBackup
-metadata:
-  name: %s
-  namespace: default
-spec:
-  store: offsite
-  source:
-    persistentVolumeClaimName: data
-`, name)
+// sample returns a file of config/samples/backup with replacements made (old, new, ...).
+func sample(t *testing.T, name string, oldnew ...string) string {
+	t.Helper()
+	return strings.NewReplacer(oldnew...).Replace(readFile(t, filepath.Join("../../config/samples/backup", name)))
 }
 
 // TestBackupToS3 backs a 3-replica volume of `crdipc up` up into a real S3 server, as a user
@@ -71,10 +49,12 @@ func TestBackupToS3(t *testing.T) {
 	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// As secret.yaml says to make it, and the sample store on this S3 server with chunks of
+	// 256Ki (a 64Mi volume is small).
 	configure := func(up *upProcess) {
 		up.Kubectl(t, "create", "secret", "generic", "s3", "-n", "crdipc-backup",
 			"--from-literal=accessKeyID="+srv.AccessKey, "--from-literal=secretAccessKey="+srv.SecretKey, "--from-file=key="+keyFile)
-		up.Apply(t, backupStoreManifest(srv.Endpoint, bucket))
+		up.Apply(t, sample(t, "backupstore.yaml", "127.0.0.1:7070", srv.Endpoint, "crdipc-backups", bucket, "  retention:", "  chunkSize: 256Ki\n  retention:"))
 		up.Kubectl(t, "wait", "--for=condition=Ready", "backupstore/offsite", "--timeout=60s")
 	}
 
@@ -88,14 +68,14 @@ func TestBackupToS3(t *testing.T) {
 	// 40 MiB that do not compress, and 8 MiB of a line that can be searched for.
 	marker := fmt.Sprintf("crdipc-backup-e2e-%d", time.Now().UnixNano())
 	up.Apply(t, busyboxPod("writer", "node-1", fmt.Sprintf(
-		"head -c 41943040 /dev/urandom > /data/random && yes %s | head -c 8388608 > /data/pattern && sync", marker)))
+		"head -c 41943040 /dev/urandom > /data/random && yes %s | head -c 8388608 > /data/pattern && cd /data && sha256sum random pattern > sums && sync", marker)))
 	up.waitPodSucceeded(t, "writer")
 	up.Kubectl(t, "delete", "pod", "writer", "--wait=true", "--timeout=60s")
 	up.Eventually(t, time.Minute, "three identical replica files holding the data", up.replicasIdentical(t, volume, 3, marker))
 
 	backedUp := func(name string) (uploaded int64) {
 		t.Helper()
-		up.Apply(t, volumeBackupManifest(name))
+		up.Apply(t, sample(t, "volumebackup.yaml", "name: data-backup", "name: "+name))
 		up.Kubectl(t, "wait", "--for=jsonpath={.status.phase}=Completed", "volumebackup/"+name, "--timeout=180s")
 		out := up.Kubectl(t, "get", "volumebackup", name, "-o", "jsonpath={.status.bytesUploaded} {.status.backupID} {.status.volume}")
 		f := strings.Fields(out)
@@ -131,28 +111,28 @@ func TestBackupToS3(t *testing.T) {
 		})
 		return n
 	}
-	first := backedUp("first")
+	first := backedUp("data-backup")
 	const size = 64 << 20
 	if first < 40<<20 {
 		t.Errorf("the first backup uploaded %d bytes, less than the volume's random data", first)
 	}
 
 	// 1 % of the volume changes.
-	up.Apply(t, busyboxPod("changer", "node-2", "dd if=/dev/urandom of=/data/random bs=4096 count=164 seek=2560 conv=notrunc,fsync"))
+	up.Apply(t, busyboxPod("changer", "node-2", "dd if=/dev/urandom of=/data/random bs=4096 count=164 seek=2560 conv=notrunc,fsync && cd /data && sha256sum random pattern > sums && sync"))
 	up.waitPodSucceeded(t, "changer")
 	up.Kubectl(t, "delete", "pod", "changer", "--wait=true", "--timeout=60s")
-	second := backedUp("second")
+	second := backedUp("data-backup-2")
 	t.Logf("a backup after 1 %% of the volume changed uploaded %d bytes, %.2f %% of the volume", second, 100*float64(second)/size)
 	if second > size*2/100 {
 		t.Errorf("a backup after 1 %% of the volume changed uploaded %d bytes, more than 2 %% of %d", second, size)
 	}
 	out := up.Kubectl(t, "get", "volumebackups")
-	for _, want := range []string{"STORE", "PHASE", "UPLOADED", "first", "second", "Completed"} {
+	for _, want := range []string{"STORE", "PHASE", "UPLOADED", "data-backup-2", "Completed"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("kubectl get volumebackups does not show %s:\n%s", want, out)
 		}
 	}
-	if ev := up.Kubectl(t, "get", "events", "--field-selector", "involvedObject.kind=VolumeBackup,involvedObject.name=second", "-o", "jsonpath={.items[*].reason}"); !strings.Contains(ev, "Succeeded") {
+	if ev := up.Kubectl(t, "get", "events", "--field-selector", "involvedObject.kind=VolumeBackup,involvedObject.name=data-backup-2", "-o", "jsonpath={.items[*].reason}"); !strings.Contains(ev, "Succeeded") {
 		t.Errorf("no Succeeded Event for the backup: %q", ev)
 	}
 
@@ -176,11 +156,15 @@ func TestBackupToS3(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	firstID := up.Kubectl(t, "get", "volumebackup", "data-backup", "-o", "jsonpath={.status.backupID}")
+	secondID := up.Kubectl(t, "get", "volumebackup", "data-backup-2", "-o", "jsonpath={.status.backupID}")
+
 	// The cluster is lost; a new one is given the bucket and the key.
 	up.Stop(t)
 	again := startUp(t, t.TempDir(), "--nodes", "3")
+	again.Kubectl(t, "apply", "-f", "../../config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml")
 	configure(again)
-	for _, name := range []string{"first", "second"} {
+	for _, name := range []string{"data-backup", "data-backup-2"} {
 		again.Eventually(t, time.Minute, "backup "+name+" found in the bucket", func(context.Context) (bool, error) {
 			out, err := again.Run("kubectl", "get", "volumebackup", name, "-o", "jsonpath={.status.phase} {.status.volume}")
 			if err != nil || out != "Completed default/data" {
@@ -189,6 +173,67 @@ func TestBackupToS3(t *testing.T) {
 			return true, nil
 		})
 	}
+	// A claim restores the first backup (the sample); a pod checks the files against the
+	// sums taken when it was made.
+	again.Kubectl(t, "apply", "-f", "../../config/samples/backup/pvc-from-backup.yaml")
+	again.Kubectl(t, "wait", "--for=jsonpath={.status.phase}=Bound", "pvc/data-from-backup", "--timeout=180s")
+	check := podmanifest.Shell("checker", "busybox:1.36", "cd /data && sha256sum -c sums")
+	check.Hostname, check.Claim = "node-3", "data-from-backup"
+	again.Apply(t, check.Manifest())
+	again.waitPodSucceeded(t, "checker")
+
+	// A chunk that only the second backup holds (what changed) is damaged in the bucket: a
+	// claim restoring the second backup is refused, naming the chunk; the first is unharmed.
+	repo, err := backup.OpenExisting(t.Context(), store, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m1, err := repo.Manifest(t.Context(), firstID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2, err := repo.Manifest(t.Context(), secondID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	damaged := ""
+	for _, c := range m2.Chunks {
+		if c != "" && !slices.Contains(m1.Chunks, c) {
+			damaged = c
+		}
+	}
+	if damaged == "" {
+		t.Fatal("the second backup shares every chunk with the first")
+	}
+	obj := filepath.Join(srv.Dir, bucket, "chunks", damaged[:2], damaged)
+	b, err := os.ReadFile(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0xff
+	if err := os.WriteFile(obj, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	again.Apply(t, sample(t, "pvc-from-backup.yaml", "name: data-from-backup", "name: data-damaged", "name: data-backup", "name: data-backup-2"))
+	again.Eventually(t, 2*time.Minute, "the restore of the damaged backup refused, naming the chunk", func(context.Context) (bool, error) {
+		out := again.Kubectl(t, "get", "cvr", "-n", "crdipc-system", "-o", `jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].message}{"\n"}{end}`)
+		if !strings.Contains(out, damaged) {
+			return false, fmt.Errorf("replica messages:\n%s", out)
+		}
+		return true, nil
+	})
+	if phase := again.Kubectl(t, "get", "pvc", "data-damaged", "-o", "jsonpath={.status.phase}"); phase != "Pending" {
+		t.Errorf("a claim restoring a damaged backup is %s, want Pending", phase)
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // fileSum is the sha256 of a file's bytes, the zeros of its holes included.

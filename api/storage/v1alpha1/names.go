@@ -46,6 +46,11 @@ func joinName(parts ...string) string {
 // of its VolumeSnapshotClasses.
 const CSIDriverName = "csi.crdipc.io"
 
+// CSIParamBackup is the CreateVolume parameter, "<store>/<backup id>", with which crdipc's
+// provisioner asks the driver for a volume filled from a backup: a claim whose dataSourceRef
+// is a VolumeBackup. CSI has no content source for a backup.
+const CSIParamBackup = "csi.crdipc.io/backup"
+
 // DataCASecret is the Secret, in the crdipc system namespace, holding the certificate
 // authority of the storage data path (tls.crt, tls.key). Only the storage operator reads
 // it: it signs the data-path certificates the node agents and CSI node services request

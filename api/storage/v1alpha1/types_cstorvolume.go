@@ -61,8 +61,8 @@ type CStorVolumeSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	ConsistencyFactor *int32 `json:"consistencyFactor,omitempty"`
 
-	// source, when set, fills the new volume's replicas from a snapshot instead of leaving
-	// them empty: a restore, or (of a snapshot taken for it) a clone.
+	// source, when set, fills the new volume's replicas from a snapshot or a backup instead
+	// of leaving them empty: a restore, or (of a snapshot taken for it) a clone.
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="source is immutable"
 	Source *VolumeSource `json:"source,omitempty"`
@@ -74,14 +74,31 @@ type CStorVolumeSpec struct {
 	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
 }
 
-// VolumeSource is what a new volume's data comes from.
+// VolumeSource is what a new volume's data comes from: a snapshot or a backup.
+// +kubebuilder:validation:XValidation:rule="has(self.snapshot) != has(self.backup)",message="exactly one of snapshot and backup is required"
 type VolumeSource struct {
 	// snapshot is a CStorVolumeSnapshot (same namespace), ready to use, no larger than the
 	// volume.
-	// +required
+	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	Snapshot string `json:"snapshot"`
+	Snapshot string `json:"snapshot,omitempty"`
+	// backup is a backup in a BackupStore, no larger than the volume: each replica is filled
+	// from the store.
+	// +optional
+	Backup *BackupRef `json:"backup,omitempty"`
+}
+
+// BackupRef names a backup in a BackupStore.
+type BackupRef struct {
+	// store is the BackupStore.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	Store string `json:"store"`
+	// id of the backup in the store: its VolumeBackup's status.backupID.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	ID string `json:"id"`
 }
 
 // EffectiveReplicationFactor returns spec.replicationFactor. The API server stores the CRD's

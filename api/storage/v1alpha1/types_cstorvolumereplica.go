@@ -48,9 +48,9 @@ type CStorVolumeReplicaSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeName is immutable"
 	NodeName string `json:"nodeName"`
 
-	// source, when set, is the snapshot the agent fills a new replica from before it is
-	// Healthy (its volume's spec.source), read over the data path from a replica holding a
-	// copy.
+	// source, when set, is what the agent fills a new replica from before it is Healthy (its
+	// volume's spec.source): a snapshot, read over the data path from a replica holding a
+	// copy, or a backup, read from its store.
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="source is immutable"
 	Source *ReplicaSource `json:"source,omitempty"`
@@ -65,14 +65,18 @@ type CStorVolumeReplicaSpec struct {
 	Capacity resource.Quantity `json:"capacity"`
 }
 
-// ReplicaSource is the snapshot a new replica is filled from: the agent reads whichever of
-// its copies it can reach.
+// ReplicaSource is what a new replica is filled from: a snapshot, of whose copies the agent
+// reads whichever it can reach, or a backup, which it reads from its store.
+// +kubebuilder:validation:XValidation:rule="has(self.snapshot) != has(self.backup)",message="exactly one of snapshot and backup is required"
 type ReplicaSource struct {
 	// snapshot is the CStorVolumeSnapshot (same namespace).
-	// +required
+	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
-	Snapshot string `json:"snapshot"`
+	Snapshot string `json:"snapshot,omitempty"`
+	// backup is a backup in a BackupStore.
+	// +optional
+	Backup *BackupRef `json:"backup,omitempty"`
 }
 
 // ReplicaCapacity is the space of a replica as the agent measured it.

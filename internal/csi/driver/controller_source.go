@@ -28,6 +28,23 @@ func sourceKey(src *csi.VolumeContentSource) (string, error) {
 	return "", status.Error(codes.InvalidArgument, "volume content source: a snapshot id or a volume id is required")
 }
 
+// backupSource is the backup a CreateVolume request fills its volume from (ParamBackup), or
+// nil; and its AnnotationContentSource key. A request has one content source.
+func backupSource(req *csi.CreateVolumeRequest) (*storagev1alpha1.BackupRef, string, error) {
+	v, ok := req.GetParameters()[ParamBackup]
+	if !ok {
+		return nil, "", nil
+	}
+	store, id, _ := strings.Cut(v, "/")
+	if store == "" || id == "" || strings.Contains(id, "/") {
+		return nil, "", status.Errorf(codes.InvalidArgument, "parameter %s=%q: want <store>/<backup id>", ParamBackup, v)
+	}
+	if req.GetVolumeContentSource() != nil {
+		return nil, "", status.Errorf(codes.InvalidArgument, "parameter %s and a volume content source: a volume is filled from one source", ParamBackup)
+	}
+	return &storagev1alpha1.BackupRef{Store: store, ID: id}, "backup:" + v, nil
+}
+
 // csiSource is the content source recorded on vol, as CSI names it.
 func csiSource(vol *storagev1alpha1.CStorVolume) *csi.VolumeContentSource {
 	kind, id, ok := strings.Cut(vol.Annotations[AnnotationContentSource], ":")

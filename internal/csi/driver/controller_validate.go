@@ -74,6 +74,8 @@ func parseParameters(p map[string]string) (int32, *int32, error) {
 			}
 			c := int32(n)
 			cf = &c
+		case k == ParamBackup:
+			// The content source, read by backupSource.
 		case strings.HasPrefix(k, "csi.storage.k8s.io/"):
 			// Set by Kubernetes sidecars (PVC/PV names for drivers that want them); not ours.
 		default:

@@ -59,6 +59,13 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 	if err != nil {
 		return nil, err
 	}
+	fromBackup, backupKey, err := backupSource(req)
+	if err != nil {
+		return nil, err
+	}
+	if fromBackup != nil {
+		source = backupKey
+	}
 
 	id := VolumeID(req.GetName())
 	vol := newVolume()
@@ -82,7 +89,11 @@ func (d *Driver) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest)
 				ConsistencyFactor: cf,
 			},
 		}
-		if source != "" {
+		switch {
+		case fromBackup != nil:
+			vol.Annotations[AnnotationContentSource] = source
+			vol.Spec.Source = &storagev1alpha1.VolumeSource{Backup: fromBackup}
+		case source != "":
 			vol.Annotations[AnnotationContentSource] = source
 			vol.Spec.Source = &storagev1alpha1.VolumeSource{Snapshot: fill}
 		}

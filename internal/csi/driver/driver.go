@@ -65,6 +65,9 @@ const (
 	ParamReplicaCount = "replicaCount"
 	// ParamConsistencyFactor is the CStorVolume's consistencyFactor (default a majority).
 	ParamConsistencyFactor = "consistencyFactor"
+	// ParamBackup, "<store>/<backup id>", fills the volume from a backup in a BackupStore
+	// (storagev1alpha1.CSIParamBackup): the provisioner's, never a StorageClass's.
+	ParamBackup = storagev1alpha1.CSIParamBackup
 )
 
 // Options configure a Driver.

@@ -214,7 +214,7 @@ func (p *provisioner) createRequest(ctx context.Context, opts controller.Provisi
 	if len(caps) == 0 {
 		return nil, fmt.Errorf("claim %s/%s has no access modes", pvc.Namespace, pvc.Name)
 	}
-	src, err := p.contentSource(ctx, pvc, required)
+	src, err := p.contentSource(ctx, pvc, required, params)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 )
@@ -20,6 +21,8 @@ import (
 // and the driver a volume with snapshots, clones' included).
 // +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshots,verbs=get
 // +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotcontents,verbs=get
+// A claim restoring a backup reads its VolumeBackup.
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=volumebackups,verbs=get;list;watch
 
 const (
 	snapshotGroup = snapv1.GroupName
@@ -84,7 +87,7 @@ func dataSource(pvc *corev1.PersistentVolumeClaim) (source, bool) {
 // same namespace whose PV is the driver's to its volume handle. required is what the claim
 // asks for, which must hold the source. A source that is not usable yet is a notYet error;
 // any other error is final.
-func (p *provisioner) contentSource(ctx context.Context, pvc *corev1.PersistentVolumeClaim, required int64) (*csi.VolumeContentSource, error) {
+func (p *provisioner) contentSource(ctx context.Context, pvc *corev1.PersistentVolumeClaim, required int64, params map[string]string) (*csi.VolumeContentSource, error) {
 	src, ok := dataSource(pvc)
 	if !ok {
 		return nil, nil
@@ -100,8 +103,39 @@ func (p *provisioner) contentSource(ctx context.Context, pvc *corev1.PersistentV
 		return p.snapshotSource(ctx, pvc, src, required)
 	case src.group == "" && src.kind == "PersistentVolumeClaim":
 		return p.cloneSource(ctx, pvc, src, required)
+	case src.group == storagev1alpha1.GroupVersion.Group && src.kind == "VolumeBackup" && p.driver == storagev1alpha1.CSIDriverName:
+		ref, err := p.backupSource(ctx, src, required)
+		if err != nil {
+			return nil, err
+		}
+		params[storagev1alpha1.CSIParamBackup] = ref
+		return nil, nil
+	}
+	if p.driver == storagev1alpha1.CSIDriverName {
+		return nil, fmt.Errorf("the claim's data source %s is neither a VolumeSnapshot (%s), a PersistentVolumeClaim nor a VolumeBackup (%s): %s fills volumes from those only", src, snapshotGroup, storagev1alpha1.GroupVersion.Group, p.driver)
 	}
 	return nil, fmt.Errorf("the claim's data source %s is neither a VolumeSnapshot (%s) nor a PersistentVolumeClaim: %s fills volumes from those only", src, snapshotGroup, p.driver)
+}
+
+// backupSource: a VolumeBackup (crdipc's own kind, a volume populator's source in KEP-1495's
+// terms) must be Completed and no larger than the claim; it becomes the CreateVolume
+// parameter "<store>/<backup id>".
+func (p *provisioner) backupSource(ctx context.Context, src source, required int64) (string, error) {
+	var b storagev1alpha1.VolumeBackup
+	if err := p.c.Get(ctx, client.ObjectKey{Namespace: src.namespace, Name: src.name}, &b); apierrors.IsNotFound(err) {
+		return "", waiting("VolumeBackup %s/%s does not exist (yet)", src.namespace, src.name)
+	} else if err != nil {
+		return "", waiting("reading VolumeBackup %s/%s: %w", src.namespace, src.name, err)
+	}
+	if b.Status.Phase != storagev1alpha1.BackupCompleted || b.Status.BackupID == "" {
+		return "", waiting("VolumeBackup %s/%s is %s, not Completed yet", b.Namespace, b.Name, b.Status.Phase)
+	}
+	if b.Status.Size != nil {
+		if n, err := storagev1alpha1.Bytes(*b.Status.Size); err == nil && n > required {
+			return "", fmt.Errorf("VolumeBackup %s/%s holds %s, more than the claim requests (%d bytes): request at least its size", b.Namespace, b.Name, b.Status.Size.String(), required)
+		}
+	}
+	return b.Spec.Store + "/" + b.Status.BackupID, nil
 }
 
 // snapshotSource: the VolumeSnapshot must be bound to a content of the driver and ready to

@@ -248,7 +248,7 @@ func (d *dataServer) restoring(ctx context.Context, node, ns, snapUID string) (b
 		return false, fmt.Errorf("replicas of node %s: %w", node, err)
 	}
 	for _, r := range list.Items {
-		if r.Spec.Source == nil {
+		if r.Spec.Source == nil || r.Spec.Source.Snapshot == "" {
 			continue
 		}
 		var snap storagev1alpha1.CStorVolumeSnapshot
@@ -260,6 +260,17 @@ func (d *dataServer) restoring(ctx context.Context, node, ns, snapUID string) (b
 		}
 	}
 	return false, nil
+}
+
+// fill starts filling replica id, served here, from local (named name), as Server.Fill.
+func (d *dataServer) fill(id, name string, local replica.Source) error {
+	d.mu.Lock()
+	srv := d.srv
+	d.mu.Unlock()
+	if srv == nil {
+		return errors.New("the replica data service is not serving yet")
+	}
+	return srv.Fill(id, name, local)
 }
 
 // client returns a client for replica id on the data service at addr (this node's or a

@@ -52,8 +52,8 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 		return h.rebuilding(r, info), nil
 	}
 	if info.Rebuilding && r.Spec.Source != nil && !r.Status.SourceFilled && info.Revision == 0 {
-		// A fill from the source snapshot failed: fill again, from any copy.
-		if ds, filling, err := h.fillFromSnapshot(ctx, self, r); err != nil || filling {
+		// A fill from the source failed: fill again (from any copy of a snapshot).
+		if ds, filling, err := h.fillFromSource(ctx, self, r, info); err != nil || filling {
 			return ds, err
 		}
 	}
@@ -80,7 +80,7 @@ func (h *replicaHandler) reconcileData(ctx context.Context, r *storagev1alpha1.C
 		// write ever reached it, a target would have raised it) is filled now, losing
 		// nothing; one with writes holds the snapshot's (a fill ends at its revision).
 		if info.Revision == 0 {
-			if ds, filling, err := h.fillFromSnapshot(ctx, self, r); err != nil || filling {
+			if ds, filling, err := h.fillFromSource(ctx, self, r, info); err != nil || filling {
 				return ds, err
 			}
 		}
@@ -202,6 +202,14 @@ func (h *replicaHandler) freshestPeer(ctx context.Context, r *storagev1alpha1.CS
 		return nil, replica.Info{}, writing, unasked, nil
 	}
 	return peers[i], infos[i], writing, unasked, nil
+}
+
+// fillFromSource starts filling replica r from its source: a snapshot or a backup.
+func (h *replicaHandler) fillFromSource(ctx context.Context, self *replica.Client, r *storagev1alpha1.CStorVolumeReplica, info replica.Info) (dataState, bool, error) {
+	if r.Spec.Source.Backup != nil {
+		return h.fillFromBackup(ctx, r, info.RebuildError)
+	}
+	return h.fillFromSnapshot(ctx, self, r)
 }
 
 // fillFromSnapshot starts filling replica r (self, on this node) from a copy of its source

@@ -3,8 +3,11 @@ package operator
 import (
 	"context"
 	"fmt"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -19,6 +22,9 @@ import (
 // is ready to use and is no larger. Otherwise the verdict: waiting for a snapshot that does
 // not exist or is not ready yet, or invalid for one that is too large.
 func (h *volumeHandler) checkSource(ctx context.Context, vol *storagev1alpha1.CStorVolume, size int64) (*ipc.Result, error) {
+	if b := vol.Spec.Source.Backup; b != nil {
+		return h.checkBackupSource(ctx, b)
+	}
 	name := vol.Spec.Source.Snapshot
 	var snap storagev1alpha1.CStorVolumeSnapshot
 	err := h.c.Get(ctx, client.ObjectKey{Namespace: vol.Namespace, Name: name}, &snap)
@@ -36,6 +42,25 @@ func (h *volumeHandler) checkSource(ctx context.Context, vol *storagev1alpha1.CS
 	}
 	if n, err := storagev1alpha1.Bytes(*snap.Status.Size); err != nil || n > size {
 		return nil, ipc.InvalidSpec("snapshot %s is %s, larger than the volume (%s): a restore needs at least the snapshot's size", name, snap.Status.Size.String(), quantity(size))
+	}
+	return nil, nil
+}
+
+// checkBackupSource waits for the store of a volume's source backup to open. That the backup
+// is in it, whole and no larger than the volume, each replica's agent finds out as it fills
+// the replica, and says so in the replica's status.
+func (h *volumeHandler) checkBackupSource(ctx context.Context, b *storagev1alpha1.BackupRef) (*ipc.Result, error) {
+	var store storagev1alpha1.BackupStore
+	err := h.c.Get(ctx, client.ObjectKey{Name: b.Store}, &store)
+	if apierrors.IsNotFound(err) {
+		res := ipc.Waiting(conditions.ReasonWaiting, fmt.Sprintf("waiting for backup store %s, which holds the volume's source backup %s, to exist", b.Store, b.ID), 30*time.Second)
+		return &res, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("reading backup store %s: %w", b.Store, err)
+	}
+	if c := meta.FindStatusCondition(store.Status.Conditions, conditions.TypeReady); c == nil || c.Status != metav1.ConditionTrue {
+		res := ipc.Waiting(conditions.ReasonWaiting, fmt.Sprintf("waiting for backup store %s, which holds the volume's source backup %s, to be ready", b.Store, b.ID), 10*time.Second)
+		return &res, nil
 	}
 	return nil, nil
 }

@@ -250,8 +250,8 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 		placedNow           bool // this call created replicas of a volume with none placed before
 	)
 	if len(replicas) == 0 && vol.Spec.Source != nil {
-		// Placed only once the snapshot can fill the replicas: an empty replica must never
-		// pass for a restored one.
+		// Placed only once the snapshot (or backup) can fill the replicas: an empty replica
+		// must never pass for a restored one.
 		res, err := h.checkSource(ctx, vol, size)
 		if err != nil {
 			return ipc.Result{}, err
@@ -279,7 +279,7 @@ func (h *volumeHandler) Handle(ctx context.Context, vol *storagev1alpha1.CStorVo
 				if placedNow && vol.Spec.Source != nil {
 					// Only the first replicas fill from the snapshot; one placed later
 					// (a replacement) is rebuilt from its peers, which hold newer writes.
-					r.Spec.Source = &storagev1alpha1.ReplicaSource{Snapshot: vol.Spec.Source.Snapshot}
+					r.Spec.Source = &storagev1alpha1.ReplicaSource{Snapshot: vol.Spec.Source.Snapshot, Backup: vol.Spec.Source.Backup.DeepCopy()}
 				}
 				// The agent that makes the replica continues this reconcile's trace.
 				ipc.InjectTraceContext(ctx, r)

@@ -23,7 +23,32 @@ var errSuperseded = errors.New("superseded by a new rebuild")
 // whole and an empty fresh set starts, both under applyMu so no write slips between them;
 // then a background copier pulls the source's allocated extents. Writes that arrive from
 // now on mark their sectors fresh and the copier skips those.
-func (s *Server) startRebuild(r *replica, sourceAddr, sourceID string) error {
+// Source is what a rebuild copies from: another replica's data service (a Client), or a
+// source in this process that can say its size and revision, list its data and read it (a
+// backup in an object store, see Fill).
+type Source interface {
+	Info(ctx context.Context) (Info, error)
+	Extents(ctx context.Context, off, length int64) ([]Extent, error)
+	ReadAt(ctx context.Context, p []byte, off int64) error
+}
+
+// Fill rebuilds replica id, served here, from local, a source in this process named name
+// (its RebuildSource is "local/<name>"): as a rebuild from a peer, with its progress,
+// durability and failure reported the same way. The source may be smaller than the replica
+// (a volume restored at a larger size). A fill from the same source already running is kept.
+func (s *Server) Fill(id, name string, local Source) error {
+	r, err := s.acquire(id)
+	if err != nil {
+		return err
+	}
+	defer s.release(r)
+	return s.startRebuild(r, localSource, name, local)
+}
+
+// localSource is the address part of a Fill's RebuildSource.
+const localSource = "local"
+
+func (s *Server) startRebuild(r *replica, sourceAddr, sourceID string, local Source) error {
 	var st *rebuildState
 	for {
 		epoch := r.durable().Epoch
@@ -90,7 +115,7 @@ func (s *Server) startRebuild(r *replica, sourceAddr, sourceID string) error {
 	close(st.started)
 	s.log.Info("rebuild started", "replica", r.id, "source", st.source)
 	go func() {
-		err := s.copyFrom(ctx, r, st, sourceAddr, sourceID)
+		err := s.copyFrom(ctx, r, st, sourceAddr, sourceID, local)
 		s.noteSpace(r.id, err)
 		switch {
 		case err == nil:
@@ -127,15 +152,18 @@ type chunk struct{ off, n int64 }
 // copyFrom copies the allocated extents of the source into r, several chunks in flight
 // over one pipelined connection. Holes in the source are never written: r was punched
 // whole when the rebuild started, so they are holes in r too, unless the writer wrote them.
-func (s *Server) copyFrom(ctx context.Context, r *replica, st *rebuildState, addr, srcID string) error {
-	dctx, cancel := context.WithTimeout(ctx, s.o.PeerTimeout)
-	conn, err := Dial(dctx, addr, s.clientTLS)
-	cancel()
-	if err != nil {
-		return err
+func (s *Server) copyFrom(ctx context.Context, r *replica, st *rebuildState, addr, srcID string, local Source) error {
+	src := local
+	if src == nil {
+		dctx, cancel := context.WithTimeout(ctx, s.o.PeerTimeout)
+		conn, err := Dial(dctx, addr, s.clientTLS)
+		cancel()
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		src = conn.Replica(srcID)
 	}
-	defer conn.Close()
-	src := conn.Replica(srcID)
 
 	call := func(fn func(context.Context) error) error {
 		cctx, cancel := context.WithTimeout(ctx, s.o.PeerTimeout)
@@ -153,6 +181,7 @@ func (s *Server) copyFrom(ctx context.Context, r *replica, st *rebuildState, add
 	// A snapshot may fill a larger replica (a volume restored at a larger size): what lies
 	// past the snapshot's end stays the hole the punch made.
 	_, _, fromSnapshot := SplitSnapshotID(srcID)
+	fromSnapshot = fromSnapshot || local != nil
 	sizeOK := func(src, dst int64) bool { return src == dst || (fromSnapshot && src < dst) }
 	if size := r.size.Load(); !sizeOK(info.Size, size) {
 		return fmt.Errorf("source size %d differs from replica size %d", info.Size, size)
@@ -198,7 +227,7 @@ func (s *Server) copyFrom(ctx context.Context, r *replica, st *rebuildState, add
 	// without it: what the copy took before those writes lacks them, so the copy claims the
 	// source's revision only if the writer that fed it is still the one.
 	superseded, dropped := false, false
-	err = r.flush(func(m *meta) {
+	err := r.flush(func(m *meta) {
 		if ctx.Err() != nil {
 			superseded = true
 			return
@@ -222,7 +251,7 @@ func (s *Server) copyFrom(ctx context.Context, r *replica, st *rebuildState, add
 
 // copyRange copies the source's allocated extents in [lo, hi) into r, several chunks in
 // flight over one pipelined connection; call bounds each request to the source.
-func (s *Server) copyRange(ctx context.Context, r *replica, st *rebuildState, src *Client, call func(func(context.Context) error) error, lo, hi int64) error {
+func (s *Server) copyRange(ctx context.Context, r *replica, st *rebuildState, src Source, call func(func(context.Context) error) error, lo, hi int64) error {
 	var exts []Extent
 	if err := call(func(ctx context.Context) (err error) { exts, err = src.Extents(ctx, lo, hi-lo); return }); err != nil {
 		return err

@@ -677,7 +677,7 @@ func (c *serverConn) do(r *replica, h reqHeader, payload []byte) (outFrame, erro
 		if err != nil {
 			return outFrame{}, err
 		}
-		return outFrame{}, c.s.startRebuild(r, addr, srcID)
+		return outFrame{}, c.s.startRebuild(r, addr, srcID, nil)
 	}
 	return outFrame{}, fmt.Errorf("unknown operation %d: %w", h.op, ErrInvalid)
 }
