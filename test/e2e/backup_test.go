@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/storage/backup"
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
+	"github.com/crdipc/crdipc/internal/testenv/metrics"
 	"github.com/crdipc/crdipc/internal/testenv/podmanifest"
 	"github.com/crdipc/crdipc/internal/testenv/require"
 	"github.com/crdipc/crdipc/internal/testenv/s3server"
@@ -97,8 +99,12 @@ func TestBackupToS3(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer restored.Close()
-		if _, err := repo.Restore(t.Context(), f[1], restored, backup.RestoreOptions{}); err != nil {
+		m, err := repo.Restore(t.Context(), f[1], restored, backup.RestoreOptions{})
+		if err != nil {
 			t.Fatalf("restoring backup %s: %v", name, err)
+		}
+		if err := restored.Truncate(m.Size); err != nil { // zero chunks at the end are not written
+			t.Fatal(err)
 		}
 		replica := strings.Fields(up.Kubectl(t, "get", "cv", "-n", "crdipc-system", volume, "-o", "jsonpath={.status.replicas[0].location}"))[0]
 		if got, want := fileSum(t, restored.Name()), fileSum(t, replica); got != want {
@@ -134,6 +140,22 @@ func TestBackupToS3(t *testing.T) {
 	}
 	if ev := up.Kubectl(t, "get", "events", "--field-selector", "involvedObject.kind=VolumeBackup,involvedObject.name=data-backup-2", "-o", "jsonpath={.items[*].reason}"); !strings.Contains(ev, "Succeeded") {
 		t.Errorf("no Succeeded Event for the backup: %q", ev)
+	}
+
+	// The agents count what they read and uploaded, by store, on the services' /metrics.
+	addr := regexp.MustCompile(`(?m)^\s*metrics\s+http://(\S+)/metrics`).FindStringSubmatch(up.Output.String())
+	if addr == nil {
+		t.Fatalf("up printed no metrics address:\n%s", up.Output.String())
+	}
+	mfs := metrics.Scrape(t, "http://"+addr[1]+"/metrics")
+	if n := mfs.Sum("crdipc_backups_total", map[string]string{"store": "offsite", "result": "completed"}); n < 2 {
+		t.Errorf("crdipc_backups_total{store=offsite,result=completed} = %v after two backups:\n%s", n, mfs.Format("crdipc_backups_total"))
+	}
+	if n := mfs.Sum("crdipc_backup_read_bytes_total", map[string]string{"store": "offsite"}); n < 2*40<<20 {
+		t.Errorf("crdipc_backup_read_bytes_total{store=offsite} = %v after two backups of 40 MiB and more", n)
+	}
+	if n := mfs.Sum("crdipc_backup_uploaded_bytes_total", map[string]string{"store": "offsite"}); n < float64(first+second) {
+		t.Errorf("crdipc_backup_uploaded_bytes_total{store=offsite} = %v, less than the %d bytes the backups report", n, first+second)
 	}
 
 	// No object of the bucket holds the data, the volume's name or the credentials.
