@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -217,6 +218,11 @@ func TestBuild(t *testing.T) {
 			Reason: "PullRequestOpened", InvolvedObject: corev1.ObjectReference{Kind: "PullRequest", Name: "pr"}, EventTime: metav1.NewMicroTime(t0)},
 		&corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "pr.d2", Annotations: map[string]string{webhook.DeliveryAnnotation: "d2"}},
 			Reason: "PullRequestClosed", InvolvedObject: corev1.ObjectReference{Kind: "PullRequest", Name: "pr"}, EventTime: metav1.NewMicroTime(t0.Add(time.Second))},
+		&storagev1alpha1.VolumeBackup{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "nightly", Generation: 1, CreationTimestamp: metav1.NewTime(t0)},
+			Spec: storagev1alpha1.VolumeBackupSpec{Store: "offsite", Source: &storagev1alpha1.BackupSource{PersistentVolumeClaimName: "data"}},
+			Status: storagev1alpha1.VolumeBackupStatus{ObservedGeneration: 1, Phase: storagev1alpha1.BackupUploading, Volume: "default/data", Node: "node-2",
+				Size: ptr.To(resource.MustParse("64Mi")), BytesDone: 16 << 20, BytesUploaded: 3 << 20, Throughput: "40.0MiB/s",
+				Conditions: []metav1.Condition{{Type: conditions.TypeReady, Status: metav1.ConditionFalse, Reason: "Uploading", Message: "uploading from node node-2"}}}},
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme.Scheme).WithObjects(objs...).Build()
 	tr := newTracker()
@@ -250,13 +256,19 @@ func TestBuild(t *testing.T) {
 	if v.Claim != "default/data" || len(v.Users) != 1 || v.Users[0].Node != "node-1" || v.Ready != 2 || v.Desired != 3 || len(v.Published) != 1 {
 		t.Errorf("volume = %+v, want claim default/data used by writer on node-1, 2/3, published on node-1", v)
 	}
-	if len(s.InFlight) != 1 || s.InFlight[0].Kind != "CStorVolume" || s.InFlight[0].Reason != conditions.ReasonDegraded {
+	if len(s.InFlight) != 2 || !slices.ContainsFunc(s.InFlight, func(r Request) bool { return r.Kind == "CStorVolume" && r.Reason == conditions.ReasonDegraded }) {
 		t.Errorf("in flight = %+v, want the degraded volume", s.InFlight)
 	}
 	if len(s.Deliveries) != 2 || s.Deliveries[0].Delivery != "d2" {
 		t.Errorf("deliveries = %+v, want d2 then d1", s.Deliveries)
 	}
-	if s.Completed == nil || s.PullRequests == nil || s.Networks == nil {
+	if len(s.Backups) != 1 || s.Backups[0].Percent != 25 || s.Backups[0].Size != "64.0 MiB" || s.Backups[0].Uploaded != "3.0 MiB" || s.Backups[0].Phase != "Uploading" {
+		t.Errorf("backups = %+v, want nightly uploading, 25%% of 64 MiB, 3 MiB uploaded", s.Backups)
+	}
+	if !slices.ContainsFunc(s.InFlight, func(r Request) bool { return r.Kind == "VolumeBackup" && r.Reason == "Uploading" }) {
+		t.Errorf("in flight = %+v, want the backup too", s.InFlight)
+	}
+	if s.Completed == nil || s.PullRequests == nil || s.Networks == nil || s.Backups == nil {
 		t.Error("empty lists must encode as [], not null: the page maps over them")
 	}
 }

@@ -22,7 +22,7 @@
 // It only reads, and only what the page shows: in `crdipc up` it runs as the ServiceAccount
 // crdipc-console (config/rbac/console), never as up's admin.
 // +kubebuilder:rbac:groups="",resources=nodes;pods;persistentvolumeclaims;events,verbs=get;list;watch
-// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools;cstorvolumereplicas;cstorvolumes;storagepoolclaims,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools;cstorvolumereplicas;cstorvolumes;storagepoolclaims;volumebackups,verbs=get;list;watch
 // +kubebuilder:rbac:groups=library.crdipc.io,resources=books,verbs=get;list;watch
 // +kubebuilder:rbac:groups=scm.crdipc.io,resources=pullrequests;branches,verbs=get;list;watch
 // +kubebuilder:rbac:groups=bitcoin.crdipc.io,resources=bitcoinnetworks,verbs=get;list;watch

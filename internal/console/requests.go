@@ -35,6 +35,7 @@ var requestKinds = []requestKind{
 	{"StoragePoolClaim", func() client.Object { return &storagev1alpha1.StoragePoolClaim{} }},
 	{"CStorVolume", func() client.Object { return &storagev1alpha1.CStorVolume{} }},
 	{"BitcoinNetwork", func() client.Object { return &bitcoinv1alpha1.BitcoinNetwork{} }},
+	{"VolumeBackup", func() client.Object { return &storagev1alpha1.VolumeBackup{} }},
 }
 
 // Completion is a request that became done: Ready=True (Succeeded) or a terminal reason.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -33,6 +34,7 @@ const (
 	maxDeliveries = 20
 	maxSCM        = 10
 	maxNetworks   = 20
+	maxBackups    = 50
 	maxUsers      = 10 // pods per volume
 )
 
@@ -47,6 +49,7 @@ type Snapshot struct {
 	PullRequests []PullRequest  `json:"pullRequests"`
 	Branches     []Branch       `json:"branches"`
 	Networks     []Network      `json:"networks"`
+	Backups      []Backup       `json:"backups"`
 	Omitted      map[string]int `json:"omitted,omitempty"`
 	// Tracing says the console serves traces (GET /traces/<id>): the page links requests'
 	// trace IDs only then.
@@ -175,6 +178,23 @@ type Member struct {
 	Ready bool   `json:"ready"`
 }
 
+// Backup is a VolumeBackup: where its copy goes and how far it is.
+type Backup struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Store     string `json:"store"`
+	Volume    string `json:"volume,omitempty"`
+	Phase     string `json:"phase"`
+	Node      string `json:"node,omitempty"`
+	Size      string `json:"size,omitempty"`
+	// Percent is bytes read of the size, -1 before the size is known.
+	Percent    float64   `json:"percent"`
+	Uploaded   string    `json:"uploaded,omitempty"`
+	Throughput string    `json:"throughput,omitempty"`
+	Message    string    `json:"message,omitempty"`
+	Created    time.Time `json:"created"`
+}
+
 // watchedKinds are the kinds the snapshot reads besides the request kinds.
 func watchedKinds() []client.Object {
 	return []client.Object{
@@ -205,8 +225,9 @@ func build(ctx context.Context, r client.Reader, t *tracker, now time.Time) (*Sn
 		prs      scmv1alpha1.PullRequestList
 		branches scmv1alpha1.BranchList
 		networks bitcoinv1alpha1.BitcoinNetworkList
+		backups  storagev1alpha1.VolumeBackupList
 	)
-	for _, l := range []client.ObjectList{&nodes, &pools, &replicas, &volumes, &pvcs, &pods, &events, &prs, &branches, &networks} {
+	for _, l := range []client.ObjectList{&nodes, &pools, &replicas, &volumes, &pvcs, &pods, &events, &prs, &branches, &networks, &backups} {
 		if err := list(l); err != nil {
 			return nil, err
 		}
@@ -218,6 +239,7 @@ func build(ctx context.Context, r client.Reader, t *tracker, now time.Time) (*Sn
 	s.Deliveries = buildDeliveries(s, events.Items)
 	s.PullRequests, s.Branches = buildSCM(s, prs.Items, branches.Items)
 	s.Networks = buildNetworks(s, networks.Items)
+	s.Backups = buildBackups(s, backups.Items)
 	return s, nil
 }
 
@@ -438,6 +460,40 @@ func buildNetworks(s *Snapshot, networks []bitcoinv1alpha1.BitcoinNetwork) []Net
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
 	return capped(s, "bitcoin networks", out, maxNetworks)
+}
+
+// buildBackups lists the backups, newest first.
+func buildBackups(s *Snapshot, backups []storagev1alpha1.VolumeBackup) []Backup {
+	out := make([]Backup, 0, len(backups))
+	for i := range backups {
+		b := &backups[i]
+		st := b.Status
+		bk := Backup{
+			Namespace: b.Namespace, Name: b.Name, Store: b.Spec.Store, Volume: st.Volume,
+			Phase: string(st.Phase), Node: st.Node, Throughput: st.Throughput, Percent: -1,
+			Created: b.CreationTimestamp.Time,
+		}
+		if bk.Phase == "" {
+			bk.Phase = string(storagev1alpha1.BackupPending)
+		}
+		if st.Size != nil {
+			bk.Size = bytesIEC(*st.Size)
+			if n := st.Size.Value(); n > 0 {
+				bk.Percent = math.Round(float64(st.BytesDone)*1000/float64(n)) / 10
+			}
+		}
+		if st.BytesUploaded > 0 {
+			bk.Uploaded = bytesIEC(*resource.NewQuantity(st.BytesUploaded, resource.BinarySI))
+		}
+		if c := meta.FindStatusCondition(b.Status.Conditions, conditions.TypeReady); c != nil {
+			bk.Message = c.Message
+		}
+		out = append(out, bk)
+	}
+	slices.SortFunc(out, func(a, b Backup) int {
+		return cmp.Or(b.Created.Compare(a.Created), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	return capped(s, "backups", out, maxBackups)
 }
 
 // bytesIEC formats a byte quantity as people read it: 1.5 GiB, 12 MiB, 512 B.

@@ -149,6 +149,16 @@
         h('li', {}, h('span', { class: 'mono' }, m.name), ' ', m.ip || '', ' ', phase(m.ready ? 'Ready' : 'NotReady')))) : null));
   }
 
+  function renderBackups(bs) {
+    return table(['backup', 'phase', 'volume', 'store', 'progress', 'uploaded', 'message'], bs.map((b) =>
+      h('tr', { 'data-backup': key(b.namespace, b.name), 'data-phase': b.phase },
+        h('td', { class: 'mono' }, key(b.namespace, b.name)), h('td', {}, phase(b.phase)),
+        h('td', { class: 'mono' }, b.volume || '—'), h('td', { class: 'mono' }, b.store),
+        h('td', { class: 'nowrap' }, b.percent >= 0 ? b.percent + '% of ' + b.size + (b.node ? ' on ' + b.node : '') : '—'),
+        h('td', { class: 'nowrap' }, (b.uploaded || '—') + (b.throughput ? ' at ' + b.throughput : '')),
+        h('td', { class: 'msg' }, b.message || ''))), 'no backups');
+  }
+
   function render(s) {
     tracing = !!s.tracing;
     $('nodes').replaceChildren(...renderNodes(s.nodes));
@@ -158,6 +168,7 @@
     $('deliveries').replaceChildren(renderDeliveries(s.deliveries));
     $('scm').replaceChildren(...renderSCM(s.pullRequests, s.branches));
     $('networks').replaceChildren(...renderNetworks(s.networks));
+    $('backups').replaceChildren(renderBackups(s.backups));
     const om = Object.entries(s.omitted || {}).map(([k, v]) => v + ' more ' + k);
     $('omitted').textContent = om.length ? 'Not shown: ' + om.join(', ') + '.' : '';
     $('updated').textContent = 'updated ' + new Date(s.time).toLocaleTimeString();

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -62,10 +63,18 @@ func TestReadyOnceReplicasCaughtUp(t *testing.T) {
 	})
 	t.Logf("not ready: %v", b.readyz())
 
-	// The target takes it back in: a new session, rebuilt from a.
-	if err := b.c.Get(ctx, client.ObjectKeyFromObject(b.r), b.r); err != nil {
-		t.Fatal(err)
-	}
+	// The target takes it back in: a new session, rebuilt from a. The readiness check saw the
+	// replica's state before its status (with the restarted data service's endpoint) is
+	// stored: the status is read once it is.
+	wait.Eventually(t, 30*time.Second, "the restarted agent's status of the replica", func(ctx context.Context) (bool, error) {
+		if err := b.c.Get(ctx, client.ObjectKeyFromObject(b.r), b.r); err != nil {
+			return false, err
+		}
+		if b.r.Status.Phase != storagev1alpha1.ReplicaPhaseRebuilding {
+			return false, fmt.Errorf("phase %q", b.r.Status.Phase)
+		}
+		return true, nil
+	})
 	sb = b.dial(t)
 	if _, err := sb.Open(ctx); err != nil {
 		t.Fatal(err)
