@@ -259,8 +259,14 @@ func TestRealNode(t *testing.T) {
 	phase("a webhook delivery → PullRequest, Event, metrics")
 	t.Run("bitcoin", func(t *testing.T) { c.testBitcoin(t) })
 	phase("btcd network linked, relinked, scaled 3 → 5 → 2")
-	t.Run("volume", func(t *testing.T) { c.testVolume(t) })
+	var blob string
+	t.Run("volume", func(t *testing.T) { blob = c.testVolume(t) })
 	phase("a volume written and read back")
+	if t.Failed() {
+		return
+	}
+	t.Run("backup", func(t *testing.T) { c.testBackup(t, blob) })
+	phase("a volume backed up to S3 and restored")
 	if t.Failed() {
 		return
 	}
@@ -413,7 +419,8 @@ func (c *cluster) testWebhook(t *testing.T) {
 // replica, a pod on the node writes through the CSI node plugin (staged and published by
 // the real kubelet, after the attach/detach controller's VolumeAttachment is attached by
 // crdipc's sidecar), and a second pod reads the bytes back.
-func (c *cluster) testVolume(t *testing.T) {
+// testVolume returns the sha256 of the blob claim data holds.
+func (c *cluster) testVolume(t *testing.T) string {
 	c.kubectl(t, "apply", "-f", "config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml")
 	c.apply(t, `apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -463,6 +470,7 @@ spec:
 	if !holds {
 		t.Errorf("no replica file under the nodes' /var/lib/crdipc holds the written blob")
 	}
+	return written[0]
 }
 
 // replicaHolds reports whether a replica file under dir holds a file system whose bytes

@@ -18,9 +18,15 @@ const RequireEnv = "CRDIPC_REQUIRE_S3"
 // under CRDIPC_REQUIRE_S3=1.
 func Start(t testing.TB) *s3local.Server {
 	t.Helper()
+	return StartOn(t, "127.0.0.1")
+}
+
+// StartOn is Start on an address of host, an IP of this machine (s3local.StartOn).
+func StartOn(t testing.TB, host string) *s3local.Server {
+	t.Helper()
 	_, err := s3local.Find()
 	require.Capable(t, RequireEnv, err)
-	s, err := s3local.Start(t.Context(), t.TempDir())
+	s, err := s3local.StartOn(t.Context(), t.TempDir(), host)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,9 +55,13 @@ func Find() (string, error) {
 	return p, nil
 }
 
-// Start runs versitygw with its buckets and metadata under dir, and waits (within ctx)
-// until it answers. Stop it with Stop.
-func Start(ctx context.Context, dir string) (*Server, error) {
+// Start runs versitygw on loopback with its buckets and metadata under dir, and waits
+// (within ctx) until it answers. Stop it with Stop.
+func Start(ctx context.Context, dir string) (*Server, error) { return StartOn(ctx, dir, "127.0.0.1") }
+
+// StartOn is Start on an address of host (an IP of this machine), for clients in another
+// network namespace, such as real nodes' pods.
+func StartOn(ctx context.Context, dir, host string) (*Server, error) {
 	bin, err := Find()
 	if err != nil {
 		return nil, err
@@ -74,7 +78,7 @@ func Start(ctx context.Context, dir string) (*Server, error) {
 			return nil, err
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, err
 	}
