@@ -39,13 +39,7 @@ func (r *Repository) Reader(ctx context.Context, id string) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	names := map[string]bool{}
-	for _, c := range m.Chunks {
-		if c != "" {
-			names[c] = true
-		}
-	}
-	if err := r.present(ctx, names, id); err != nil {
+	if err := r.present(ctx, m); err != nil {
 		return nil, err
 	}
 	return &Reader{r: r, m: m, chunks: map[int]*chunkRead{}}, nil

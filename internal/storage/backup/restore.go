@@ -33,13 +33,7 @@ func (r *Repository) Restore(ctx context.Context, id string, dst io.WriterAt, o 
 	if o.Concurrency <= 0 {
 		o.Concurrency = 4
 	}
-	names := map[string]bool{}
-	for _, c := range m.Chunks {
-		if c != "" {
-			names[c] = true
-		}
-	}
-	if err := r.present(ctx, names, id); err != nil {
+	if err := r.present(ctx, m); err != nil {
 		return nil, err
 	}
 	var (
@@ -100,16 +94,16 @@ func (r *Repository) Restore(ctx context.Context, id string, dst io.WriterAt, o 
 	return m, ctx.Err()
 }
 
-// present checks that every chunk of names is stored, listing the chunks (one request per
+// present checks that every chunk backup m lists is stored, listing the chunks (one request per
 // thousand) rather than asking for each.
-func (r *Repository) present(ctx context.Context, names map[string]bool, id string) error {
+func (r *Repository) present(ctx context.Context, m *Manifest) error {
 	stored, err := r.storedChunks(ctx)
 	if err != nil {
 		return err
 	}
-	for name := range names {
-		if _, ok := stored[name]; !ok {
-			return fmt.Errorf("restoring backup %s from %s: %w", id, r.store, &ChunkError{Chunk: name, Backups: []string{id}, Err: ErrNotFound})
+	for _, name := range m.Chunks {
+		if _, ok := stored[name]; name != "" && !ok {
+			return fmt.Errorf("restoring backup %s from %s: %w", m.ID, r.store, &ChunkError{Chunk: name, Backups: []string{m.ID}, Err: ErrNotFound})
 		}
 	}
 	return nil
