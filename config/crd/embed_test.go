@@ -15,6 +15,7 @@ func TestCRDsDecode(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
+		"backupstores.storage.crdipc.io",
 		"bitcoinnetworks.bitcoin.crdipc.io",
 		"books.library.crdipc.io",
 		"branches.scm.crdipc.io",
@@ -25,6 +26,7 @@ func TestCRDsDecode(t *testing.T) {
 		"deliveries.scm.crdipc.io",
 		"pullrequests.scm.crdipc.io",
 		"storagepoolclaims.storage.crdipc.io",
+		"volumebackups.storage.crdipc.io",
 		// Upstream's, as external-snapshotter ships them.
 		"volumesnapshotclasses.snapshot.storage.k8s.io",
 		"volumesnapshotcontents.snapshot.storage.k8s.io",

@@ -66,12 +66,21 @@ func TestShippedRolesAllowOnlyWhatEachServiceNeeds(t *testing.T) {
 			{verb: "create", group: "storage.crdipc.io", resource: "cstorpools", allowed: true},
 			{verb: "delete", resource: "nodes"},
 			{verb: "update", group: "library.crdipc.io", resource: "books", namespace: "default"},
+			{verb: "create", group: "snapshot.storage.k8s.io", resource: "volumesnapshots", namespace: "default", allowed: true},
+			{verb: "get", resource: "secrets", namespace: "crdipc-backup", allowed: true},
+			{verb: "list", resource: "secrets", namespace: "crdipc-backup"},
 		},
 		"pool-agent": {
 			{verb: "update", group: "storage.crdipc.io", resource: "cstorpools", subresource: "status", allowed: true},
 			{verb: "create", group: "storage.crdipc.io", resource: "cstorpools"},
 			{verb: "delete", group: "storage.crdipc.io", resource: "cstorvolumereplicas", namespace: "default"},
 			{verb: "list", resource: "secrets", namespace: "default"},
+			// The backup stores' Secrets, and no other.
+			{verb: "get", resource: "secrets", namespace: "crdipc-backup", allowed: true},
+			{verb: "get", resource: "secrets", namespace: sys},
+			{verb: "patch", group: "storage.crdipc.io", resource: "volumebackups", subresource: "status", namespace: "default", allowed: true},
+			{verb: "update", group: "storage.crdipc.io", resource: "volumebackups", namespace: "default"},
+			{verb: "create", group: "storage.crdipc.io", resource: "volumebackups", namespace: "default"},
 		},
 		"csi-driver": {
 			{verb: "create", group: "storage.crdipc.io", resource: "cstorvolumes", namespace: sys, allowed: true},
@@ -293,6 +302,31 @@ func TestPoolAgentNodeRestriction(t *testing.T) {
 	}
 	if err := patchPool(unbound, nodes[0]); err == nil || !strings.Contains(err.Error(), "token bound to its node") {
 		t.Errorf("an agent without a node-bound token patching a pool: %v, want refused", err)
+	}
+	// A backup's status, only when the operator gave the backup to the agent's node.
+	for _, n := range nodes {
+		b := &storagev1alpha1.VolumeBackup{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "backup-" + n, Labels: map[string]string{storagev1alpha1.LabelBackupNode: n}},
+			Spec:       storagev1alpha1.VolumeBackupSpec{Store: "s", Source: &storagev1alpha1.BackupSource{PersistentVolumeClaimName: "data"}},
+		}
+		if err := env.Client.Create(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), b) })
+	}
+	patchBackup := func(cfg *rest.Config, node string) error {
+		c, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
+		if err != nil {
+			return err
+		}
+		b := &storagev1alpha1.VolumeBackup{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "backup-" + node}}
+		return c.Status().Patch(ctx, b, client.RawPatch(types.MergePatchType, []byte(`{"status":{"bytesDone":1}}`)))
+	}
+	if err := patchBackup(bound, nodes[1]); err == nil || !strings.Contains(err.Error(), "may write only the backups given to its node") {
+		t.Errorf("node A's agent writing the status of node B's backup: %v, want refused", err)
+	}
+	if err := patchBackup(bound, nodes[0]); err != nil {
+		t.Errorf("node A's agent writing the status of its backup: %v", err)
 	}
 	// Others are not concerned: the admin may still write any node's pool.
 	if err := patchPool(env.Config, nodes[1]); err != nil {

@@ -37,6 +37,8 @@ var kinds = []struct {
 	{"storage.crdipc.io/v1alpha1", "CStorVolume", &storagev1alpha1.CStorVolume{}, &storagev1alpha1.CStorVolumeList{}},
 	{"storage.crdipc.io/v1alpha1", "CStorVolumeReplica", &storagev1alpha1.CStorVolumeReplica{}, &storagev1alpha1.CStorVolumeReplicaList{}},
 	{"storage.crdipc.io/v1alpha1", "CStorVolumeSnapshot", &storagev1alpha1.CStorVolumeSnapshot{}, &storagev1alpha1.CStorVolumeSnapshotList{}},
+	{"storage.crdipc.io/v1alpha1", "BackupStore", &storagev1alpha1.BackupStore{}, &storagev1alpha1.BackupStoreList{}},
+	{"storage.crdipc.io/v1alpha1", "VolumeBackup", &storagev1alpha1.VolumeBackup{}, &storagev1alpha1.VolumeBackupList{}},
 	{"scm.crdipc.io/v1alpha1", "PullRequest", &scmv1alpha1.PullRequest{}, &scmv1alpha1.PullRequestList{}},
 	{"scm.crdipc.io/v1alpha1", "Branch", &scmv1alpha1.Branch{}, &scmv1alpha1.BranchList{}},
 	{"scm.crdipc.io/v1alpha1", "Delivery", &scmv1alpha1.Delivery{}, &scmv1alpha1.DeliveryList{}},

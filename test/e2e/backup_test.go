@@ -24,10 +24,10 @@ import (
 	"github.com/crdipc/crdipc/internal/testenv/s3server"
 )
 
-// sample returns a file of config/samples/backup with replacements made (old, new, ...).
+// sample returns a file of config/samples with replacements made (old, new, ...).
 func sample(t *testing.T, name string, oldnew ...string) string {
 	t.Helper()
-	return strings.NewReplacer(oldnew...).Replace(readFile(t, filepath.Join("../../config/samples/backup", name)))
+	return strings.NewReplacer(oldnew...).Replace(readFile(t, filepath.Join("../../config/samples", name)))
 }
 
 // TestBackupToS3 backs a 3-replica volume of `crdipc up` up into a real S3 server, as a user
@@ -56,7 +56,7 @@ func TestBackupToS3(t *testing.T) {
 	configure := func(up *upProcess) {
 		up.Kubectl(t, "create", "secret", "generic", "s3", "-n", "crdipc-backup",
 			"--from-literal=accessKeyID="+srv.AccessKey, "--from-literal=secretAccessKey="+srv.SecretKey, "--from-file=key="+keyFile)
-		up.Apply(t, sample(t, "backupstore.yaml", "127.0.0.1:7070", srv.Endpoint, "crdipc-backups", bucket, "  retention:", "  chunkSize: 256Ki\n  retention:"))
+		up.Apply(t, sample(t, "storage_v1alpha1_backupstore.yaml", "127.0.0.1:7070", srv.Endpoint, "crdipc-backups", bucket, "  retention:", "  chunkSize: 256Ki\n  retention:"))
 		up.Kubectl(t, "wait", "--for=condition=Ready", "backupstore/offsite", "--timeout=60s")
 	}
 
@@ -77,7 +77,7 @@ func TestBackupToS3(t *testing.T) {
 
 	backedUp := func(name string) (uploaded int64) {
 		t.Helper()
-		up.Apply(t, sample(t, "volumebackup.yaml", "name: data-backup", "name: "+name))
+		up.Apply(t, sample(t, "storage_v1alpha1_volumebackup.yaml", "name: data-backup", "name: "+name))
 		up.Kubectl(t, "wait", "--for=jsonpath={.status.phase}=Completed", "volumebackup/"+name, "--timeout=180s")
 		out := up.Kubectl(t, "get", "volumebackup", name, "-o", "jsonpath={.status.bytesUploaded} {.status.backupID} {.status.volume}")
 		f := strings.Fields(out)
@@ -236,7 +236,7 @@ func TestBackupToS3(t *testing.T) {
 	if err := os.WriteFile(obj, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	again.Apply(t, sample(t, "pvc-from-backup.yaml", "name: data-from-backup", "name: data-damaged", "name: data-backup", "name: data-backup-2"))
+	again.Apply(t, sample(t, "backup/pvc-from-backup.yaml", "name: data-from-backup", "name: data-damaged", "name: data-backup", "name: data-backup-2"))
 	again.Eventually(t, 2*time.Minute, "the restore of the damaged backup refused, naming the chunk", func(context.Context) (bool, error) {
 		out := again.Kubectl(t, "get", "cvr", "-n", "crdipc-system", "-o", `jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].message}{"\n"}{end}`)
 		if !strings.Contains(out, damaged) {

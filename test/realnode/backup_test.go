@@ -33,22 +33,22 @@ func (c *cluster) testBackup(t *testing.T, blob string) {
 	c.kubectl(t, "create", "secret", "generic", "s3", "-n", "crdipc-backup",
 		"--from-literal=accessKeyID="+srv.AccessKey, "--from-literal=secretAccessKey="+srv.SecretKey, "--from-file=key="+key)
 	sample := func(name string, oldnew ...string) string {
-		data, err := os.ReadFile(filepath.Join(root, "config/samples/backup", name))
+		data, err := os.ReadFile(filepath.Join(root, "config/samples", name))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return strings.NewReplacer(oldnew...).Replace(string(data))
 	}
-	c.apply(t, sample("backupstore.yaml", "127.0.0.1:7070", srv.Endpoint, "crdipc-backups", bucket))
+	c.apply(t, sample("storage_v1alpha1_backupstore.yaml", "127.0.0.1:7070", srv.Endpoint, "crdipc-backups", bucket))
 	c.wait(t, 2*time.Minute, "--for=condition=Ready", "backupstore/offsite")
-	c.apply(t, sample("volumebackup.yaml"))
+	c.apply(t, sample("storage_v1alpha1_volumebackup.yaml"))
 	c.wait(t, 5*time.Minute, "--for=jsonpath={.status.phase}=Completed", "volumebackup/data-backup")
 	t.Logf("backup: %s", c.kubectl(t, "get", "volumebackup", "data-backup", "-o", "wide"))
 	if node := c.kubectl(t, "get", "volumebackup", "data-backup", "-o", "jsonpath={.status.node}"); !strings.HasPrefix(node, "real-") {
 		t.Errorf("the backup was uploaded by node %q, not a real node's agent", node)
 	}
 
-	c.apply(t, sample("pvc-from-backup.yaml"))
+	c.apply(t, sample("backup/pvc-from-backup.yaml"))
 	c.wait(t, 5*time.Minute, "--for=jsonpath={.status.phase}=Bound", "pvc/data-from-backup")
 	c.apply(t, podWithClaim("restored-reader", "", "busybox", "data-from-backup", "sha256sum", "/data/blob"))
 	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Succeeded", "pod/restored-reader")

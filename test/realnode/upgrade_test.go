@@ -104,8 +104,10 @@ func (c *cluster) testUpgrade(t *testing.T, phase func(string)) {
 	for _, n := range c.joined {
 		run(t, 5*time.Minute, nil, "hack/realnode.sh", "load", "--dir", n.dir(), "--image", image)
 	}
-	// As that release's docs/deploy.md applies it.
-	c.kubectl(t, "apply", "--server-side", "-k", filepath.Join(dir, "config", "default"))
+	// As that release's docs/deploy.md applies it, forcing the conflicts with this version's
+	// CRDs and roles, which the harness's up applied already (as crdipc-install and
+	// crdipc-identity): the cluster is to be as that release left it.
+	c.kubectl(t, "apply", "--server-side", "--force-conflicts", "-k", filepath.Join(dir, "config", "default"))
 	// The webhook listener starts once its Secret exists.
 	c.webhookSecret(t)
 	c.rolledOut(t)

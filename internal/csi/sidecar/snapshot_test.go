@@ -299,7 +299,7 @@ func TestSnapshotRestoreClone(t *testing.T) {
 	t.Run("AnotherKind", func(t *testing.T) {
 		refused(claim("widget", "8Mi", func(pvc *corev1.PersistentVolumeClaim) {
 			pvc.Spec.DataSourceRef = &corev1.TypedObjectReference{APIGroup: ptr.To("example.com"), Kind: "Widget", Name: "w"}
-		}), fmt.Sprintf("the claim's data source Widget.example.com %s/w is neither a VolumeSnapshot (snapshot.storage.k8s.io) nor a PersistentVolumeClaim", ns))
+		}), fmt.Sprintf("the claim's data source Widget.example.com %s/w is neither a VolumeSnapshot (snapshot.storage.k8s.io), a PersistentVolumeClaim nor a VolumeBackup (storage.crdipc.io)", ns))
 	})
 
 	// Deleting the VolumeSnapshot deletes its content and the driver's snapshot.
