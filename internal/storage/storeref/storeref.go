@@ -57,7 +57,7 @@ func Open(ctx context.Context, r client.Reader, store *storagev1alpha1.BackupSto
 		return nil, err
 	}
 	if create {
-		var o backup.InitOptions
+		o := backup.InitOptions{ChunkSize: storagev1alpha1.DefaultBackupChunkSize}
 		if s.ChunkSize != nil {
 			o.ChunkSize = int(s.ChunkSize.Value())
 		}
