@@ -41,6 +41,7 @@ KUBECONFIG it prints.`,
 		newBenchCommand(),
 		newVersionCommand(),
 		newFDHolderCommand(),
+		newBackupCommand(),
 	)
 	for _, e := range services.Table() {
 		root.AddCommand(newServiceCommand(e))

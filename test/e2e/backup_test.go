@@ -227,6 +227,9 @@ func TestBackupToS3(t *testing.T) {
 	if damaged == "" {
 		t.Fatal("the second backup shares every chunk with the first")
 	}
+	if out, err := again.Run(binary, "backup", "verify", "offsite"); err != nil || !strings.Contains(out, "2 backups") || !strings.Contains(out, "every chunk reads back") {
+		t.Errorf("crdipc backup verify of an intact store: %v\n%s", err, out)
+	}
 	obj := filepath.Join(srv.Dir, bucket, "chunks", damaged[:2], damaged)
 	b, err := os.ReadFile(obj)
 	if err != nil {
@@ -246,6 +249,10 @@ func TestBackupToS3(t *testing.T) {
 	})
 	if phase := again.Kubectl(t, "get", "pvc", "data-damaged", "-o", "jsonpath={.status.phase}"); phase != "Pending" {
 		t.Errorf("a claim restoring a damaged backup is %s, want Pending", phase)
+	}
+	out, err = again.Run(binary, "backup", "verify", "offsite")
+	if err == nil || !strings.Contains(out, damaged) || !strings.Contains(out, "default/data-backup-2") || strings.Contains(out, "default/data-backup ") {
+		t.Errorf("crdipc backup verify after a chunk of data-backup-2 was damaged: %v\n%s", err, out)
 	}
 }
 
