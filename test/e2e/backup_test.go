@@ -18,6 +18,7 @@ import (
 
 	"github.com/crdipc/crdipc/internal/storage/backup"
 	"github.com/crdipc/crdipc/internal/storage/blockdev"
+	"github.com/crdipc/crdipc/internal/storage/storeref"
 	"github.com/crdipc/crdipc/internal/testenv/metrics"
 	"github.com/crdipc/crdipc/internal/testenv/podmanifest"
 	"github.com/crdipc/crdipc/internal/testenv/require"
@@ -156,6 +157,27 @@ func TestBackupToS3(t *testing.T) {
 	}
 	if n := mfs.Sum("crdipc_backup_uploaded_bytes_total", map[string]string{"store": "offsite"}); n < float64(first+second) {
 		t.Errorf("crdipc_backup_uploaded_bytes_total{store=offsite} = %v, less than the %d bytes the backups report", n, first+second)
+	}
+
+	// A backup deleted while it uploads, its policy Delete: the deletion waits for the upload
+	// to stop, and the bucket is left with no manifest of it, which the store's next sync
+	// would make a VolumeBackup again.
+	up.Apply(t, sample(t, "storage_v1alpha1_volumebackup.yaml", "name: data-backup", "name: data-backup-deleted", "  source:", "  deletionPolicy: Delete\n  source:"))
+	up.Eventually(t, time.Minute, "the backup to delete uploading", func(context.Context) (bool, error) {
+		out, _ := up.Run("kubectl", "get", "volumebackup", "data-backup-deleted", "-o", "jsonpath={.status.phase}")
+		return out == "Uploading" || out == "Completed", fmt.Errorf("phase %q", out)
+	})
+	up.Kubectl(t, "delete", "volumebackup", "data-backup-deleted", "--wait=true", "--timeout=120s")
+	if repo, err := backup.OpenExisting(t.Context(), store, key); err != nil {
+		t.Fatal(err)
+	} else if list, err := repo.Backups(t.Context()); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, m := range list {
+			if m.Labels[storeref.ManifestName] == "data-backup-deleted" {
+				t.Errorf("backup %s, deleted with policy Delete while it uploaded, is in the bucket", m.ID)
+			}
+		}
 	}
 
 	// No object of the bucket holds the data, the volume's name or the credentials.

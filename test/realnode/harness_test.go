@@ -87,6 +87,19 @@ func (h *harness) runThrough(t *testing.T, timeout time.Duration, prefix string,
 	return ""
 }
 
+// skipThrough passes over the block's next commands up to and including the first that
+// starts with prefix, running none: for a second cluster, what the first built is there.
+func (h *harness) skipThrough(t *testing.T, prefix string) {
+	t.Helper()
+	for h.next < len(h.cmds) {
+		h.next++
+		if strings.HasPrefix(h.cmds[h.next-1], prefix) {
+			return
+		}
+	}
+	t.Fatalf("%s's harness block has no command %q after the ones run", harnessDoc, prefix)
+}
+
 // command is the block's command that starts with prefix, comment and all, for the steps
 // the test runs at moments of its own (losing a node mid-write, the cleanup).
 func (h *harness) command(t *testing.T, prefix string) string {

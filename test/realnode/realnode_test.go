@@ -259,14 +259,15 @@ func TestRealNode(t *testing.T) {
 	phase("a webhook delivery → PullRequest, Event, metrics")
 	t.Run("bitcoin", func(t *testing.T) { c.testBitcoin(t) })
 	phase("btcd network linked, relinked, scaled 3 → 5 → 2")
-	var blob string
-	t.Run("volume", func(t *testing.T) { blob = c.testVolume(t) })
+	t.Run("volume", func(t *testing.T) { c.testVolume(t) })
 	phase("a volume written and read back")
 	if t.Failed() {
 		return
 	}
-	t.Run("backup", func(t *testing.T) { c.testBackup(t, blob) })
-	phase("a volume backed up to S3 and restored")
+	// The bucket and key outlive this cluster: the last step restores in a new one.
+	off := startOffsite(t)
+	t.Run("backup", func(t *testing.T) { c.testBackup(t, off) })
+	phase("256 MiB backed up (its uploader killed), 1 % changed, backed up again")
 	if t.Failed() {
 		return
 	}
@@ -281,6 +282,49 @@ func TestRealNode(t *testing.T) {
 	}
 	t.Run("data-path identities", func(t *testing.T) { c.testDataPathIdentities(t, nodeN(1), nodeN(3), nodeN(4)) })
 	t.Run("the target's node lost", func(t *testing.T) { c.testTargetLost(t, phase) })
+
+	// The disaster: the nodes and up go, and up's data directory with them. A new cluster,
+	// as the harness block makes one, given the bucket and the key alone, restores.
+	c.rebuild(t, off)
+	phase("the cluster destroyed; a new up, three nodes joined anew, config/default")
+	t.Run("a new cluster restores the backup", func(t *testing.T) { c.testRecovery(t, off) })
+	phase("the backup found and restored in the new cluster")
+}
+
+// rebuild destroys the cluster (every node down, up stopped, its data directory removed),
+// restarts the S3 server on its directory (nothing else is carried over), and runs the
+// harness block again, from a fresh directory, up to config/default Available. The image
+// and the nodes' components are the ones built already.
+func (c *cluster) rebuild(t *testing.T, o *offsite) {
+	t.Helper()
+	for i := len(c.joined) - 1; i >= 3; i-- {
+		c.down(t, c.joined[i])
+	}
+	if !c.doc.down(t, 10*time.Minute) {
+		t.Fatalf("the harness session ended: the cluster cannot be taken down as the block does")
+	}
+	c.joined = nil
+	if err := c.doc.session.Close(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(c.dataDir); err != nil {
+		t.Fatalf("removing up's data directory: %v", err)
+	}
+	o.restart(t)
+
+	c.doc = startHarness(t)
+	c.doc.skipThrough(t, "hack/realnode.sh deps")
+	c.doc.runThrough(t, time.Minute, "hack/realnode.sh network", c.describe)
+	c.dataDir = filepath.Join(c.doc.dir, ".crdipc")
+	c.kubeconfig = filepath.Join(c.dataDir, "kubeconfig")
+	c.kc = &kubectl.Client{Env: c.env(), Dir: root, Timeout: 3 * time.Minute, State: c.kc.State}
+	c.doc.runThrough(t, 3*time.Minute, "export KUBECONFIG=", c.describe)
+	c.joined = []realNode{nodeN(1), nodeN(2), nodeN(3)}
+	c.doc.runThrough(t, 15*time.Minute, "for i in 1 2 3; do", c.describe)
+	for _, n := range c.joined {
+		c.wait(t, 2*time.Minute, "--for=condition=Ready", "node/"+n.name)
+	}
+	c.doc.runThrough(t, 6*time.Minute, "kubectl wait --for=condition=Available deployment", c.describe)
 }
 
 // server is the API server's address for the nodes: up's port on the advertise address
@@ -419,8 +463,7 @@ func (c *cluster) testWebhook(t *testing.T) {
 // replica, a pod on the node writes through the CSI node plugin (staged and published by
 // the real kubelet, after the attach/detach controller's VolumeAttachment is attached by
 // crdipc's sidecar), and a second pod reads the bytes back.
-// testVolume returns the sha256 of the blob claim data holds.
-func (c *cluster) testVolume(t *testing.T) string {
+func (c *cluster) testVolume(t *testing.T) {
 	c.kubectl(t, "apply", "-f", "config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml")
 	c.apply(t, `apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -470,7 +513,6 @@ spec:
 	if !holds {
 		t.Errorf("no replica file under the nodes' /var/lib/crdipc holds the written blob")
 	}
-	return written[0]
 }
 
 // replicaHolds reports whether a replica file under dir holds a file system whose bytes

@@ -4,26 +4,30 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/crdipc/crdipc/internal/storage/fdstore"
 )
 
 // testRestarts: a pod on real-1 appends records to a 3-replica claim, each with fsync, and
 // stops at the first failed write. Every crdipc DaemonSet and Deployment is restarted in
 // turn as an upgrade restarts them (kubectl rollout restart): the pool agents (the
 // replicas' servers, one node at a time) and the CSI node plugins (the writer's target)
-// among them; then real-1's node plugin is SIGKILLed from the host. The fd holder keeps the
-// volume's FUSE connection while no plugin serves it, and each new plugin process takes the
-// volume over. The writer never fails, its records go on after each step (the longest pause
+// among them; then real-1's node plugin is SIGKILLed from the host, then its fd holder, then
+// the plugin again. The fd holder keeps the volume's FUSE connection while no plugin serves
+// it, each new plugin process takes the volume over, and a restarted holder is given the
+// connection again by the plugin. The writer never fails, its records go on after each step (the longest pause
 // of each is logged), and the volume is Healthy with 3 replicas at the end. Then real-1 is
 // drained: the writer goes, the volume detaches, and a pod on another node reads every
 // acknowledged record back.
 func (c *cluster) testRestarts(t *testing.T, phase func(string)) {
 	on, other := nodeN(1), nodeN(3)
-	volume := c.threeReplicaClaim(t, "restarts")
+	volume := c.threeReplicaClaim(t, "restarts", "64Mi")
 	w := c.startWriter(t, "restart-writer", "restarts", on)
 	w.goOn(t, "the start", 50)
 	phase("a pod on real-1 writing records to a 3-replica volume")
@@ -48,18 +52,29 @@ func (c *cluster) testRestarts(t *testing.T, phase func(string)) {
 		phase(fmt.Sprintf("%s rolled; the writer's longest pause %s", wl.name, w.longestPause(t, from)))
 	}
 
-	pid := pluginPID(t, on)
-	restarts := c.pluginRestarts(t, on)
+	c.killPlugin(t, w, on, phase)
+
+	// The fd holder SIGKILLed: the volume's I/O goes on (the plugin serves it), and the plugin
+	// gives the restarted holder the connection again; then the plugin is killed once more,
+	// and the volume lives through it on the new holder's descriptor.
+	restarts := c.restarts(t, on, "crdipc-fd-holder")
 	from := w.acked()
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatalf("SIGKILL the node plugin of %s (pid %d): %v", on.name, pid, err)
-	}
-	c.poll(t, 3*time.Minute, "the killed plugin's container restarted", func() (bool, string) {
-		n := c.pluginRestarts(t, on)
+	c.kill(t, on, "crdipc-fd-holder", "fd-holder")
+	c.poll(t, 3*time.Minute, "the killed fd holder's container restarted", func() (bool, string) {
+		n := c.restarts(t, on, "crdipc-fd-holder")
 		return n > restarts, fmt.Sprintf("%d restarts", n)
 	})
-	w.goOn(t, "the SIGKILL", 50)
-	phase(fmt.Sprintf("node plugin of real-1 SIGKILLed; the writer's longest pause %s", w.longestPause(t, from)))
+	holder := &fdstore.Client{Path: filepath.Join(on.dir(), "crdipc", "fd-holder", "fd.sock")}
+	c.poll(t, time.Minute, "the restarted fd holder given the volume's connection again", func() (bool, string) {
+		names, err := holder.List()
+		if err != nil {
+			return false, err.Error()
+		}
+		return slices.ContainsFunc(names, func(n string) bool { return strings.Contains(n, volume) }), fmt.Sprint(names)
+	})
+	w.goOn(t, "the fd holder's SIGKILL", 20)
+	phase(fmt.Sprintf("fd holder of real-1 SIGKILLed; the writer's longest pause %s", w.longestPause(t, from)))
+	c.killPlugin(t, w, on, phase)
 	c.volumeHealthy(t, volume, "after the restarts")
 
 	// Drained, real-1 gives up the writer (evicted; --force: a bare pod) and crdipc's own
@@ -76,10 +91,33 @@ func (c *cluster) testRestarts(t *testing.T, phase func(string)) {
 	phase(fmt.Sprintf("%d records read back on %s", last+1, other.name))
 }
 
-// pluginPID is the process of node n's CSI node plugin (its container's crdipc csi-driver),
-// found on this machine, where the real node's processes run.
-func pluginPID(t *testing.T, n realNode) int {
+// killPlugin SIGKILLs node n's CSI node plugin, the writer's target, and waits for the
+// kubelet to restart it and for the writer to go on.
+func (c *cluster) killPlugin(t *testing.T, w *recordWriter, n realNode, phase func(string)) {
 	t.Helper()
+	restarts := c.restarts(t, n, "crdipc-csi-node")
+	from := w.acked()
+	c.kill(t, n, "crdipc-csi-node", "csi-driver")
+	c.poll(t, 3*time.Minute, "the killed plugin's container restarted", func() (bool, string) {
+		r := c.restarts(t, n, "crdipc-csi-node")
+		return r > restarts, fmt.Sprintf("%d restarts", r)
+	})
+	w.goOn(t, "the SIGKILL", 50)
+	phase(fmt.Sprintf("node plugin of %s SIGKILLed; the writer's longest pause %s", n.name, w.longestPause(t, from)))
+}
+
+// kill SIGKILLs, from this machine, where the real nodes' processes run, the crdipc process
+// that runs subcommand in app's pod on node n (app: the label app.kubernetes.io/name of a
+// DaemonSet's pods): the one whose cgroup is the pod's.
+func (c *cluster) kill(t *testing.T, n realNode, app, subcommand string) {
+	t.Helper()
+	uid := c.kubectl(t, "get", "pods", "-n", "crdipc-system", "-l", "app.kubernetes.io/name="+app,
+		"--field-selector", "spec.nodeName="+n.name, "-o", "jsonpath={.items[*].metadata.uid}")
+	if uid == "" || strings.Contains(uid, " ") {
+		t.Fatalf("pods of %s on %s: %q, want one", app, n.name, uid)
+	}
+	// The kubelet's cgroup names carry the UID as it is (cgroupfs) or with underscores (systemd).
+	forms := []string{uid, strings.ReplaceAll(uid, "-", "_")}
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	var found []int
 	for _, p := range procs {
@@ -88,25 +126,32 @@ func pluginPID(t *testing.T, n realNode) int {
 			continue
 		}
 		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if len(args) > 2 && strings.HasSuffix(args[0], "crdipc") && args[1] == "csi-driver" && strings.Contains(string(b), "--node-id="+n.name+"\x00") {
+		if len(args) < 2 || !strings.HasSuffix(args[0], "crdipc") || args[1] != subcommand {
+			continue
+		}
+		cg, err := os.ReadFile(filepath.Join(filepath.Dir(p), "cgroup"))
+		if err == nil && slices.ContainsFunc(forms, func(f string) bool { return strings.Contains(string(cg), f) }) {
 			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
 			found = append(found, pid)
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("node plugin processes of %s: %v, want one", n.name, found)
+		t.Fatalf("crdipc %s processes of pod %s (%s on %s): %v, want one", subcommand, uid, app, n.name, found)
 	}
-	return found[0]
+	if err := syscall.Kill(found[0], syscall.SIGKILL); err != nil {
+		t.Fatalf("SIGKILL crdipc %s of %s (pid %d): %v", subcommand, n.name, found[0], err)
+	}
 }
 
-// pluginRestarts is the restart count of node n's node plugin container.
-func (c *cluster) pluginRestarts(t *testing.T, n realNode) int {
+// restarts is the restart count of the first container of app's pod on node n (app: the
+// label app.kubernetes.io/name of a DaemonSet's pods).
+func (c *cluster) restarts(t *testing.T, n realNode, app string) int {
 	t.Helper()
-	out := c.kubectl(t, "get", "pods", "-n", "crdipc-system", "-l", "app.kubernetes.io/name=crdipc-csi-node",
+	out := c.kubectl(t, "get", "pods", "-n", "crdipc-system", "-l", "app.kubernetes.io/name="+app,
 		"--field-selector", "spec.nodeName="+n.name, "-o", "jsonpath={.items[*].status.containerStatuses[0].restartCount}")
 	r, err := strconv.Atoi(strings.TrimSpace(out))
 	if err != nil {
-		t.Fatalf("restart count of %s's node plugin: %q", n.name, out)
+		t.Fatalf("restart count of %s's %s: %q", n.name, app, out)
 	}
 	return r
 }

@@ -122,7 +122,7 @@ spec: {title: Great Expectations, author: Charles Dickens, isbn: 978-0-14-143956
 	c.wait(t, 2*time.Minute, "--for=condition=Ready", "book/upgrade")
 	pr := c.deliverPR(t, 7, false)
 	c.kubectl(t, "apply", "-f", "config/samples/csi/storage_v1alpha1_storagepoolclaim.yaml")
-	volume := c.threeReplicaClaim(t, "upgrade")
+	volume := c.threeReplicaClaim(t, "upgrade", "64Mi")
 	// The objects as the old version left them, the volume not attached (after the
 	// upgrade, too, it is compared detached: its target's status comes and goes with it).
 	objects := []objectRef{

@@ -113,9 +113,9 @@ func (c *cluster) volumeHealthy(t *testing.T, volume, what string) {
 	})
 }
 
-// threeReplicaClaim creates a claim of the StorageClass crdipc (3 replicas), Bound and
-// Healthy, and returns its volume's name.
-func (c *cluster) threeReplicaClaim(t *testing.T, name string) string {
+// threeReplicaClaim creates a claim of size of the StorageClass crdipc (3 replicas), Bound
+// and Healthy, and returns its volume's name.
+func (c *cluster) threeReplicaClaim(t *testing.T, name, size string) string {
 	t.Helper()
 	c.apply(t, fmt.Sprintf(`apiVersion: v1
 kind: PersistentVolumeClaim
@@ -123,8 +123,8 @@ metadata: {name: %s, namespace: default}
 spec:
   storageClassName: crdipc
   accessModes: ["ReadWriteOnce"]
-  resources: {requests: {storage: 64Mi}}
-`, name))
+  resources: {requests: {storage: %s}}
+`, name, size))
 	c.wait(t, 3*time.Minute, "--for=jsonpath={.status.phase}=Bound", "pvc/"+name)
 	volume := c.kubectl(t, "get", "pvc", name, "-o", "jsonpath={.spec.volumeName}")
 	c.volumeHealthy(t, volume, "at the start")

@@ -90,6 +90,10 @@ func (u *backupUploader) Reconcile(ctx context.Context, req reconcile.Request) (
 		return reconcile.Result{}, nil
 	}
 	err := u.upload(ctx, &b)
+	if errors.Is(err, errBackupDeleted) {
+		u.log.Info("backup deleted while it uploaded: stopped, no manifest written", "backup", req.NamespacedName)
+		return reconcile.Result{}, nil
+	}
 	if err != nil {
 		backupMetrics().done.WithLabelValues(b.Spec.Store, "failed").Inc()
 		u.log.Error(err, "backup upload failed; retrying", "backup", req.NamespacedName)
@@ -173,6 +177,10 @@ func (u *backupUploader) upload(ctx context.Context, b *storagev1alpha1.VolumeBa
 			u.log.Info("writing backup progress", "backup", b.Name, "error", err.Error())
 		}
 	}
+	// A backup deleted meanwhile stops at the next tick: the operator's finalizer waits for
+	// that (the store's marker) before it deletes what the backup left.
+	uctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	stop := make(chan struct{})
 	reported := make(chan struct{})
 	go func() {
@@ -185,10 +193,13 @@ func (u *backupUploader) upload(ctx context.Context, b *storagev1alpha1.VolumeBa
 				return
 			case <-t.C:
 				report()
+				if u.deleted(ctx, u.c, b) {
+					cancel(errBackupDeleted)
+				}
 			}
 		}
 	}()
-	m, err := repo.Backup(ctx, f, size, backup.BackupOptions{
+	m, err := repo.Backup(uctx, f, size, backup.BackupOptions{
 		ID:     b.Status.BackupID,
 		Volume: b.Status.Volume,
 		Source: b.Status.VolumeSnapshot,
@@ -201,9 +212,21 @@ func (u *backupUploader) upload(ctx context.Context, b *storagev1alpha1.VolumeBa
 			latest = p
 			mu.Unlock()
 		},
+		// Read from the API server, not the cache: a deletion the cache has not seen yet
+		// would leave a manifest no VolumeBackup stands for, which the store's next sync
+		// would bring back.
+		Commit: func(ctx context.Context) error {
+			if u.deleted(ctx, u.live, b) {
+				return errBackupDeleted
+			}
+			return nil
+		},
 	})
 	close(stop)
 	<-reported
+	if errors.Is(context.Cause(uctx), errBackupDeleted) {
+		return errBackupDeleted
+	}
 	if err != nil {
 		return err
 	}
@@ -218,6 +241,20 @@ func (u *backupUploader) upload(ctx context.Context, b *storagev1alpha1.VolumeBa
 		s.Throughput = throughput(size, done.Sub(start.Time))
 		s.CompletionTime, s.UploadError = &done, ""
 	})
+}
+
+// errBackupDeleted stops an upload whose VolumeBackup is being deleted.
+var errBackupDeleted = errors.New("the VolumeBackup is being deleted")
+
+// deleted tells whether b, as r has it, is gone or being deleted (another object of its
+// name counts as gone). An error reading it is not taken for a deletion.
+func (u *backupUploader) deleted(ctx context.Context, r client.Reader, b *storagev1alpha1.VolumeBackup) bool {
+	var now storagev1alpha1.VolumeBackup
+	err := r.Get(ctx, client.ObjectKeyFromObject(b), &now)
+	if apierrors.IsNotFound(err) {
+		return true
+	}
+	return err == nil && (now.UID != b.UID || !now.DeletionTimestamp.IsZero())
 }
 
 // patch writes the status fields the agent owns with a merge patch of what change makes:

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,6 +32,12 @@ type BackupOptions struct {
 	// Heartbeat is how often the backup tells Prune it still runs; default 1 minute. A
 	// backup that could not tell it for PendingTimeout/2 stops (see Prune).
 	Heartbeat time.Duration
+	// Commit, if set, is called once every chunk is stored, right before the manifest is
+	// written: an error stops the backup, which then does not exist. The caller checks
+	// there that the backup is still wanted. Until the manifest is written the backup's
+	// marker is in the store (Running), so one that Running no longer finds has either
+	// written its manifest or never will.
+	Commit func(context.Context) error
 }
 
 // Progress is how far a backup or restore is.
@@ -176,11 +183,23 @@ func (r *Repository) Backup(ctx context.Context, src io.ReaderAt, size int64, o 
 	if err := hb.fresh(); err != nil {
 		return nil, fmt.Errorf("backup %s: %w", o.ID, err)
 	}
+	if o.Commit != nil {
+		if err := o.Commit(ctx); err != nil {
+			return nil, fmt.Errorf("backup %s: %w", o.ID, err)
+		}
+	}
 	m.Stats = stats
 	if err := r.putManifest(ctx, m); err != nil {
 		return nil, fmt.Errorf("backup %s: writing its manifest to %s: %w", o.ID, r.store, err)
 	}
 	return m, nil
+}
+
+// Running tells whether backup id runs: its marker was renewed within the time after which
+// Prune takes a backup for dead.
+func (r *Repository) Running(ctx context.Context, id string) (bool, error) {
+	ids, _, err := r.running(ctx, defaultPendingTimeout)
+	return slices.Contains(ids, id), err
 }
 
 // heartbeat keeps a running backup's pending marker fresh.

@@ -340,6 +340,40 @@ func TestInterruptedBackupResumes(t *testing.T) {
 	}
 }
 
+// A backup runs (Running) from its start until its manifest is written or it stops, and
+// one whose Commit refuses writes no manifest: what a caller that learns the backup is no
+// longer wanted needs, so that nothing it deletes afterwards comes back.
+func TestBackupRunsUntilCommitted(t *testing.T) {
+	ctx := t.Context()
+	f := newFixture(t)
+	v := volume(t)
+	src := &gate{r: bytes.NewReader(v), at: 0, reached: make(chan struct{}), release: make(chan struct{})}
+	refused := errors.New("deleted meanwhile")
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.repo.Backup(ctx, src, volSize, backup.BackupOptions{ID: "unwanted", Volume: "ns/data",
+			Commit: func(context.Context) error { return refused }})
+		done <- err
+	}()
+	<-src.reached
+	if running, err := f.repo.Running(ctx, "unwanted"); err != nil || !running {
+		t.Fatalf("a backup reading its volume: running %v, %v", running, err)
+	}
+	if running, err := f.repo.Running(ctx, "other"); err != nil || running {
+		t.Fatalf("a backup never started: running %v, %v", running, err)
+	}
+	close(src.release)
+	if err := <-done; !errors.Is(err, refused) {
+		t.Fatalf("a backup whose commit is refused: %v", err)
+	}
+	if _, err := f.repo.Manifest(ctx, "unwanted"); !errors.Is(err, backup.ErrNotFound) {
+		t.Fatalf("a backup whose commit was refused has a manifest: %v", err)
+	}
+	if running, err := f.repo.Running(ctx, "unwanted"); err != nil || running {
+		t.Fatalf("a backup that stopped: running %v, %v", running, err)
+	}
+}
+
 // gate is a volume whose reads at or past at wait until release, after saying so once.
 type gate struct {
 	r       io.ReaderAt

@@ -181,11 +181,11 @@ func (r *Repository) putCondemnation(ctx context.Context, c *condemnation) error
 func (r *Repository) running(ctx context.Context, timeout time.Duration) ([]string, time.Time, error) {
 	const clockKey = "prune/clock"
 	if err := r.store.Put(ctx, clockKey, nil); err != nil {
-		return nil, time.Time{}, fmt.Errorf("pruning %s: %w", r.store, err)
+		return nil, time.Time{}, fmt.Errorf("reading the clock of %s: %w", r.store, err)
 	}
 	clock, err := r.store.Stat(ctx, clockKey)
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("pruning %s: %w", r.store, err)
+		return nil, time.Time{}, fmt.Errorf("reading the clock of %s: %w", r.store, err)
 	}
 	var ids []string
 	err = r.store.List(ctx, pendingPrefix, func(o ObjectInfo) error {
@@ -195,7 +195,7 @@ func (r *Repository) running(ctx context.Context, timeout time.Duration) ([]stri
 		return nil
 	})
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("pruning %s: listing running backups: %w", r.store, err)
+		return nil, time.Time{}, fmt.Errorf("listing the running backups of %s: %w", r.store, err)
 	}
 	return ids, clock.Modified, nil
 }

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
+	"io"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -267,3 +270,77 @@ func TestBackupStoreFailures(t *testing.T) {
 type discard struct{}
 
 func (discard) WriteAt(p []byte, _ int64) (int, error) { return len(p), nil }
+
+// A backup deleted (deletionPolicy Delete) while its upload runs is deleted from the store
+// only once that upload has stopped: the manifest an upload writes after the delete would
+// otherwise stay in the bucket, and the store's next sync would make the backup again.
+func TestDeletedBackupWaitsForItsUpload(t *testing.T) {
+	c := newCluster(t)
+	f := newStoreFixture(t, c)
+	f.createSecret(t, c)
+	c.startOperator(func(o *operator.Options) { o.StoreSync = 500 * time.Millisecond })
+	store := f.store("store-"+c.id, "http://"+f.srv.Endpoint)
+	if err := c.c.Create(t.Context(), store); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, c, store, metav1.ConditionTrue, conditions.ReasonSucceeded)
+	b := &storagev1alpha1.VolumeBackup{
+		ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: "deleted-mid-upload"},
+		Spec: storagev1alpha1.VolumeBackupSpec{Store: store.Name, DeletionPolicy: storagev1alpha1.BackupDelete,
+			Source: &storagev1alpha1.BackupSource{PersistentVolumeClaimName: "data"}},
+	}
+	if err := c.c.Create(t.Context(), b); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, c, b, metav1.ConditionFalse, "SourceNotFound")
+	id := b.Status.BackupID
+	if id != string(b.UID) {
+		t.Fatalf("backup ID %q, want the UID %s", id, b.UID)
+	}
+
+	// An upload of it, as a node's agent runs one, held in the middle of reading.
+	repo := f.repository(t)
+	data := make([]byte, 2<<20)
+	_, _ = rand.Read(data)
+	src := &heldReader{r: bytes.NewReader(data), reached: make(chan struct{}), release: make(chan struct{})}
+	uploaded := make(chan error, 1)
+	go func() {
+		_, err := repo.Backup(t.Context(), src, int64(len(data)), backup.BackupOptions{ID: id, Volume: c.ns + "/data",
+			Labels: map[string]string{storeref.ManifestNamespace: c.ns, storeref.ManifestName: b.Name}})
+		uploaded <- err
+	}()
+	<-src.reached
+	if err := c.c.Delete(t.Context(), b); err != nil {
+		t.Fatal(err)
+	}
+	cond := waitReady(t, c, b, metav1.ConditionFalse, "Deleting")
+	if !strings.Contains(cond.Message, "waiting for the upload") {
+		t.Errorf("a backup deleted while it uploads: %q", cond.Message)
+	}
+	close(src.release)
+	if err := <-uploaded; err != nil {
+		t.Fatal(err)
+	}
+	wait.Eventually(t, 60*time.Second, "the backup deleted from the cluster and the store once its upload wrote its manifest", func(ctx context.Context) (bool, error) {
+		err := c.c.Get(ctx, client.ObjectKeyFromObject(b), &storagev1alpha1.VolumeBackup{})
+		if !apierrors.IsNotFound(err) {
+			return false, client.IgnoreNotFound(err)
+		}
+		_, err = repo.Manifest(ctx, id)
+		return errors.Is(err, backup.ErrNotFound), nil
+	})
+}
+
+// heldReader's reads wait until release, after saying so once.
+type heldReader struct {
+	r       io.ReaderAt
+	once    sync.Once
+	reached chan struct{}
+	release chan struct{}
+}
+
+func (h *heldReader) ReadAt(p []byte, off int64) (int, error) {
+	h.once.Do(func() { close(h.reached) })
+	<-h.release
+	return h.r.ReadAt(p, off)
+}

@@ -94,11 +94,10 @@ func (h *backupHandler) Handle(ctx context.Context, b *storagev1alpha1.VolumeBac
 		return res, err
 	}
 	if st.CompletionTime == nil {
-		msg := fmt.Sprintf("uploading from node %s: %s of %s read, %d bytes in %d objects uploaded", st.Node, percent(st.BytesDone, st.Size), st.Size.String(), st.BytesUploaded, st.ObjectsUploaded)
 		if st.UploadError != "" {
 			return ipc.Waiting("UploadFailed", fmt.Sprintf("upload on node %s failed; retrying: %s", st.Node, st.UploadError), backupPoll), nil
 		}
-		return ipc.Waiting("Uploading", msg, backupPoll), nil
+		return ipc.Waiting("Uploading", fmt.Sprintf("uploading from node %s: %s of %s read, %d bytes in %d objects uploaded", st.Node, percent(st.BytesDone, st.Size), st.Size.String(), st.BytesUploaded, st.ObjectsUploaded), backupPoll), nil
 	}
 	// The snapshot was taken for the backup alone: its copies would hold pool space.
 	if b.Spec.Source.PersistentVolumeClaimName != "" {
@@ -230,6 +229,15 @@ func (h *backupHandler) snapshotClass(ctx context.Context) (string, error) {
 // node's agent see it.
 func (h *backupHandler) place(ctx context.Context, b *storagev1alpha1.VolumeBackup) (_ ipc.Result, waiting bool, _ error) {
 	st := &b.Status
+	// Once given, the backup stays with its node while that node is Ready and its upload
+	// has not failed: each poll of a running upload reads only the Node, from the cache.
+	if st.Node != "" && b.Labels[storagev1alpha1.LabelBackupNode] == st.Node && st.UploadError == "" {
+		var n corev1.Node
+		if err := h.c.Get(ctx, client.ObjectKey{Name: st.Node}, &n); err == nil && nodeIsReady(&n) {
+			st.Phase = storagev1alpha1.BackupUploading
+			return ipc.Result{}, false, nil
+		}
+	}
 	var snap storagev1alpha1.CStorVolumeSnapshot
 	if err := h.live.Get(ctx, client.ObjectKey{Namespace: install.SystemNamespace, Name: st.Snapshot}, &snap); err != nil {
 		return ipc.Result{}, false, fmt.Errorf("snapshot %s: %w", st.Snapshot, err)
@@ -305,6 +313,14 @@ func (h *backupHandler) Finalize(ctx context.Context, b *storagev1alpha1.VolumeB
 	repo, err := storeref.Open(ctx, h.live, &store, false)
 	if err != nil {
 		return fmt.Errorf("opening store %s to delete backup %s: %w", store.Name, b.Status.BackupID, err)
+	}
+	// An upload still running would write its manifest after the delete below. The agent
+	// stops it once it sees the deletion; until its marker is gone, wait (a dead agent's
+	// marker goes stale, which Running does not count).
+	if running, err := repo.Running(ctx, b.Status.BackupID); err != nil {
+		return fmt.Errorf("store %s: %w", store.Name, err)
+	} else if running {
+		return ipc.Deleting(fmt.Sprintf("waiting for the upload on node %s to stop before deleting backup %s from store %s", b.Status.Node, b.Status.BackupID, store.Name), backupPoll)
 	}
 	if err := repo.Delete(ctx, b.Status.BackupID); err != nil && !errors.Is(err, backup.ErrNotFound) {
 		return fmt.Errorf("deleting backup %s from store %s: %w", b.Status.BackupID, store.Name, err)

@@ -70,7 +70,7 @@ func (h *storeHandler) Handle(ctx context.Context, s *storagev1alpha1.BackupStor
 	}
 	manifests = slices.DeleteFunc(manifests, func(m *backup.Manifest) bool { return slices.Contains(expired, m.ID) })
 	s.Status.Backups = int32(len(manifests))
-	notes, err := h.discover(ctx, s, manifests)
+	notes, err := h.discover(ctx, s, repo, manifests)
 	if err != nil {
 		return ipc.Result{}, err
 	}
@@ -147,7 +147,7 @@ func (h *storeHandler) retain(ctx context.Context, s *storagev1alpha1.BackupStor
 // made by another cluster, or by this one before it was rebuilt. Each goes where its manifest
 // says it was made (namespace and name); one whose namespace does not exist, or whose name is
 // taken, is left for a later sync and said so.
-func (h *storeHandler) discover(ctx context.Context, s *storagev1alpha1.BackupStore, manifests []*backup.Manifest) ([]string, error) {
+func (h *storeHandler) discover(ctx context.Context, s *storagev1alpha1.BackupStore, repo *backup.Repository, manifests []*backup.Manifest) ([]string, error) {
 	backups, err := h.backupsOf(ctx, s.Name)
 	if err != nil {
 		return nil, err
@@ -170,6 +170,13 @@ func (h *storeHandler) discover(ctx context.Context, s *storagev1alpha1.BackupSt
 		var n corev1.Namespace
 		if err := h.live.Get(ctx, client.ObjectKey{Name: ns}, &n); apierrors.IsNotFound(err) {
 			missingNS = append(missingNS, ns+"/"+name)
+			continue
+		} else if err != nil {
+			return nil, err
+		}
+		// Listed before the backups were: a backup deleted since (its manifest first, then
+		// the object) must not come back.
+		if _, err := repo.Manifest(ctx, m.ID); errors.Is(err, backup.ErrNotFound) {
 			continue
 		} else if err != nil {
 			return nil, err

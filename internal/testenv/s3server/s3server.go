@@ -24,9 +24,16 @@ func Start(t testing.TB) *s3local.Server {
 // StartOn is Start on an address of host, an IP of this machine (s3local.StartOn).
 func StartOn(t testing.TB, host string) *s3local.Server {
 	t.Helper()
+	return StartIn(t, t.TempDir(), host)
+}
+
+// StartIn is StartOn serving dir: a server started again in the same dir serves the same
+// buckets (on a new port, with new credentials).
+func StartIn(t testing.TB, dir, host string) *s3local.Server {
+	t.Helper()
 	_, err := s3local.Find()
 	require.Capable(t, RequireEnv, err)
-	s, err := s3local.StartOn(t.Context(), t.TempDir(), host)
+	s, err := s3local.StartOn(t.Context(), dir, host)
 	if err != nil {
 		t.Fatal(err)
 	}
