@@ -165,7 +165,10 @@ func TestBackupToS3(t *testing.T) {
 	up.Apply(t, sample(t, "storage_v1alpha1_volumebackup.yaml", "name: data-backup", "name: data-backup-deleted", "  source:", "  deletionPolicy: Delete\n  source:"))
 	up.Eventually(t, time.Minute, "the backup to delete uploading", func(context.Context) (bool, error) {
 		out, _ := up.Run("kubectl", "get", "volumebackup", "data-backup-deleted", "-o", "jsonpath={.status.phase}")
-		return out == "Uploading" || out == "Completed", fmt.Errorf("phase %q", out)
+		if out != "Uploading" && out != "Completed" {
+			return false, fmt.Errorf("phase %q", out)
+		}
+		return true, nil
 	})
 	up.Kubectl(t, "delete", "volumebackup", "data-backup-deleted", "--wait=true", "--timeout=120s")
 	if repo, err := backup.OpenExisting(t.Context(), store, key); err != nil {
