@@ -310,11 +310,12 @@ func (c *cluster) rebuild(t *testing.T, o *offsite) {
 	if err := os.RemoveAll(c.dataDir); err != nil {
 		t.Fatalf("removing up's data directory: %v", err)
 	}
-	o.restart(t)
 
 	c.doc = startHarness(t)
 	c.doc.skipThrough(t, "hack/realnode.sh deps")
 	c.doc.runThrough(t, time.Minute, "hack/realnode.sh network", c.describe)
+	// On the bridge's address, which is back.
+	o.restart(t)
 	c.dataDir = filepath.Join(c.doc.dir, ".crdipc")
 	c.kubeconfig = filepath.Join(c.dataDir, "kubeconfig")
 	c.kc = &kubectl.Client{Env: c.env(), Dir: root, Timeout: 3 * time.Minute, State: c.kc.State}

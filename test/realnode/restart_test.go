@@ -18,8 +18,8 @@ import (
 // stops at the first failed write. Every crdipc DaemonSet and Deployment is restarted in
 // turn as an upgrade restarts them (kubectl rollout restart): the pool agents (the
 // replicas' servers, one node at a time) and the CSI node plugins (the writer's target)
-// among them; then real-1's node plugin is SIGKILLed from the host, then its fd holder, then
-// the plugin again. The fd holder keeps the volume's FUSE connection while no plugin serves
+// among them; then real-1's node plugin is SIGKILLed from the host, then its fd holder, and
+// the node plugins roll once more. The fd holder keeps the volume's FUSE connection while no plugin serves
 // it, each new plugin process takes the volume over, and a restarted holder is given the
 // connection again by the plugin. The writer never fails, its records go on after each step (the longest pause
 // of each is logged), and the volume is Healthy with 3 replicas at the end. Then real-1 is
@@ -43,20 +43,15 @@ func (c *cluster) testRestarts(t *testing.T, phase func(string)) {
 		{"crdipc-scm", "deployment/crdipc-webhook-listener"},
 		{"crdipc-scm", "deployment/crdipc-metrics-agent"},
 	} {
-		from := w.acked()
-		c.kubectl(t, "-n", wl.ns, "rollout", "restart", wl.name)
-		if out, err := runErr(6*time.Minute, c.env(), "kubectl", "-n", wl.ns, "rollout", "status", wl.name, "--timeout=6m"); err != nil {
-			t.Fatalf("rollout of %s: %v\n%s\n%s", wl.name, err, out, c.describe())
-		}
-		w.goOn(t, "the rollout of "+wl.name, 20)
-		phase(fmt.Sprintf("%s rolled; the writer's longest pause %s", wl.name, w.longestPause(t, from)))
+		c.rollout(t, w, wl.ns, wl.name, phase)
 	}
 
 	c.killPlugin(t, w, on, phase)
 
 	// The fd holder SIGKILLed: the volume's I/O goes on (the plugin serves it), and the plugin
-	// gives the restarted holder the connection again; then the plugin is killed once more,
-	// and the volume lives through it on the new holder's descriptor.
+	// gives the restarted holder the connection again; then the plugin is replaced (a rollout:
+	// a second SIGKILL this soon would wait out the kubelet's restart back-off), and the new
+	// one takes the volume over from the new holder's descriptor.
 	restarts := c.restarts(t, on, "crdipc-fd-holder")
 	from := w.acked()
 	c.kill(t, on, "crdipc-fd-holder", "fd-holder")
@@ -74,7 +69,7 @@ func (c *cluster) testRestarts(t *testing.T, phase func(string)) {
 	})
 	w.goOn(t, "the fd holder's SIGKILL", 20)
 	phase(fmt.Sprintf("fd holder of real-1 SIGKILLed; the writer's longest pause %s", w.longestPause(t, from)))
-	c.killPlugin(t, w, on, phase)
+	c.rollout(t, w, "crdipc-system", "daemonset/crdipc-csi-node", phase)
 	c.volumeHealthy(t, volume, "after the restarts")
 
 	// Drained, real-1 gives up the writer (evicted; --force: a bare pod) and crdipc's own
@@ -89,6 +84,19 @@ func (c *cluster) testRestarts(t *testing.T, phase func(string)) {
 	c.kubectl(t, "delete", "pvc", "restarts", "--wait=true")
 	c.kubectl(t, "uncordon", on.name)
 	phase(fmt.Sprintf("%d records read back on %s", last+1, other.name))
+}
+
+// rollout restarts workload name (kind/name) in ns as an upgrade does, and waits for it to
+// roll out and for the writer to go on.
+func (c *cluster) rollout(t *testing.T, w *recordWriter, ns, name string, phase func(string)) {
+	t.Helper()
+	from := w.acked()
+	c.kubectl(t, "-n", ns, "rollout", "restart", name)
+	if out, err := runErr(6*time.Minute, c.env(), "kubectl", "-n", ns, "rollout", "status", name, "--timeout=6m"); err != nil {
+		t.Fatalf("rollout of %s: %v\n%s\n%s", name, err, out, c.describe())
+	}
+	w.goOn(t, "the rollout of "+name, 20)
+	phase(fmt.Sprintf("%s rolled; the writer's longest pause %s", name, w.longestPause(t, from)))
 }
 
 // killPlugin SIGKILLs node n's CSI node plugin, the writer's target, and waits for the

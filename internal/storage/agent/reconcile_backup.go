@@ -152,6 +152,9 @@ func (u *backupUploader) upload(ctx context.Context, b *storagev1alpha1.VolumeBa
 		return err
 	}
 
+	// What earlier attempts (a killed agent's, a failed one) uploaded, as they last wrote it.
+	before := struct{ bytes, objects int64 }{b.Status.BytesUploaded, b.Status.ObjectsUploaded}
+	attempt := time.Now()
 	// Progress is written from here, at most once a second, so the upload never waits for
 	// the API server.
 	var (
@@ -171,7 +174,7 @@ func (u *backupUploader) upload(ctx context.Context, b *storagev1alpha1.VolumeBa
 		m.uploaded.WithLabelValues(store.Name).Add(float64(p.UploadedBytes - last.UploadedBytes))
 		last = p
 		if err := u.patch(ctx, b, func(s *storagev1alpha1.VolumeBackupStatus) {
-			s.BytesDone, s.BytesUploaded, s.ObjectsUploaded = p.Done, p.UploadedBytes, p.Uploaded
+			s.BytesDone, s.BytesUploaded, s.ObjectsUploaded = p.Done, before.bytes+p.UploadedBytes, before.objects+p.Uploaded
 			s.Throughput = throughput(p.Done, time.Since(start.Time))
 		}); err != nil && ctx.Err() == nil {
 			u.log.Info("writing backup progress", "backup", b.Name, "error", err.Error())
@@ -231,13 +234,18 @@ func (u *backupUploader) upload(ctx context.Context, b *storagev1alpha1.VolumeBa
 		return err
 	}
 	report()
+	if m.Created.Before(attempt) {
+		// Written by an earlier attempt, whose own counts the manifest holds.
+		before.bytes, before.objects = 0, 0
+	}
 	done := metav1.Now()
 	backupMetrics().done.WithLabelValues(store.Name, "completed").Inc()
 	u.log.Info("backup uploaded", "backup", b.Name, "namespace", b.Namespace, "bytes", size, "uploadedBytes", m.Stats.UploadedBytes, "uploadedObjects", m.Stats.Uploaded)
 	return u.patch(ctx, b, func(s *storagev1alpha1.VolumeBackupStatus) {
 		s.BytesDone = size
-		// What this backup added to the store, over every attempt: the manifest counts it.
-		s.BytesUploaded, s.ObjectsUploaded = m.Stats.UploadedBytes, m.Stats.Uploaded
+		// What this backup added to the store, over every attempt: an attempt finds what the
+		// earlier ones stored and does not count it, so their last progress is added.
+		s.BytesUploaded, s.ObjectsUploaded = before.bytes+m.Stats.UploadedBytes, before.objects+m.Stats.Uploaded
 		s.Throughput = throughput(size, done.Sub(start.Time))
 		s.CompletionTime, s.UploadError = &done, ""
 	})
