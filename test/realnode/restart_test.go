@@ -52,13 +52,8 @@ func (c *cluster) testRestarts(t *testing.T, phase func(string)) {
 	// gives the restarted holder the connection again; then the plugin is replaced (a rollout:
 	// a second SIGKILL this soon would wait out the kubelet's restart back-off), and the new
 	// one takes the volume over from the new holder's descriptor.
-	restarts := c.restarts(t, on, "crdipc-fd-holder")
 	from := w.acked()
-	c.kill(t, on, "crdipc-fd-holder", "fd-holder")
-	c.poll(t, 3*time.Minute, "the killed fd holder's container restarted", func() (bool, string) {
-		n := c.restarts(t, on, "crdipc-fd-holder")
-		return n > restarts, fmt.Sprintf("%d restarts", n)
-	})
+	c.killRestarted(t, on, "crdipc-fd-holder", "fd-holder")
 	holder := &fdstore.Client{Path: filepath.Join(on.dir(), "crdipc", "fd-holder", "fd.sock")}
 	c.poll(t, time.Minute, "the restarted fd holder given the volume's connection again", func() (bool, string) {
 		names, err := holder.List()
@@ -103,15 +98,22 @@ func (c *cluster) rollout(t *testing.T, w *recordWriter, ns, name string, phase 
 // kubelet to restart it and for the writer to go on.
 func (c *cluster) killPlugin(t *testing.T, w *recordWriter, n realNode, phase func(string)) {
 	t.Helper()
-	restarts := c.restarts(t, n, "crdipc-csi-node")
 	from := w.acked()
-	c.kill(t, n, "crdipc-csi-node", "csi-driver")
-	c.poll(t, 3*time.Minute, "the killed plugin's container restarted", func() (bool, string) {
-		r := c.restarts(t, n, "crdipc-csi-node")
-		return r > restarts, fmt.Sprintf("%d restarts", r)
-	})
+	c.killRestarted(t, n, "crdipc-csi-node", "csi-driver")
 	w.goOn(t, "the SIGKILL", 50)
 	phase(fmt.Sprintf("node plugin of %s SIGKILLed; the writer's longest pause %s", n.name, w.longestPause(t, from)))
+}
+
+// killRestarted kills app's process subcommand on node n and waits for the kubelet to
+// restart its container.
+func (c *cluster) killRestarted(t *testing.T, n realNode, app, subcommand string) {
+	t.Helper()
+	restarts := c.restarts(t, n, app)
+	c.kill(t, n, app, subcommand)
+	c.poll(t, 3*time.Minute, "the killed "+app+" container restarted", func() (bool, string) {
+		r := c.restarts(t, n, app)
+		return r > restarts, fmt.Sprintf("%d restarts", r)
+	})
 }
 
 // kill SIGKILLs, from this machine, where the real nodes' processes run, the crdipc process
