@@ -172,11 +172,7 @@ func TestRealNode(t *testing.T) {
 
 	// docs/deploy.md's harness block as written, in one bash in a fresh directory: up's
 	// data directory is that directory's .crdipc.
-	c.doc = startHarness(t)
-	c.dataDir = filepath.Join(c.doc.dir, ".crdipc")
-	c.kubeconfig = filepath.Join(c.dataDir, "kubeconfig")
-	c.kc = &kubectl.Client{Env: c.env(), Dir: root, Timeout: 3 * time.Minute}
-	c.kc.State = func() string { return c.nodesState() }
+	c.useHarness(startHarness(t))
 	t.Cleanup(func() {
 		for _, f := range []string{"kube-proxy", "real-1", "real-2", "real-3", "real-4"} {
 			_ = os.Remove(filepath.Join(c.creds, f+".kubeconfig"))
@@ -200,9 +196,6 @@ func TestRealNode(t *testing.T) {
 	// The bridge, if no node joins (a down of a directory holding no node).
 	t.Cleanup(func() { c.down(t, nodeN(1)) })
 
-	// up as the harness starts it: nothing but the control plane, in the background.
-	c.doc.runThrough(t, 3*time.Minute, "export KUBECONFIG=", c.describe)
-	phase("crdipc up --services=none --nodes 0")
 	// Cleanups run last first: the nodes go while the API server still answers, so their
 	// pods are deleted through their kubelets; the block's own down loop for its three
 	// nodes, after the nodes the test joined itself.
@@ -218,12 +211,8 @@ func TestRealNode(t *testing.T) {
 		}
 	})
 
-	c.joined = []realNode{nodeN(1), nodeN(2), nodeN(3)}
-	c.doc.runThrough(t, 15*time.Minute, "for i in 1 2 3; do", c.describe)
-	for _, n := range c.joined {
-		c.wait(t, 2*time.Minute, "--for=condition=Ready", "node/"+n.name)
-	}
-	phase("three nodes joined and Ready")
+	c.upAndJoin(t)
+	phase("crdipc up --services=none --nodes 0; three nodes joined and Ready")
 
 	t.Run("node", func(t *testing.T) { c.testNode(t) })
 	if t.Failed() {
@@ -311,21 +300,33 @@ func (c *cluster) rebuild(t *testing.T, o *offsite) {
 		t.Fatalf("removing up's data directory: %v", err)
 	}
 
-	c.doc = startHarness(t)
+	c.useHarness(startHarness(t))
 	c.doc.skipThrough(t, "hack/realnode.sh deps")
 	c.doc.runThrough(t, time.Minute, "hack/realnode.sh network", c.describe)
 	// On the bridge's address, which is back.
 	o.restart(t)
-	c.dataDir = filepath.Join(c.doc.dir, ".crdipc")
+	c.upAndJoin(t)
+	c.doc.runThrough(t, 6*time.Minute, "kubectl wait --for=condition=Available deployment", c.describe)
+}
+
+// useHarness makes h the cluster's harness: up's data directory is h's ./.crdipc.
+func (c *cluster) useHarness(h *harness) {
+	c.doc = h
+	c.dataDir = filepath.Join(h.dir, ".crdipc")
 	c.kubeconfig = filepath.Join(c.dataDir, "kubeconfig")
-	c.kc = &kubectl.Client{Env: c.env(), Dir: root, Timeout: 3 * time.Minute, State: c.kc.State}
+	c.kc = &kubectl.Client{Env: c.env(), Dir: root, Timeout: 3 * time.Minute, State: c.nodesState}
+}
+
+// upAndJoin runs the block's up (nothing but the control plane, in the background) and its
+// join loop for real-1 to real-3, and waits for the three nodes to be Ready.
+func (c *cluster) upAndJoin(t *testing.T) {
+	t.Helper()
 	c.doc.runThrough(t, 3*time.Minute, "export KUBECONFIG=", c.describe)
 	c.joined = []realNode{nodeN(1), nodeN(2), nodeN(3)}
 	c.doc.runThrough(t, 15*time.Minute, "for i in 1 2 3; do", c.describe)
 	for _, n := range c.joined {
 		c.wait(t, 2*time.Minute, "--for=condition=Ready", "node/"+n.name)
 	}
-	c.doc.runThrough(t, 6*time.Minute, "kubectl wait --for=condition=Available deployment", c.describe)
 }
 
 // server is the API server's address for the nodes: up's port on the advertise address
