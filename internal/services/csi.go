@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -41,6 +42,14 @@ csi-node-driver-registrar would: with --registration-dir (the kubelet's
 --kubelet-registration-path as the socket the kubelet dials. If the kubelet refuses the
 driver, /healthz fails, so that a liveness probe restarts the container.
 
+With --fd-holder a node plugin's volumes outlive its process: the holder keeps their FUSE
+connections, and the next process serves them again. A process started while another one
+serves the node (a DaemonSet rollout with maxSurge) first gets its data-path certificate,
+then asks that one, on handover.sock next to --endpoint, to release the volumes (it stops
+serving CSI, answers what it read, closes its replica sessions) and takes them over: the
+volumes' I/O pauses for the handover only. A lock next to it (serving.lock) lets only one
+process serve the node's volumes; the released process waits to be stopped.
+
 In crdipc up the controller instance serves <data-dir>/csi/csi.sock, and each
 simulated node's Node service runs with the simulated nodes (crdipc nodes), on
 <data-dir>/csi/nodes/<node>/csi.sock. The controller socket relays Node calls to
@@ -65,7 +74,7 @@ func (s *csiDriverService) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.endpoint, "endpoint", s.endpoint, "Unix socket to serve CSI on")
 	fs.StringVar(&s.o.NodeID, "node-id", "", "node this instance serves for the Node service (empty: controller only)")
 	fs.StringVar(&s.o.TargetDir, "target-dir", "/var/lib/crdipc/csi/targets", "where the Node service mounts the FUSE files of the volumes it stages (one directory per volume)")
-	fs.StringVar(&s.o.FDHolder, "fd-holder", "", "socket of crdipc fd-holder on this node, which keeps the staged volumes' FUSE connections while this process restarts, so that their I/O pauses instead of failing (empty: none; a restart fails every volume's I/O on the node)")
+	fs.StringVar(&s.o.FDHolder, "fd-holder", "", "socket of crdipc fd-holder on this node, which keeps the staged volumes' FUSE connections while this process restarts, so that their I/O pauses instead of failing (empty: none; a restart fails every volume's I/O on the node). With it, a node plugin started while another serves the node (a DaemonSet's surge pod) asks that one to hand the volumes over, on handover.sock next to --endpoint")
 	fs.StringVar(&s.o.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "the kubelet's root directory (--root-dir): the Node service stages, publishes and unpublishes only paths inside it")
 	fs.StringSliceVar(&s.o.ExtraRoots, "extra-root", nil, "more directories the Node service's paths may lie in besides --kubelet-root (e.g. "+os.TempDir()+" for csi-sanity's default paths)")
 	fs.StringVar(&s.o.Namespace, "namespace", install.SystemNamespace, "namespace of the CStorVolumes the driver creates")
@@ -103,6 +112,15 @@ func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 	endpoint, err := driver.Endpoint(endpoint)
 	if err != nil {
 		return err
+	}
+	if o.FDHolder != "" && o.NodeID != "" {
+		// Next to the CSI socket, which a successor on this node (a DaemonSet's surge pod)
+		// sees at the same path.
+		sock, err := driver.SocketPath(endpoint)
+		if err != nil {
+			return err
+		}
+		o.HandoverDir = filepath.Dir(sock)
 	}
 	o.Config = env.Config
 	o.TracerProvider = env.TracerProvider("csi-driver")
@@ -142,7 +160,7 @@ func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 		if err := mgr.Add(reg); err != nil {
 			return err
 		}
-		h = reg.Healthz(h)
+		h = handedOver(d, reg.Healthz(h), h)
 	}
 	if httpAddr == "0" {
 		return nil
@@ -218,4 +236,17 @@ func (s *snapshotControllerService) AddFlags(fs *pflag.FlagSet) {
 
 func (s *snapshotControllerService) Setup(mgr manager.Manager, _ Env) error {
 	return snapshotcontroller.Add(mgr, s.o)
+}
+
+// handedOver serves plain instead of next once d has handed its volumes to a successor: the
+// successor has replaced the registration socket, which next's /healthz would take for a
+// failure, and a restart of this container would only take the volumes back.
+func handedOver(d *driver.Driver, next, plain http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d.HandedOver() {
+			plain.ServeHTTP(w, r)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }

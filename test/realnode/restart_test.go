@@ -90,6 +90,14 @@ func (c *cluster) rollout(t *testing.T, w *recordWriter, ns, name string, phase 
 	if out, err := runErr(6*time.Minute, c.env(), "kubectl", "-n", ns, "rollout", "status", name, "--timeout=6m"); err != nil {
 		t.Fatalf("rollout of %s: %v\n%s\n%s", name, err, out, c.describe())
 	}
+	if ds, ok := strings.CutPrefix(name, "daemonset/"); ok {
+		// With a surge the old pod of a node goes once the new one is Ready: what follows
+		// (kill, restarts) finds one pod per node.
+		c.poll(t, time.Minute, "the old pods of "+name+" gone", func() (bool, string) {
+			out := c.kubectl(t, "get", "pods", "-n", ns, "-l", "app.kubernetes.io/name="+ds, "-o", "jsonpath={.items[*].metadata.deletionTimestamp}")
+			return strings.TrimSpace(out) == "", "terminating since " + out
+		})
+	}
 	w.goOn(t, "the rollout of "+name, 20)
 	phase(fmt.Sprintf("%s rolled; the writer's longest pause %s", name, w.longestPause(t, from)))
 }

@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
-
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/singleflight"
@@ -93,6 +93,11 @@ type Options struct {
 	// failing it (takeover.go). Empty: no holder; a volume's I/O fails when this process
 	// exits, until its pods are restarted.
 	FDHolder string
+	// HandoverDir holds the lock that the process serving this node's volumes holds and the
+	// socket on which it hands them to a successor that starts before it stops (a
+	// DaemonSet's maxSurge; handover.go). Used with FDHolder; empty: a successor waits for
+	// its predecessor to exit.
+	HandoverDir string
 	// TargetDir holds the FUSE mounts of the volume targets this node runs (one directory
 	// per staged volume); default /var/lib/crdipc/csi/targets.
 	TargetDir string
@@ -162,6 +167,11 @@ type Driver struct {
 		life   context.Context // ServeListener's: the data identity is kept while it serves
 		staged map[string]*staged
 	}
+
+	// preparing: a predecessor serves the node's volumes, and this process gets ready to
+	// take them over (not ready until it can). handedOver: this process gave them to a
+	// successor and serves no more.
+	preparing, handedOver atomic.Bool
 
 	// probe keeps one Probe result for a second: the sidecar and liveness probes may call
 	// Probe often, and each answer costs an API round trip.
@@ -262,26 +272,48 @@ func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
 	} else {
 		csi.RegisterNodeServer(srv, d)
 	}
-	// Before any Node call is served: the volumes an earlier process left are locked until
-	// they are served again.
-	d.recoverTargets(ctx)
-	kctx, stopKeeping := context.WithCancel(ctx)
-	defer stopKeeping()
-	go d.keepLoop(kctx)
+	// Before any Node call is served: the node's volumes are this process's alone (a
+	// predecessor still running hands them over), and those an earlier process left are
+	// locked until they are served again.
+	var turn *os.File
+	var ho *handover
+	if d.holder() != nil {
+		var err error
+		if turn, err = d.takeTurn(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		defer turn.Close()
+		if ho, err = d.listenHandover(); err != nil {
+			return err
+		}
+		defer ho.close()
+	}
+	// sctx ends what serves the volumes (their takeover, the holder's upkeep, snapshots)
+	// before they are released, however serving ends.
+	sctx, stopServing := context.WithCancel(ctx)
+	defer stopServing()
+	d.recoverTargets(sctx)
+	go d.keepLoop(sctx)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	if d.o.NodeID != "" {
 		// Snapshots of volumes published to this node are taken here, where their target
 		// runs; CreateSnapshot on the controller waits for them.
-		sctx, stop := context.WithCancel(ctx)
-		defer stop()
 		go d.serveSnapshots(sctx)
 	}
+	handingOver := false
 	select {
 	case err := <-errc:
 		return fmt.Errorf("csi driver: serving: %w", err)
 	case <-ctx.Done():
+	case <-ho.asked():
+		handingOver = true
 	}
+	ho.leave()
+	stopServing()
 	// In-flight calls get a moment to finish; a CreateVolume awaiting a volume would hold
 	// shutdown for its whole deadline, and the sidecar retries it anyway.
 	stopped := make(chan struct{})
@@ -293,22 +325,27 @@ func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
 	}
 	d.awaitNodeOps(30 * time.Second)
 	d.releaseTargets()
+	if turn != nil {
+		turn.Close()
+	}
+	ho.done()
+	if handingOver {
+		d.handedOver.Store(true)
+		d.log.Info("this node's volumes are handed over to the successor; serving nothing until stopped")
+		<-ctx.Done()
+	}
 	return nil
 }
 
-// Listen opens the Unix socket of endpoint, removing a stale socket file first.
+// Listen opens the Unix socket of endpoint, removing a stale socket file first. Closing it
+// removes the file only while it is still this listener's: a successor that started before
+// this process stopped has bound its own there.
 func Listen(endpoint string) (net.Listener, error) {
 	path, err := SocketPath(endpoint)
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return nil, fmt.Errorf("csi driver: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("csi driver: removing stale socket: %w", err)
-	}
-	l, err := net.Listen("unix", path)
+	l, err := listenOwned(path)
 	if err != nil {
 		return nil, fmt.Errorf("csi driver: %w", err)
 	}

@@ -72,13 +72,17 @@ func (d *Driver) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 
 // Handler serves the driver's HTTP endpoints: /healthz (the process answers), /readyz (the
 // CSI Probe: the API server answers and the driver may list CStorVolumes; 503 with the
-// reason otherwise) and /metrics from gatherer.
+// reason otherwise, and while it gets ready to take over from a predecessor) and /metrics from gatherer.
 func (d *Driver) Handler(gatherer prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if d.preparing.Load() {
+			http.Error(w, "not ready: getting ready to take this node's volumes over from the process that serves them (waiting for the data-path certificate)", http.StatusServiceUnavailable)
+			return
+		}
 		resp, err := d.Probe(r.Context(), &csi.ProbeRequest{})
 		if err == nil && resp.GetReady().GetValue() {
 			fmt.Fprintln(w, "ok")

@@ -33,6 +33,7 @@ type nodePlugin struct {
 	node string
 	nc   csi.NodeClient
 	dir  string // staging and target paths live here
+	d    *driver.Driver
 }
 
 // startNodePlugin runs a driver for node on a socket of its own, as its ServiceAccount.
@@ -79,7 +80,7 @@ func (w *world) startNodePluginWith(t *testing.T, node string, opt func(*driver.
 	var once sync.Once
 	stop = func() { once.Do(func() { _ = conn.Close(); cancel(); <-done }) }
 	t.Cleanup(stop)
-	return &nodePlugin{node: node, nc: csi.NewNodeClient(conn), dir: t.TempDir()}, stop
+	return &nodePlugin{node: node, nc: csi.NewNodeClient(conn), dir: t.TempDir(), d: d}, stop
 }
 
 // mount stages and publishes volume id (ext4) on the plugin's node and returns the target

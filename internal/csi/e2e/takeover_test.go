@@ -24,9 +24,12 @@ import (
 
 // testNodePluginTakeover: a block volume staged and published on node-2 is written by a
 // writer that syncs every record, while node-2's node plugin is stopped and a new one
-// started, twice, as a rollout of the DaemonSet does; the fd holder keeps the volume's
-// FUSE connection meanwhile. No write fails, the new plugin reports the takeover, every
-// record is on the volume, and unstaging through the last plugin leaves the holder empty.
+// started, twice, as a rollout of the DaemonSet without surge does; the fd holder keeps
+// the volume's FUSE connection meanwhile. Then a new plugin starts while the last one still
+// serves, as a surge pod does: it asks that one for the volume, which hands it over and
+// serves nothing more, and stopping it afterwards leaves the successor's handover socket.
+// No write fails, each new plugin reports the takeover, every record is on the volume, and
+// unstaging through the last plugin leaves the holder empty.
 func (w *world) testNodePluginTakeover(t *testing.T) {
 	testenv.RequireMounts(t)
 	ctx := context.Background()
@@ -41,13 +44,13 @@ func (w *world) testNodePluginTakeover(t *testing.T) {
 	go func() { _ = holder.Serve(hctx, l) }()
 	t.Cleanup(func() { stopHolder(); holder.Close() })
 
-	targets := filepath.Join(w.root, "targets", node)
+	targets, handover := filepath.Join(w.root, "targets", node), filepath.Join(w.root, "handover", node)
 	var reg *prometheus.Registry
 	start := func() (*nodePlugin, func()) {
 		reg = prometheus.NewRegistry()
 		log := testr.NewWithOptions(t, testr.Options{Verbosity: 1})
 		return w.startNodePluginWith(t, node, func(o *driver.Options) {
-			o.FDHolder, o.TargetDir, o.Registerer, o.Logger = holderSock, targets, reg, &log
+			o.FDHolder, o.TargetDir, o.HandoverDir, o.Registerer, o.Logger = holderSock, targets, handover, reg, &log
 		})
 	}
 	p, stop := start()
@@ -102,12 +105,8 @@ func (w *world) testNodePluginTakeover(t *testing.T) {
 			return true, nil
 		})
 	}
-	acked(50)
-	for round := 1; round <= 2; round++ {
-		before := wr.Acked()
-		stop()
-		p, stop = start()
-		acked(before + 50)
+	tookOver := func(round int) {
+		t.Helper()
 		testenv.Eventually(t, 10*time.Second, "the new plugin counting its takeover", func(context.Context) (bool, error) {
 			if got, _ := metrics.Gather(t, reg).Sample("crdipc_csi_volume_takeovers_total", nil); got != 1 {
 				return false, fmt.Errorf("round %d: crdipc_csi_volume_takeovers_total %v, want 1", round, got)
@@ -115,6 +114,28 @@ func (w *world) testNodePluginTakeover(t *testing.T) {
 			return true, nil
 		})
 	}
+	acked(50)
+	for round := 1; round <= 2; round++ {
+		before := wr.Acked()
+		stop()
+		p, stop = start()
+		acked(before + 50)
+		tookOver(round)
+	}
+	// The surge: the old plugin runs until the new one has the volume.
+	before := wr.Acked()
+	next, stopNext := start()
+	acked(before + 50)
+	tookOver(3)
+	if !p.d.HandedOver() {
+		t.Error("the plugin the volume was taken from does not report that it handed it over")
+	}
+	stop()
+	if _, err := os.Stat(filepath.Join(handover, "handover.sock")); err != nil {
+		t.Errorf("the successor's handover socket, after its predecessor stopped: %v", err)
+	}
+	p, stop = next, stopNext
+	acked(wr.Acked() + 20)
 	if err := wr.Stop(time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +143,7 @@ func (w *world) testNodePluginTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := wr.Acked()
-	t.Logf("%d records through 2 node plugin restarts, the longest write+fsync %s", n, wr.MaxPause())
+	t.Logf("%d records through 2 node plugin restarts and a handover, the longest write+fsync %s", n, wr.MaxPause())
 	dev, err := os.Open(target)
 	if err != nil {
 		t.Fatal(err)
