@@ -80,7 +80,7 @@ func (d *Driver) takeTurn(ctx context.Context) (*os.File, error) {
 		return nil, err
 	}
 	ready := time.Now()
-	var asked time.Time
+	asked := false
 	var lastErr error
 	for {
 		if locked, err := tryLock(f); err != nil {
@@ -90,14 +90,14 @@ func (d *Driver) takeTurn(ctx context.Context) (*os.File, error) {
 			d.log.Info("the node's volumes are this process's to serve", "ready after", ready.Sub(start), "released after", time.Since(ready))
 			return f, nil
 		}
-		if asked.IsZero() {
+		if !asked {
 			if err := askRelease(ctx, filepath.Join(dir, handoverSocketName)); err != nil {
 				if lastErr == nil || err.Error() != lastErr.Error() {
 					d.log.Info("the serving process does not hand over (yet); waiting for it to stop", "reason", err.Error())
 				}
 				lastErr = err
 			} else {
-				asked = time.Now()
+				asked = true
 				continue
 			}
 		}
