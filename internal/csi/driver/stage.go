@@ -207,8 +207,9 @@ func (d *Driver) stageMount(id, dev, staging, fsType string, flags []string) err
 	return status.Errorf(codes.Internal, "mounting volume %s on %s: %s", id, staging, oneLine(err.Error()))
 }
 
-// NodeUnstageVolume implements csi.NodeServer: it unmounts the staging path, then stops the
-// volume's target — the loop device and FUSE mount go and every replica is closed cleanly.
+// NodeUnstageVolume implements csi.NodeServer: it flushes and unmounts the staging path, then
+// stops the volume's target — the loop device and FUSE mount go, their connection ends even
+// if another mount namespace still holds a copy of them, and every replica is closed cleanly.
 // A mount there that is not one of this driver's volumes is refused, not unmounted; the
 // staging directory itself is left to the CO, which created it. A volume that is not
 // staged is success.
@@ -232,6 +233,9 @@ func (d *Driver) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVolume
 		return nil, err
 	}
 	defer done()
+	if err := d.syncStaging(id, staging); err != nil {
+		return nil, err
+	}
 	if err := d.unmountAll(id, staging); err != nil {
 		return nil, err
 	}
@@ -239,6 +243,33 @@ func (d *Driver) NodeUnstageVolume(_ context.Context, req *csi.NodeUnstageVolume
 		return nil, err
 	}
 	return &csi.NodeUnstageVolumeResponse{}, nil
+}
+
+// syncStaging writes what the file system of volume id at staging holds through to its
+// replicas before it is unmounted. The last unmount of a file system does that by itself,
+// but where another mount namespace holds a copy of the mount, the unmount here is not the
+// last one, and stopTarget then ends the connection under the copy.
+func (d *Driver) syncStaging(id, staging string) error {
+	s := d.stagedVolume(id)
+	if s == nil {
+		return nil // not served: nothing this process could flush
+	}
+	m, mounted, err := mountAt(staging)
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	if !mounted || m.source != s.export.Device() {
+		return nil
+	}
+	fd, err := unix.Open(staging, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return status.Errorf(codes.Internal, "volume %s: opening its file system at %s to flush it: %v", id, staging, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return status.Errorf(codes.Internal, "volume %s: flushing its file system at %s to the replicas: %v", id, staging, err)
+	}
+	return nil
 }
 
 // unmountAll unmounts path until it is no mount point, refusing mounts that are not

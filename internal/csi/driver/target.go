@@ -308,9 +308,10 @@ func (d *Driver) followMembers(ctx context.Context, id string, s *staged, tlsCon
 	}
 }
 
-// stopTarget ends volume id's target: the loop device and FUSE mount go, every replica's
-// writer session is closed cleanly (so the next start needs no rebuild), and a stale export
-// left by an earlier process is removed.
+// stopTarget ends volume id's target: the loop device and FUSE mount go, their connection
+// ends even where another mount namespace holds a copy of them, every replica's writer
+// session is closed cleanly (so the next start needs no rebuild), and a stale export left
+// by an earlier process is removed.
 func (d *Driver) stopTarget(id string) error {
 	d.data.Lock()
 	s := d.data.staged[id]
@@ -325,11 +326,12 @@ func (d *Driver) stopTarget(id string) error {
 		<-s.done
 		// Nothing is to outlive this process any more: the holder lets go first.
 		d.forget(id)
-		err := s.export.Close()
-		if errors.Is(err, blockdev.ErrBusy) {
-			<-s.export.Done() // lazily detached: served until its last user lets go
-			err = nil
-		}
+		// The CO has unpublished and unstaged the volume on this node: whatever still uses
+		// its loop device or FUSE mount is a copy of the mount table in another namespace
+		// (a process that unshared its mounts while the volume was staged). Its connection
+		// ends, once what was written has reached the replicas; the writer sessions close,
+		// and another node may stage the volume.
+		err := s.export.Terminate()
 		if cerr := s.engine.Close(); err == nil {
 			err = cerr
 		}

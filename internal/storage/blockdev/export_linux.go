@@ -219,12 +219,29 @@ func (e *Exported) Done() <-chan struct{} { return e.served }
 // still open at Options.CloseTimeout, the FUSE mount is detached lazily and keeps serving the
 // Device until the last user lets go; Close then returns an error wrapping ErrBusy, and Done
 // tells when the Device is no longer called.
+//
+// Once the FUSE mount is unmounted cleanly, Close ends its connection (fusectl's abort), as
+// the kernel does when the last mount of it goes: a copy of the mount in another mount
+// namespace (a process that unshared its mounts meanwhile) would otherwise keep it, and the
+// server, alive for as long as that process lives.
 func (e *Exported) Close() error {
-	e.closeOnce.Do(func() { e.closeErr = e.close() })
+	e.closeOnce.Do(func() { e.closeErr = e.close(false) })
 	return e.closeErr
 }
 
-func (e *Exported) close() error {
+// Terminate is Close for a caller that knows nothing may use the Device any more (the CSI
+// node plugin's NodeUnstageVolume, after unmounting the staging path): a loop device still
+// open at Options.CloseTimeout — a file system on it that lives on in another mount
+// namespace's copy of the mount table — is flushed, the FUSE mount detached and its
+// connection ended, so that those users get EIO and the server stops, instead of serving
+// them until they let go. It returns once the server has stopped. After Close or Release it
+// does nothing.
+func (e *Exported) Terminate() error {
+	e.closeOnce.Do(func() { e.closeErr = e.close(true) })
+	return e.closeErr
+}
+
+func (e *Exported) close(force bool) error {
 	deadline := time.Now().Add(e.opts.CloseTimeout)
 	ctx, cancel := context.WithTimeout(context.Background(), e.opts.CloseTimeout)
 	defer cancel()
@@ -240,13 +257,22 @@ func (e *Exported) close() error {
 			bf, ok := loopBackingFile(name)
 			return !ok || bf != e.backing, nil
 		})
-		if err != nil {
+		switch {
+		case err == nil:
+		case force:
+			// Its last user is not ours to wait for. What was written through it reaches
+			// the Device before the connection ends.
+			released = false
+			if err := flushLoop(e.loop, e.backing); err != nil {
+				errs = append(errs, err)
+			}
+		default:
 			released = false
 			errs = append(errs, fmt.Errorf("%w: %s still open (is a file system still mounted on it?); it is detached when its last user closes it", ErrBusy, e.loop))
 		}
 	}
 	if e.srv != nil {
-		if err := e.unmount(deadline, released); err != nil {
+		if err := e.unmount(deadline, released, force); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -257,10 +283,68 @@ func (e *Exported) close() error {
 	return nil
 }
 
+// flushLoop makes the Device hold what was written through loop while it is still bound to
+// backing: fsync of a block device writes its cached blocks and sends the loop driver a
+// flush, which becomes a FUSE FSYNC.
+func flushLoop(loop, backing string) error {
+	if bf, ok := loopBackingFile(filepath.Base(loop)); !ok || bf != backing {
+		return nil // released meanwhile: the release flushed it
+	}
+	f, err := os.OpenFile(loop, os.O_RDONLY, 0)
+	if err != nil {
+		return fmt.Errorf("flush %s: %w", loop, err)
+	}
+	defer f.Close()
+	if bf, ok := loopBackingFile(filepath.Base(loop)); !ok || bf != backing {
+		return nil // opened another user's loop device, or an unbound one
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("flush %s: %w", loop, err)
+	}
+	return nil
+}
+
 // unmount unmounts the FUSE file system, retrying while it is busy until the deadline, then
-// lazily. A lazy unmount leaves the server running: whoever still holds the file (the loop
-// driver) keeps working and the kernel ends the connection when it lets go.
-func (e *Exported) unmount(deadline time.Time, tryClean bool) error {
+// lazily; then it ends the connection, which stops the server. A lazy unmount, unless force,
+// leaves the connection and the server: whoever still holds the file (the loop driver) keeps
+// working, and the kernel ends the connection when it lets go.
+func (e *Exported) unmount(deadline time.Time, tryClean, force bool) error {
+	// Held until the connection has been ended: while this clone of the mount exists, the
+	// file system, and with it its device number (fusectl's name for the connection), is
+	// ours; once the last mount goes the kernel may give that number to a new connection.
+	pin, dev, perr := pinMount(e.dir)
+	unpin := func() {
+		if pin >= 0 {
+			unix.Close(pin)
+			pin = -1
+		}
+	}
+	defer unpin()
+	end := func() error {
+		var aerr error
+		if perr == nil {
+			aerr = abortConnection(dev)
+		} else {
+			aerr = perr
+		}
+		// Without the pin, the kernel's own abort at the last unmount is all there is: a
+		// copy in another namespace keeps the server running.
+		unpin()
+		if aerr != nil {
+			e.opts.Logger.Warn("could not end the FUSE connection after unmounting it", "dir", e.dir, "err", aerr)
+		}
+		select {
+		case <-e.served:
+			return nil
+		case <-time.After(time.Until(deadline) + 5*time.Second):
+			// The serve loops see ENODEV right after the abort; the margin past the deadline
+			// is so that a slow machine does not turn a clean close into an error.
+			if aerr != nil {
+				return fmt.Errorf("fuse server at %s did not stop after unmount: ending its connection: %w", e.dir, aerr)
+			}
+			return fmt.Errorf("fuse server at %s did not stop after unmount", e.dir)
+		}
+	}
 	if tryClean {
 		err := poll(deadline, func() (bool, error) {
 			switch err := unix.Unmount(e.dir, 0); {
@@ -273,14 +357,7 @@ func (e *Exported) unmount(deadline time.Time, tryClean bool) error {
 			}
 		})
 		if err == nil {
-			// The serve loops see ENODEV right after the unmount; allow a moment past the
-			// deadline so a slow machine does not turn a clean close into an error.
-			select {
-			case <-e.served:
-				return nil
-			case <-time.After(time.Until(deadline) + 5*time.Second):
-				return fmt.Errorf("fuse server at %s did not stop after unmount", e.dir)
-			}
+			return end()
 		}
 		if !errors.Is(err, errTimeout) {
 			return fmt.Errorf("unmount %s: %w", e.dir, err)
@@ -289,7 +366,28 @@ func (e *Exported) unmount(deadline time.Time, tryClean bool) error {
 	if err := unix.Unmount(e.dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("lazy unmount %s: %w", e.dir, err)
 	}
+	if force {
+		return end()
+	}
 	return fmt.Errorf("%w: %s unmounted lazily; the device is served until the kernel releases the file", ErrBusy, e.dir)
+}
+
+// pinMount clones the FUSE mount at dir (open_tree(2), a mount in no namespace) and returns
+// the clone, which keeps the file system alive until closed, and the file system's device
+// number, from the mount table (stat would ask the server).
+func pinMount(dir string) (int, uint64, error) {
+	ms, err := mountsAt(dir)
+	if err != nil {
+		return -1, 0, err
+	}
+	if len(ms) == 0 || !isFUSE(ms[len(ms)-1]) {
+		return -1, 0, fmt.Errorf("no FUSE mount at %s", dir)
+	}
+	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return -1, 0, fmt.Errorf("open_tree %s: %w", dir, err)
+	}
+	return fd, ms[len(ms)-1].dev, nil
 }
 
 // Cleanup removes a stale export at dir left by a process that died (or hangs) while
@@ -348,15 +446,42 @@ func Cleanup(dir string) error {
 	return nil
 }
 
+// fuseConnections is where fusectl lists the FUSE connections, by the minor number of their
+// file system's device.
+const fuseConnections = "/sys/fs/fuse/connections"
+
+// fusectlMagic is fusectl's statfs type (FUSE_CTL_SUPER_MAGIC).
+const fusectlMagic = 0x65735543
+
 // abortFUSE ends a FUSE connection through fusectl, if that is mounted. A dead server's
 // connection is already gone, but a hung one would leave the loop driver's requests blocked
 // forever; aborted, they fail with EIO and the devices above can be torn down.
 func abortFUSE(dev uint64) {
+	_ = abortConnection(dev) // best effort: a dead server's connection is gone anyway
+}
+
+// abortConnection ends the FUSE connection of the file system whose device is dev through
+// fusectl, mounting fusectl first if it is not (a container's /sys often lacks it): every
+// request, queued or to come, fails with ECONNABORTED or EIO, and its servers read ENODEV.
+// A connection that has already ended is not an error.
+func abortConnection(dev uint64) error {
 	if unix.Major(dev) != 0 {
-		return
+		return fmt.Errorf("device %d:%d is not a FUSE connection's", unix.Major(dev), unix.Minor(dev))
 	}
-	p := filepath.Join("/sys/fs/fuse/connections", strconv.FormatUint(uint64(unix.Minor(dev)), 10), "abort")
-	_ = os.WriteFile(p, []byte("1"), 0) // best effort: fusectl is often not mounted
+	var st unix.Statfs_t
+	if err := unix.Statfs(fuseConnections, &st); err != nil {
+		return fmt.Errorf("fusectl: %w", err)
+	}
+	if st.Type != fusectlMagic {
+		if err := unix.Mount("fusectl", fuseConnections, "fusectl", 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("mount fusectl at %s: %w", fuseConnections, err)
+		}
+	}
+	p := filepath.Join(fuseConnections, strconv.FormatUint(uint64(unix.Minor(dev)), 10), "abort")
+	if err := os.WriteFile(p, []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("abort: %w", err)
+	}
+	return nil
 }
 
 var errTimeout = errors.New("timed out")

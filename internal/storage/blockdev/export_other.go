@@ -40,6 +40,9 @@ func (e *Exported) Done() <-chan struct{} { return nil }
 // Close detaches and unmounts; there is nothing to do off Linux.
 func (e *Exported) Close() error { return nil }
 
+// Terminate is Close that ends the connection whoever still uses it; nothing off Linux.
+func (e *Exported) Terminate() error { return nil }
+
 // Cleanup removes a stale export; there is none off Linux.
 func Cleanup(dir string) error { return nil }
 
