@@ -57,7 +57,9 @@ func Adopt(ctx context.Context, dev Device, dir, loop string, conn int, o Option
 		return fail(err)
 	}
 	e.served = e.srv.done
-	e.srv.start()
+	// The resend before any reader runs: it moves every request read and not answered on
+	// the connection back to the queue, and would move one of this server's readers' too,
+	// which would then run twice (the first answer, to a unique the resend renamed, lost).
 	if err := e.srv.resend(); err != nil {
 		// Before 6.9 there is no RESEND: only requests read by the predecessor stay unanswered.
 		o.Logger.Warn("FUSE_NOTIFY_RESEND refused (Linux older than 6.9?); requests a dead server had read stay unanswered", "dir", abs, "err", err)
@@ -67,6 +69,7 @@ func Adopt(ctx context.Context, dev Device, dir, loop string, conn int, o Option
 	if err := e.srv.invalidateAttrs(); err != nil && !errors.Is(err, unix.ENOENT) {
 		o.Logger.Warn("invalidating the file's cached attributes", "dir", abs, "err", err)
 	}
+	e.srv.start()
 	o.Logger.Info("block device export adopted", "dir", abs, "device", e.loop, "directIO", e.directIO, "size", dev.Size())
 	select {
 	case <-ctx.Done():
@@ -96,7 +99,11 @@ func Exists(dir, loop string) error {
 // was bound through is attached; a mount namespace that has gone since (the container of a
 // predecessor) leaves it detached, and sysfs then names the file from the root of that
 // mount: /VolumeName. Nothing else would tell which loop device is whose: statting the
-// file, or LOOP_GET_STATUS on the device, waits for a server to answer.
+// file, or LOOP_GET_STATUS on the device, waits for a server to answer. /VolumeName is
+// therefore taken only while no loop device is bound to dir/VolumeName itself: one that
+// is, is dir's, and a detached one belongs to some other export (an earlier staging of the
+// volume, or another volume's export left by a gone container). The caller tells the rest
+// apart by the connection it is to adopt (whether it is alive).
 func exported(dir, loop string) (string, error) {
 	ms, err := mountsAt(dir)
 	if err != nil {
@@ -112,6 +119,11 @@ func exported(dir, loop string) (string, error) {
 	}
 	if bf != file && bf != "/"+VolumeName {
 		return "", fmt.Errorf("%w: %s is bound to %s, not to %s", ErrNoExport, loop, bf, file)
+	}
+	if bf != file {
+		if own := loopsBackedBy(func(_, b string) bool { return b == file }); len(own) > 0 {
+			return "", fmt.Errorf("%w: %s is bound to a detached %s, and /dev/%s to %s", ErrNoExport, loop, bf, own[0], file)
+		}
 	}
 	return bf, nil
 }

@@ -3,6 +3,7 @@ package blockdev
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -399,5 +401,114 @@ func TestAbortFUSEEndsAHeldConnection(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("a read of the loop device still waits after the abort")
+	}
+}
+
+// TestAdoptExecutesNothingTwice: a graceful handover, many times over, while a writer's next
+// request waits in the kernel. The released server answered all it read, so the successor's
+// NOTIFY_RESEND must move nothing: had the successor's readers read the waiting request
+// before the resend, the kernel would send it again and the Device would execute it twice
+// (and the first answer, to a unique the resend renamed, would be lost). The race is one
+// reader against one syscall, so it takes many rounds: with the readers started before
+// the resend, 4 runs in 5 failed within 500.
+func TestAdoptExecutesNothingTwice(t *testing.T) {
+	requireMount(t)
+	dev := &countingDevice{fileDevice: newFileDevice(t, filepath.Join(t.TempDir(), "backing.img"), 64<<20), at: map[int64]int{}}
+	o := Options{Logger: quietLogger(), DirectIO: DirectIOOn}
+	e := export(t, dev, o)
+	dir := filepath.Dir(e.File())
+	abortIfStuck(t, e.File())
+	w := startWriter(t, e.Device(), e.File())
+
+	const rounds = 1000
+	for round := 1; round <= rounds; round++ {
+		// The writer's next request is on its way while no server reads.
+		wantAcked(t, w, w.Acked()+1)
+		conn, err := e.Conn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Release(); err != nil {
+			t.Fatalf("round %d: release: %v", round, err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		next, err := Adopt(ctx, dev, dir, e.Device(), conn, o)
+		cancel()
+		if err != nil {
+			t.Fatalf("round %d: adopt: %v", round, err)
+		}
+		t.Cleanup(func() { _ = next.Close() })
+		e = next
+		if off, n := dev.repeated(); n > 0 {
+			t.Fatalf("round %d: the write at %d was executed %d times", round, off, n)
+		}
+	}
+	n := stopWriter(t, w)
+	if off, times := dev.repeated(); times > 0 {
+		t.Fatalf("the write at %d was executed %d times", off, times)
+	}
+	t.Logf("%d records through %d handovers, each written once", n, rounds)
+	if err := records.Verify(dev.f, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countingDevice counts the writes at each offset.
+type countingDevice struct {
+	*fileDevice
+	mu sync.Mutex
+	at map[int64]int
+}
+
+func (d *countingDevice) WriteAt(p []byte, off int64) (int, error) {
+	d.mu.Lock()
+	d.at[off]++
+	d.mu.Unlock()
+	return d.fileDevice.WriteAt(p, off)
+}
+
+// repeated is an offset written more than once and how often, or 0 times.
+func (d *countingDevice) repeated() (int64, int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for off, n := range d.at {
+		if n > 1 {
+			return off, n
+		}
+	}
+	return 0, 0
+}
+
+// TestExistsRefusesAnotherExportsDetachedLoop: sysfs names the file of a loop device bound
+// through a mount that has gone (a gone container's) only as /volume, whichever export it
+// is. Such a loop device is not dir's while another one is bound to dir's file itself.
+func TestExistsRefusesAnotherExportsDetachedLoop(t *testing.T) {
+	requireMount(t, "losetup")
+	o := Options{Logger: quietLogger(), DirectIO: DirectIOOn}
+	mine := export(t, newFileDevice(t, filepath.Join(t.TempDir(), "mine.img"), 4<<20), o)
+	other := export(t, newFileDevice(t, filepath.Join(t.TempDir(), "other.img"), 4<<20), o)
+	// A second loop device on the other export's file, bound through a bind mount that is
+	// then detached, as a gone container's mount is.
+	bind := filepath.Join(t.TempDir(), "bind")
+	if err := os.Mkdir(bind, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(filepath.Dir(other.File()), bind, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	detached := strings.TrimSpace(command(t, "losetup", "--find", "--show", filepath.Join(bind, VolumeName)))
+	t.Cleanup(func() { _ = exec.Command("losetup", "-d", detached).Run() })
+	if err := unix.Unmount(bind, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if bf, _ := loopBackingFile(filepath.Base(detached)); bf != "/"+VolumeName {
+		t.Fatalf("%s's backing file %q, want the detached /%s", detached, bf, VolumeName)
+	}
+	dir := filepath.Dir(mine.File())
+	if err := Exists(dir, detached); !errors.Is(err, ErrNoExport) {
+		t.Errorf("Exists(%s, %s), another export's detached loop device: %v, want ErrNoExport", dir, detached, err)
+	}
+	if err := Exists(dir, mine.Device()); err != nil {
+		t.Errorf("Exists(%s, %s), its own: %v", dir, mine.Device(), err)
 	}
 }
