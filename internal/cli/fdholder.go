@@ -11,8 +11,9 @@ import (
 	"github.com/crdipc/crdipc/internal/storage/fdstore"
 )
 
-// DefaultFDHolderSocket is where config/csi's fd holder listens, on the node's disk.
-const DefaultFDHolderSocket = "/var/lib/crdipc/fd-holder/fd.sock"
+// DefaultFDHolderSocket is where config/csi's fd holder listens, on the node's disk, in a
+// directory only it and the CSI node plugin mount.
+const DefaultFDHolderSocket = fdstore.DefaultSocket
 
 func newFDHolderCommand() *cobra.Command {
 	socket := DefaultFDHolderSocket
@@ -22,6 +23,9 @@ func newFDHolderCommand() *cobra.Command {
 		Long: `fd-holder keeps open file descriptors for processes that may die, as systemd's
 file-descriptor store does: a process puts a descriptor in under a name over the Unix
 socket --socket, and its successor gets it back (package fdstore has the protocol).
+Only a process that can read the socket's directory, of the holder's own user, is
+served: the holder makes the directory 0700 and writes a token into it that a client
+must present. Mount that directory into the node plugin only.
 
 The CSI node plugin (csi-driver --node-id ... --fd-holder=<socket>) keeps each staged
 volume's FUSE connection here. While fd-holder holds it, the kernel keeps the
@@ -52,6 +56,6 @@ connection it holds: those volumes' I/O fails.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&socket, "socket", socket, "Unix socket (SOCK_SEQPACKET) to serve; its directory is created")
+	cmd.Flags().StringVar(&socket, "socket", socket, "Unix socket (SOCK_SEQPACKET) to serve; its directory is created (or narrowed) 0700 and holds the token clients present")
 	return cmd
 }

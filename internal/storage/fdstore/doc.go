@@ -8,13 +8,22 @@
 // requests wait, and the next plugin serves them (blockdev.Adopt).
 //
 // The protocol is one datagram per request and one per answer over a SOCK_SEQPACKET Unix
-// socket, descriptors as SCM_RIGHTS:
+// socket, descriptors as SCM_RIGHTS. A connection first presents the token that the store
+// wrote beside its socket (TokenFile), from a process of the store's own user (SO_PEERCRED);
+// anything else is answered ERR refused and the connection closed:
 //
+//	AUTH token                    →  OK
 //	PUT name  (+ one descriptor)  →  OK
 //	GET name                      →  OK (+ a duplicate of the descriptor) | NOTFOUND
 //	DEL name                      →  OK (also when there was none)
 //	LIST                          →  OK name\nname…
 //
 // and ERR reason for a request that is not understood. A PUT replaces (and closes) what the
-// name held. The store keeps nothing on disk: descriptors cannot outlive its process.
+// name held. The store keeps nothing on disk but its token: descriptors cannot outlive its
+// process.
+//
+// Whoever can use the socket can read every volume's data (a descriptor of its FUSE
+// connection) or end it, so the socket lives in a directory of its own, 0700, that only the
+// holder and the CSI node plugin mount (DefaultSocket), and the token proves a client could
+// read that directory.
 package fdstore

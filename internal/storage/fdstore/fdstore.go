@@ -2,9 +2,13 @@ package fdstore
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -25,6 +29,9 @@ const MaxEntries = 4096
 
 const maxMsg = 64 << 10
 
+// authTimeout bounds the wait for a new connection's AUTH.
+const authTimeout = 10 * time.Second
+
 // Store holds descriptors by name. The zero value is not usable: New.
 type Store struct {
 	log *slog.Logger
@@ -40,10 +47,24 @@ func New(log *slog.Logger) *Store {
 	return &Store{log: log, fds: map[string]int{}}
 }
 
+// TokenFile is the name of the token file beside the store's socket: a client must present
+// what it holds (AUTH) before any request, which only a process that can read the socket's
+// directory can.
+const TokenFile = "token"
+
 // Listen opens the store's socket at path, replacing a stale socket file of an earlier
-// process (the directory is created, 0700).
+// process. The directory is created if missing and made 0700 either way (a hostPath
+// directory is created 0755), and a new token is written into it (TokenFile, 0600):
+// the socket's directory is what says who may use the store.
 func Listen(path string) (*net.UnixListener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("fd store: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("fd store: %w", err)
+	}
+	if err := writeToken(dir); err != nil {
 		return nil, fmt.Errorf("fd store: %w", err)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -56,9 +77,49 @@ func Listen(path string) (*net.UnixListener, error) {
 	return l, nil
 }
 
-// Serve answers requests on l until ctx ends; then it closes l. The descriptors stay held
-// until Close.
+// writeToken replaces dir's token with a new random one, atomically: a client reading it
+// meanwhile gets the old or the new one, never a part.
+func writeToken(dir string) error {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return fmt.Errorf("token: %w", err)
+	}
+	f, err := os.CreateTemp(dir, "."+TokenFile+"-")
+	if err != nil {
+		return fmt.Errorf("token: %w", err)
+	}
+	_, err = f.WriteString(hex.EncodeToString(b))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), filepath.Join(dir, TokenFile))
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("token: %w", err)
+	}
+	return nil
+}
+
+func readToken(dir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, TokenFile))
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// Serve answers requests on l, a socket Listen opened, until ctx ends; then it closes l.
+// The descriptors stay held until Close. A connection must first present the token of the
+// socket's directory, from a process of the store's own user (SO_PEERCRED); any other is
+// refused and closed.
 func (s *Store) Serve(ctx context.Context, l *net.UnixListener) error {
+	token, err := readToken(filepath.Dir(l.Addr().String()))
+	if err != nil {
+		l.Close()
+		return fmt.Errorf("fd store: the socket's token (was the socket opened by Listen?): %w", err)
+	}
 	go func() { <-ctx.Done(); l.Close() }()
 	for {
 		c, err := l.AcceptUnix()
@@ -68,7 +129,7 @@ func (s *Store) Serve(ctx context.Context, l *net.UnixListener) error {
 			}
 			return fmt.Errorf("fd store: accept: %w", err)
 		}
-		go s.serveConn(c)
+		go s.serveConn(c, token)
 	}
 }
 
@@ -86,17 +147,21 @@ func (s *Store) Close() {
 func (s *Store) Names() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	names := make([]string, 0, len(s.fds))
-	for n := range s.fds {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
+	return s.names()
 }
 
-func (s *Store) serveConn(c *net.UnixConn) {
+// names is Names for a caller holding s.mu.
+func (s *Store) names() []string {
+	return slices.Sorted(maps.Keys(s.fds))
+}
+
+func (s *Store) serveConn(c *net.UnixConn, token string) {
 	defer c.Close()
 	buf, oob := make([]byte, maxMsg), make([]byte, unix.CmsgSpace(4*8))
+	if err := s.admit(c, buf, oob, token); err != nil {
+		s.log.Warn("refused a client", "reason", err.Error())
+		return
+	}
 	for {
 		n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 		if err != nil || n == 0 {
@@ -121,6 +186,62 @@ func (s *Store) serveConn(c *net.UnixConn) {
 			return
 		}
 	}
+}
+
+// admit checks a new connection's peer: a process of the store's own user (SO_PEERCRED),
+// whose first message is AUTH with the token. It answers OK, or ERR and why.
+func (s *Store) admit(c *net.UnixConn, buf, oob []byte, token string) error {
+	refuse := func(why string, args ...any) error {
+		err := fmt.Errorf(why, args...)
+		_, _, _ = c.WriteMsgUnix([]byte("ERR refused: "+err.Error()), nil, nil)
+		return err
+	}
+	// A client that connects and says nothing does not keep a goroutine for good.
+	_ = c.SetReadDeadline(time.Now().Add(authTimeout))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	_ = c.SetReadDeadline(time.Time{})
+	if err != nil {
+		return err
+	}
+	if fds, _ := rights(oob[:oobn]); len(fds) > 0 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	cred, err := peerCred(c)
+	if err != nil {
+		return refuse("%v", err)
+	}
+	if want := uint32(os.Geteuid()); cred.Uid != want {
+		return refuse("peer pid %d has uid %d, not the store's %d", cred.Pid, cred.Uid, want)
+	}
+	got, ok := strings.CutPrefix(string(buf[:n]), "AUTH ")
+	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+		return refuse("peer pid %d did not present the token of the socket's directory", cred.Pid)
+	}
+	if _, _, err := c.WriteMsgUnix([]byte("OK"), nil, nil); err != nil {
+		return fmt.Errorf("peer pid %d: %w", cred.Pid, err)
+	}
+	return nil
+}
+
+// peerCred is the connecting process's credentials, as the kernel recorded them at connect.
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("peer credentials: %w", err)
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, fmt.Errorf("peer credentials: %w", err)
+	}
+	if cerr != nil {
+		return nil, fmt.Errorf("peer credentials: %w", cerr)
+	}
+	return cred, nil
 }
 
 // handle answers one request; fds are the descriptors it came with, which handle owns.
@@ -179,12 +300,7 @@ func (s *Store) handle(req string, fds []int) (string, int) {
 		}
 		return "OK", -1
 	case "LIST":
-		names := make([]string, 0, len(s.fds))
-		for n := range s.fds {
-			names = append(names, n)
-		}
-		slices.Sort(names)
-		return "OK " + strings.Join(names, "\n"), -1
+		return "OK " + strings.Join(s.names(), "\n"), -1
 	}
 	closeAll()
 	return fmt.Sprintf("ERR unknown request %q", verb), -1
@@ -224,11 +340,40 @@ func rights(oob []byte) ([]int, error) {
 	return fds, nil
 }
 
-// Client talks to the store at Path.
+// DefaultSocket is where config/csi's fd holder listens on the node: in a directory of its
+// own that only the holder and the CSI node plugin mount.
+const DefaultSocket = "/var/lib/crdipc-fd-holder/fd.sock"
+
+// PreviousSocket is where the fd holder of releases before DefaultSocket listened, inside
+// the pool agent's /var/lib/crdipc, and without a token. Such a holder keeps running after an
+// upgrade until its pod is deleted (OnDelete), holding the connections of the plugin that
+// staged the volumes.
+const PreviousSocket = "/var/lib/crdipc/fd-holder/fd.sock"
+
+// previous maps a socket to the one a previous release's holder serves instead; a variable
+// for tests.
+var previous = map[string]string{DefaultSocket: PreviousSocket}
+
+// Client talks to the store at Path, presenting the token beside it. While no holder has
+// ever written a token there and Path is DefaultSocket, it talks to PreviousSocket: the
+// holder of the release before, which is replaced only when its pod is deleted; once a
+// holder of this release has started on the node, never again.
 type Client struct {
 	Path string
 	// Timeout bounds each request; zero means 5 s.
 	Timeout time.Duration
+}
+
+// endpoint is the socket to dial and the token to present there ("": none is asked for).
+func (c Client) endpoint() (string, string, error) {
+	token, err := readToken(filepath.Dir(c.Path))
+	if err == nil {
+		return c.Path, token, nil
+	}
+	if prev, ok := previous[c.Path]; ok && errors.Is(err, os.ErrNotExist) {
+		return prev, "", nil
+	}
+	return "", "", fmt.Errorf("fd store at %s: its token: %w", c.Path, err)
 }
 
 // Put stores a duplicate of fd under name; the caller keeps fd.
@@ -263,28 +408,45 @@ func (c Client) do(req string, fd int) (string, int, error) {
 	if timeout == 0 {
 		timeout = 5 * time.Second
 	}
-	conn, err := net.DialTimeout("unixpacket", c.Path, timeout)
+	path, token, err := c.endpoint()
 	if err != nil {
-		return "", -1, fmt.Errorf("fd store at %s: %w", c.Path, err)
+		return "", -1, err
+	}
+	conn, err := net.DialTimeout("unixpacket", path, timeout)
+	if err != nil {
+		return "", -1, fmt.Errorf("fd store at %s: %w", path, err)
 	}
 	defer conn.Close()
 	uc := conn.(*net.UnixConn)
 	_ = uc.SetDeadline(time.Now().Add(timeout))
+	if token != "" {
+		if _, _, err := uc.WriteMsgUnix([]byte("AUTH "+token), nil, nil); err != nil {
+			return "", -1, fmt.Errorf("fd store at %s: %w", path, err)
+		}
+		buf := make([]byte, 512)
+		n, _, _, _, err := uc.ReadMsgUnix(buf, nil)
+		if err != nil {
+			return "", -1, fmt.Errorf("fd store at %s: %w", path, err)
+		}
+		if answer := string(buf[:n]); answer != "OK" {
+			return "", -1, fmt.Errorf("fd store at %s: %s", path, strings.TrimPrefix(answer, "ERR "))
+		}
+	}
 	var oob []byte
 	if fd >= 0 {
 		oob = unix.UnixRights(fd)
 	}
 	if _, _, err := uc.WriteMsgUnix([]byte(req), oob, nil); err != nil {
-		return "", -1, fmt.Errorf("fd store at %s: %w", c.Path, err)
+		return "", -1, fmt.Errorf("fd store at %s: %w", path, err)
 	}
 	buf, roob := make([]byte, maxMsg), make([]byte, unix.CmsgSpace(4))
 	n, oobn, _, _, err := uc.ReadMsgUnix(buf, roob)
 	if err != nil {
-		return "", -1, fmt.Errorf("fd store at %s: %w", c.Path, err)
+		return "", -1, fmt.Errorf("fd store at %s: %w", path, err)
 	}
 	fds, err := rights(roob[:oobn])
 	if err != nil {
-		return "", -1, fmt.Errorf("fd store at %s: %w", c.Path, err)
+		return "", -1, fmt.Errorf("fd store at %s: %w", path, err)
 	}
 	got := -1
 	for i, f := range fds {
@@ -299,7 +461,7 @@ func (c Client) do(req string, fd int) (string, int, error) {
 	switch verb {
 	case "OK":
 		if strings.HasPrefix(req, "GET ") && got < 0 {
-			return "", -1, fmt.Errorf("fd store at %s: %s: answered without a descriptor", c.Path, req)
+			return "", -1, fmt.Errorf("fd store at %s: %s: answered without a descriptor", path, req)
 		}
 		return body, got, nil
 	case "NOTFOUND":
@@ -311,5 +473,5 @@ func (c Client) do(req string, fd int) (string, int, error) {
 	if got >= 0 {
 		unix.Close(got)
 	}
-	return "", -1, fmt.Errorf("fd store at %s: %s: %s", c.Path, req, strings.TrimPrefix(answer, "ERR "))
+	return "", -1, fmt.Errorf("fd store at %s: %s: %s", path, req, strings.TrimPrefix(answer, "ERR "))
 }

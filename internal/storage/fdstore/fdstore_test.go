@@ -3,12 +3,17 @@ package fdstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -116,5 +121,233 @@ func TestBadRequests(t *testing.T) {
 	}
 	if _, err := (Client{Path: filepath.Join(t.TempDir(), "none.sock")}).List(); err == nil {
 		t.Error("list at a socket nobody serves: no error")
+	}
+}
+
+// dialEnv makes the test binary a client of another process: it sends the request reqEnv
+// names (LIST if none) as its first datagram to the socket dialEnv names, prints the answer
+// and exits.
+const (
+	dialEnv = "CRDIPC_FDSTORE_DIAL"
+	reqEnv  = "CRDIPC_FDSTORE_REQUEST"
+)
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(dialEnv); path != "" {
+		req := os.Getenv(reqEnv)
+		if req == "" {
+			req = "LIST"
+		}
+		fmt.Println(rawRequest(path, req))
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// rawRequest sends req as the first datagram on a new connection and returns the answer,
+// or what failed.
+func rawRequest(path, req string) string {
+	c, err := net.Dial("unixpacket", path)
+	if err != nil {
+		return "DIAL " + err.Error()
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte(req)); err != nil {
+		return "WRITE " + err.Error()
+	}
+	b := make([]byte, 4096)
+	n, err := c.Read(b)
+	if err != nil {
+		return "READ " + err.Error()
+	}
+	return string(b[:n])
+}
+
+// TestRefusesClientsWithoutTheToken: a connection that does not first present the token of
+// the socket's directory gets nothing — not from this process, not from another one — and
+// a refused connection is closed.
+func TestRefusesClientsWithoutTheToken(t *testing.T) {
+	s, c := startStore(t)
+	if err := c.Put("vol-a", pipeWith(t, "secret")); err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range []string{"LIST", "GET vol-a", "AUTH", "AUTH not-the-token"} {
+		if got := rawRequest(c.Path, req); !strings.HasPrefix(got, "ERR refused") {
+			t.Errorf("%q without the token: answered %q, want ERR refused", req, got)
+		}
+	}
+	// Refused and closed: a request after the refusal finds no one.
+	conn, err := net.Dial("unixpacket", c.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, 4096)
+	if _, err := conn.Write([]byte("AUTH wrong")); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := conn.Read(b); !strings.HasPrefix(string(b[:n]), "ERR refused") {
+		t.Fatalf("wrong token: %q", b[:n])
+	}
+	_, _ = conn.Write([]byte("LIST"))
+	if n, err := conn.Read(b); err == nil && n > 0 {
+		t.Fatalf("a refused connection answered %q", b[:n])
+	}
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), dialEnv+"="+c.Path)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("client process: %v\n%s", err, out)
+	}
+	if !strings.HasPrefix(string(out), "ERR refused") {
+		t.Fatalf("another process without the token: answered %q, want ERR refused", out)
+	}
+	if names := s.Names(); !slices.Equal(names, []string{"vol-a"}) {
+		t.Fatalf("store holds %v", names)
+	}
+}
+
+// TestRefusesOtherUsers: a process of another user is refused even when it can reach the
+// socket and read the token (SO_PEERCRED), and by default cannot even reach it (0700).
+func TestRefusesOtherUsers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a client as another user")
+	}
+	// A directory another user may enter, holding the store and a copy of this binary.
+	dir, err := os.MkdirTemp("", "fdstore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "client")
+	if b, err := os.ReadFile(os.Args[0]); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "store", "fd.sock")
+	l, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, l) }()
+	t.Cleanup(func() { cancel(); <-done; s.Close() })
+
+	asNobody := func(req string) string {
+		t.Helper()
+		cmd := exec.Command(bin, "-test.run=^$")
+		cmd.Env = append(os.Environ(), dialEnv+"="+path, reqEnv+"="+req)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("client process: %v\n%s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if fi, err := os.Stat(filepath.Dir(path)); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("socket directory: %v, %v; want 0700", fi.Mode(), err)
+	}
+	if got := asNobody("LIST"); !strings.Contains(got, "permission denied") {
+		t.Fatalf("another user, socket directory 0700: %q, want permission denied", got)
+	}
+	// Opened up, token and all: SO_PEERCRED still refuses.
+	token, err := os.ReadFile(filepath.Join(filepath.Dir(path), TokenFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p, mode := range map[string]os.FileMode{filepath.Dir(path): 0o755, path: 0o777} {
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := asNobody("AUTH " + string(token)); !strings.HasPrefix(got, "ERR refused") || !strings.Contains(got, "uid 65534") {
+		t.Fatalf("another user with the token: %q, want ERR refused for its uid", got)
+	}
+}
+
+// TestListenNarrowsTheDirectory: a socket directory that exists with wider permissions (a
+// hostPath is created 0755) is made 0700, as the doc says.
+func TestListenNarrowsTheDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "holder")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Listen(filepath.Join(dir, "fd.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("socket directory after Listen: %v, %v; want 0700", fi.Mode(), err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, TokenFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file: %v, %v; want 0600", fi.Mode(), err)
+	}
+}
+
+// TestClientFindsThePreviousReleasesHolder: after an upgrade, the previous release's holder
+// (no token, its socket where releases before kept it) still holds the volumes until its
+// pod is deleted; the new plugin's client uses it until a holder of this release has
+// started, and never again afterwards.
+func TestClientFindsThePreviousReleasesHolder(t *testing.T) {
+	newSock := filepath.Join(t.TempDir(), "new", "fd.sock")
+	oldSock := filepath.Join(t.TempDir(), "fd.sock")
+	saved := previous
+	previous = map[string]string{newSock: oldSock}
+	t.Cleanup(func() { previous = saved })
+	// The previous release's holder: no AUTH, the same requests.
+	ol, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: oldSock, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ol.Close()
+	go func() {
+		for {
+			c, err := ol.AcceptUnix()
+			if err != nil {
+				return
+			}
+			b := make([]byte, 512)
+			if n, err := c.Read(b); err == nil && string(b[:n]) == "LIST" {
+				_, _ = c.Write([]byte("OK csi-target/pvc-1/loop3"))
+			} else {
+				_, _ = c.Write([]byte("ERR unknown request"))
+			}
+			c.Close()
+		}
+	}()
+	c := Client{Path: newSock}
+	names, err := c.List()
+	if err != nil || !slices.Equal(names, []string{"csi-target/pvc-1/loop3"}) {
+		t.Fatalf("list with only the previous release's holder: %v, %v", names, err)
+	}
+	// This release's holder starts: from now on only it is asked, even when it is down.
+	l, err := Listen(newSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, l) }()
+	if names, err := c.List(); err != nil || len(names) != 0 {
+		t.Fatalf("list with this release's holder: %v, %v; want its empty list", names, err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if names, err := c.List(); err == nil {
+		t.Fatalf("list with this release's holder stopped: %v, want an error, not the previous holder's list", names)
 	}
 }
