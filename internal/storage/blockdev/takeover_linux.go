@@ -45,6 +45,9 @@ func Adopt(ctx context.Context, dev Device, dir, loop string, conn int, o Option
 	} else if st.Mode&unix.S_IFMT != unix.S_IFCHR {
 		return fail(errors.New("the connection's descriptor is not /dev/fuse"))
 	}
+	if err := ConnAlive(conn); err != nil {
+		return fail(err)
+	}
 	if err := unix.SetNonblock(conn, true); err != nil {
 		return fail(fmt.Errorf("set the connection non-blocking: %w", err))
 	}
@@ -155,4 +158,27 @@ func (e *Exported) Release() error {
 		e.opts.Logger.Info("block device export released for a successor", "dir", e.dir, "device", e.loop)
 	})
 	return e.closeErr
+}
+
+// ConnAlive says whether conn is a descriptor of a FUSE connection that a successor could
+// serve: nil, or an error wrapping ErrNoExport when the connection has ended (unmounted
+// everywhere, or aborted) or the descriptor was never mounted. The kernel tells without a
+// server: polling such a descriptor reports an error. A holder may keep descriptors of
+// ended connections (a forget that failed), and one of them must not be taken for the
+// volume's live connection.
+func ConnAlive(conn int) error {
+	fds := []unix.PollFd{{Fd: int32(conn), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("poll the FUSE connection: %w", err)
+		}
+		if fds[0].Revents&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
+			return fmt.Errorf("%w: the FUSE connection has ended", ErrNoExport)
+		}
+		return nil
+	}
 }

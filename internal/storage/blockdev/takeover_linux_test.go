@@ -512,3 +512,48 @@ func TestExistsRefusesAnotherExportsDetachedLoop(t *testing.T) {
 		t.Errorf("Exists(%s, %s), its own: %v", dir, mine.Device(), err)
 	}
 }
+
+// TestConnAlive: a served connection is alive; one that was never mounted, or whose mount
+// has gone, is not, and Adopt refuses it rather than serve nothing.
+func TestConnAlive(t *testing.T) {
+	requireMount(t)
+	dev := newFileDevice(t, filepath.Join(t.TempDir(), "backing.img"), 4<<20)
+	o := Options{Logger: quietLogger(), DirectIO: DirectIOOn}
+	e := export(t, dev, o)
+	live, err := e.Conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(live)
+	if err := ConnAlive(live); err != nil {
+		t.Errorf("a served connection: %v", err)
+	}
+	never, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(never)
+	if err := ConnAlive(never); !errors.Is(err, ErrNoExport) {
+		t.Errorf("a /dev/fuse descriptor never mounted: %v, want ErrNoExport", err)
+	}
+	loop, dir := e.Device(), filepath.Dir(e.File())
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ConnAlive(live); !errors.Is(err, ErrNoExport) {
+		t.Errorf("the connection after its export closed: %v, want ErrNoExport", err)
+	}
+	// Another export at the same place; a descriptor of the old connection is not its.
+	again, err := Export(context.Background(), dev, dir, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	old, err := unix.Dup(live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Adopt(context.Background(), dev, dir, again.Device(), old, o); !errors.Is(err, ErrNoExport) {
+		t.Errorf("adopting the old connection (loop device %s, now %s): %v, want ErrNoExport", loop, again.Device(), err)
+	}
+}
