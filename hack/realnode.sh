@@ -50,8 +50,8 @@ trap 'echo "realnode: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
 # Where network keeps what it changed on the host, and the nodes joined (nodes/NAME: DIR).
 readonly host_state=/run/crdipc-realnode
 # Host directories config/default's pods use (hostPath): each node's mount namespace binds
-# its own DIR/NAME there; on the host they stay empty mount points.
-readonly host_dirs=(/var/lib/kubelet /var/lib/crdipc)
+# its own DIR/NAME there; on the host they stay empty directories.
+readonly host_dirs=(/var/lib/kubelet /var/lib/crdipc /var/lib/crdipc-fd-holder)
 # Kernel settings the kubelet (protectKernelDefaults: false) changes for the whole machine,
 # and the forwarding network turns on; recorded by network, restored by the last down.
 readonly sysctls=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
@@ -391,14 +391,17 @@ setup_netns() {
   fi
 }
 
-# Runs inside the node's new mount namespace (private: nothing it mounts reaches the host,
-# nothing the host mounts later reaches it), as the namespace's holder: binds the node's own
-# directories, then sleeps until killed. Called as: realnode.sh ns-init DIR.
+# Runs inside the node's new mount namespace (a slave of the host's: nothing it mounts reaches
+# the host; what the host mounts and unmounts later reaches it where the host's mounts are
+# shared, as systemd makes them), as the namespace's holder: drops its copies of the host's
+# volume mounts, binds the node's own directories, then sleeps until killed. Called as:
+# realnode.sh ns-init DIR.
 cmd_ns_init() {
   dir=$1
   local d
+  drop_host_volumes
   for d in "${host_dirs[@]}"; do
-    mkdir -p "$dir/$(basename "$d")"
+    mkdir -p "$dir/$(basename "$d")" "$d"
     mount --bind "$dir/$(basename "$d")" "$d"
     # Shared: the kubelet's and the CSI driver's mounts propagate to the pods (Bidirectional).
     mount --make-rshared "$d"
@@ -411,10 +414,28 @@ cmd_ns_init() {
   exec sleep infinity
 }
 
+# Unmounts, in this namespace only, the copies it was made with of the host's FUSE file
+# systems and file systems on loop devices (a CSI target's, a test's): none is the node's, it
+# has mounted nothing yet. Where the host's / is private (no systemd) the host's unmounts do
+# not reach a copy, which would keep such a FUSE connection, and the host's volume with it,
+# alive for as long as the node runs.
+drop_host_volumes() {
+  local target fstype source
+  # Deepest first; a lazy unmount takes what is below with it.
+  findmnt -rn -o TARGET,FSTYPE,SOURCE | sort -r | while read -r target fstype source; do
+    case $fstype in
+    fuse | fuse.*) ;;
+    *) [[ $source == /dev/loop* ]] || continue ;;
+    esac
+    [ "$target" != / ] || continue
+    umount -l -- "$(printf '%b' "$target")" 2>/dev/null || true
+  done
+}
+
 # The holder of the node's mount namespace, in its network namespace.
 start_ns_holder() {
   local netns=$1 i
-  setsid nsenter --net="/run/netns/$netns" unshare --mount --propagation private -- \
+  setsid nsenter --net="/run/netns/$netns" unshare --mount --propagation slave -- \
     bash "$repo/hack/realnode.sh" ns-init "$dir" >>"$dir/logs/ns.log" 2>&1 </dev/null &
   echo "$! $(readlink -f "$(command -v sleep)")" >"$dir/pids/ns"
   for ((i = 0; i < 100; i++)); do
@@ -501,7 +522,7 @@ cmd_join() {
   done
   # Unix socket paths hold at most 107 bytes: DIR/containerd.sock.ttrpc and the kubelet's.
   [ ${#dir} -le 40 ] || die "join: --dir $dir is too long (socket paths); use a short one such as /tmp/crn1"
-  for f in containerd ctr runc kubectl iptables ip mount nsenter unshare; do
+  for f in containerd ctr runc kubectl iptables ip mount nsenter unshare findmnt; do
     command -v "$f" >/dev/null 2>&1 || die "join: $f is not installed (hack/realnode.sh deps)"
   done
   cni_bin=/usr/lib/cni

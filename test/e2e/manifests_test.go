@@ -344,6 +344,7 @@ func checkDefault(t *testing.T, docs [][]byte) {
 	if o, ok := objects["DaemonSet crdipc-system/crdipc-csi-node"]; ok {
 		checkCSINode(t, o, objects["DaemonSet crdipc-system/crdipc-fd-holder"])
 	}
+	checkHolderPrivate(t, objects)
 	ns, ok := objects["Namespace "+install.SystemNamespace]
 	if !ok {
 		t.Errorf("config/default has no Namespace %s", install.SystemNamespace)
@@ -404,6 +405,36 @@ func checkCSINode(t *testing.T, o, holder defaultObject) {
 	}
 	if host := hostPath(sock); host == "" || host != told || !strings.HasPrefix(host, kubeletRoot+"/plugins/") {
 		t.Errorf("crdipc-csi-node: the CSI socket %s is %q on the host and the kubelet is told %s: want one path under %s/plugins", sock, host, told, kubeletRoot)
+	}
+}
+
+// checkHolderPrivate: whoever can use the fd holder's socket can read every staged volume's
+// data, so no workload but the holder and the node plugin mounts its directory, or one
+// above it, from the host.
+func checkHolderPrivate(t *testing.T, objects map[string]defaultObject) {
+	t.Helper()
+	holder := objects["DaemonSet crdipc-system/crdipc-fd-holder"].Spec.Template.Spec
+	var dir string
+	for _, c := range holder.Containers {
+		for _, a := range c.Args {
+			if v, ok := strings.CutPrefix(a, "--socket="); ok {
+				dir = filepath.Dir(hostPathOf(holder.Volumes, c, v))
+			}
+		}
+	}
+	if dir == "" || dir == "." {
+		t.Errorf("crdipc-fd-holder: no --socket on a hostPath volume")
+		return
+	}
+	for key, o := range objects {
+		if key == "DaemonSet crdipc-system/crdipc-fd-holder" || key == "DaemonSet crdipc-system/crdipc-csi-node" {
+			continue
+		}
+		for _, v := range o.Spec.Template.Spec.Volumes {
+			if v.HostPath != nil && (v.HostPath.Path == dir || strings.HasPrefix(dir, strings.TrimSuffix(v.HostPath.Path, "/")+"/")) {
+				t.Errorf("%s mounts %s from the host, which holds the fd holder's socket (%s): only the holder and the node plugin may", key, v.HostPath.Path, dir)
+			}
+		}
 	}
 }
 

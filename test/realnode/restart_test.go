@@ -54,7 +54,7 @@ func (c *cluster) testRestarts(t *testing.T, phase func(string)) {
 	// one takes the volume over from the new holder's descriptor.
 	from := w.acked()
 	c.killRestarted(t, on, "crdipc-fd-holder", "fd-holder")
-	holder := &fdstore.Client{Path: filepath.Join(on.dir(), "crdipc", "fd-holder", "fd.sock")}
+	holder := &fdstore.Client{Path: filepath.Join(on.dir(), "crdipc-fd-holder", "fd.sock")}
 	c.poll(t, time.Minute, "the restarted fd holder given the volume's connection again", func() (bool, string) {
 		names, err := holder.List()
 		if err != nil {
