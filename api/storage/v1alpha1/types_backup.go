@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"slices"
+
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -97,6 +99,27 @@ type BackupStoreSpec struct {
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('64Ki')) || quantity(string(self)).compareTo(quantity('64Ki')) == 0",message="chunkSize must be at least 64Ki"
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isLessThan(quantity('64Mi')) || quantity(string(self)).compareTo(quantity('64Mi')) == 0",message="chunkSize must be at most 64Mi"
 	ChunkSize *resource.Quantity `json:"chunkSize,omitempty"`
+	// allowedNamespaces are the namespaces, besides the one a backup was made in, that may
+	// restore any backup of this store: a VolumeBackup there may name it (annotation
+	// storage.crdipc.io/backup-id) and a claim there may be filled from it. "*" is every
+	// namespace. Empty: a backup is restored only in its own namespace, and one that records
+	// none (not made through a VolumeBackup) nowhere. A namespace allowed here reads other
+	// namespaces' backups, but never deletes them from the store.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:Pattern=`^(\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?)$`
+	// +kubebuilder:validation:items:MaxLength=63
+	AllowedNamespaces []string `json:"allowedNamespaces,omitempty"`
+}
+
+// MayRestore says whether a VolumeBackup or a claim in namespace may restore a backup of the
+// store made in origin ("" for a backup that records no namespace).
+func (s *BackupStore) MayRestore(origin, namespace string) bool {
+	if origin != "" && origin == namespace {
+		return true
+	}
+	return slices.Contains(s.Spec.AllowedNamespaces, namespace) || slices.Contains(s.Spec.AllowedNamespaces, "*")
 }
 
 // BackupStoreStatus is the operator's view of the store.
@@ -241,6 +264,12 @@ type VolumeBackupStatus struct {
 	// backupID names the backup in the store: the VolumeBackup's UID.
 	// +optional
 	BackupID string `json:"backupID,omitempty"`
+	// originNamespace is the namespace the backup was made in: this one for a backup made
+	// here, what the manifest records for one found in the store ("" if it records none).
+	// A backup of another namespace is restored here only if the store allows it
+	// (BackupStore spec.allowedNamespaces).
+	// +optional
+	OriginNamespace string `json:"originNamespace,omitempty"`
 	// volumeSnapshot is the VolumeSnapshot it reads (taken by the backup, or its source).
 	// +optional
 	VolumeSnapshot string `json:"volumeSnapshot,omitempty"`

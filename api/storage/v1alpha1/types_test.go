@@ -121,3 +121,30 @@ func TestEffectiveReplicationFactor(t *testing.T) {
 		}
 	}
 }
+
+// A backup is restored in the namespace it was made in, and in those its store allows; one
+// that records no namespace only in those.
+func TestMayRestore(t *testing.T) {
+	store := func(allowed ...string) *v1alpha1.BackupStore {
+		return &v1alpha1.BackupStore{Spec: v1alpha1.BackupStoreSpec{AllowedNamespaces: allowed}}
+	}
+	for _, tc := range []struct {
+		store             *v1alpha1.BackupStore
+		origin, namespace string
+		want              bool
+	}{
+		{store(), "a", "a", true},
+		{store(), "b", "a", false},
+		{store(), "", "a", false},
+		{store(), "", "", false},
+		{store("a"), "b", "a", true},
+		{store("a"), "", "a", true},
+		{store("a"), "a", "c", false},
+		{store("*"), "b", "c", true},
+		{store("*"), "", "c", true},
+	} {
+		if got := tc.store.MayRestore(tc.origin, tc.namespace); got != tc.want {
+			t.Errorf("store allowing %q: a backup of %q restored in %q: %v, want %v", tc.store.Spec.AllowedNamespaces, tc.origin, tc.namespace, got, tc.want)
+		}
+	}
+}

@@ -9,10 +9,12 @@ import (
 	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/crdipc/crdipc/api/conditions"
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 )
 
@@ -21,8 +23,10 @@ import (
 // and the driver a volume with snapshots, clones' included).
 // +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshots,verbs=get
 // +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotcontents,verbs=get
-// A claim restoring a backup reads its VolumeBackup.
+// A claim restoring a backup reads its VolumeBackup, and the BackupStore's allowedNamespaces
+// when the backup was made in another namespace.
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=volumebackups,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.crdipc.io,resources=backupstores,verbs=get;list;watch
 
 const (
 	snapshotGroup = snapv1.GroupName
@@ -118,8 +122,11 @@ func (p *provisioner) contentSource(ctx context.Context, pvc *corev1.PersistentV
 }
 
 // backupSource: a VolumeBackup (crdipc's own kind, a volume populator's source in KEP-1495's
-// terms) must be Completed and no larger than the claim; it becomes the CreateVolume
-// parameter "<store>/<backup id>".
+// terms) must be Completed, no larger than the claim, and made in the claim's namespace
+// unless its store lets that namespace restore it; it becomes the CreateVolume parameter
+// "<store>/<backup id>". The operator refuses a VolumeBackup that names another namespace's
+// backup; this check is for one it completed before it did (or before the store's owner
+// took the namespace off allowedNamespaces): the claim waits, saying why, until allowed.
 func (p *provisioner) backupSource(ctx context.Context, src source, required int64) (string, error) {
 	var b storagev1alpha1.VolumeBackup
 	if err := p.c.Get(ctx, client.ObjectKey{Namespace: src.namespace, Name: src.name}, &b); apierrors.IsNotFound(err) {
@@ -127,8 +134,36 @@ func (p *provisioner) backupSource(ctx context.Context, src source, required int
 	} else if err != nil {
 		return "", waiting("reading VolumeBackup %s/%s: %w", src.namespace, src.name, err)
 	}
+	if b.Status.Phase == storagev1alpha1.BackupFailed {
+		msg := ""
+		if c := meta.FindStatusCondition(b.Status.Conditions, conditions.TypeReady); c != nil {
+			msg = ": " + c.Message
+		}
+		return "", waiting("VolumeBackup %s/%s failed%s", b.Namespace, b.Name, msg)
+	}
 	if b.Status.Phase != storagev1alpha1.BackupCompleted || b.Status.BackupID == "" {
 		return "", waiting("VolumeBackup %s/%s is %s, not Completed yet", b.Namespace, b.Name, b.Status.Phase)
+	}
+	// A backup made here is this namespace's; one found in the store is the namespace's
+	// its manifest names, as the operator recorded it.
+	origin := b.Status.OriginNamespace
+	if b.Spec.Source != nil {
+		origin = b.Namespace
+	}
+	if origin != src.namespace {
+		var store storagev1alpha1.BackupStore
+		if err := p.c.Get(ctx, client.ObjectKey{Name: b.Spec.Store}, &store); apierrors.IsNotFound(err) {
+			return "", waiting("VolumeBackup %s/%s: its store %s does not exist", b.Namespace, b.Name, b.Spec.Store)
+		} else if err != nil {
+			return "", waiting("reading BackupStore %s: %w", b.Spec.Store, err)
+		}
+		if !store.MayRestore(origin, src.namespace) {
+			why := "was made in another namespace"
+			if origin == "" {
+				why = "records no namespace it was made in (or the operator has not read it yet)"
+			}
+			return "", waiting("VolumeBackup %s/%s names backup %s of store %s, which %s: a backup is restored only in the namespace it was made in, unless the BackupStore's spec.allowedNamespaces names this one", b.Namespace, b.Name, b.Status.BackupID, store.Name, why)
+		}
 	}
 	if b.Status.Size != nil {
 		if n, err := storagev1alpha1.Bytes(*b.Status.Size); err == nil && n > required {

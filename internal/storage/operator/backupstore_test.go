@@ -344,3 +344,130 @@ func (h *heldReader) ReadAt(p []byte, off int64) (int, error) {
 	<-h.release
 	return h.r.ReadAt(p, off)
 }
+
+// A backup is restored only in the namespace it was made in. Its ID is no secret (the UID of
+// the VolumeBackup that made it), so a VolumeBackup of another namespace that names it by
+// annotation is refused, saying why: it is never Completed (no claim is filled from it), and
+// deleting it with deletionPolicy Delete leaves the backup in the bucket. It does not keep
+// the backup from being found in its own namespace either. The store's owner lets another
+// namespace restore it (spec.allowedNamespaces), never delete it, and can take that back; a
+// backup that records no namespace is restored only where the store allows.
+func TestBackupOfAnotherNamespaceIsRefused(t *testing.T) {
+	c := newCluster(t)
+	f := newStoreFixture(t, c)
+	f.createSecret(t, c)
+	theirs := c.env.Namespace(t)
+
+	// The bucket holds a backup made in namespace theirs, and one made by no VolumeBackup.
+	s, err := backup.NewS3(t.Context(), f.s3Options())
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo, err := backup.Open(t.Context(), s, f.key, backup.InitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 1<<20)
+	_, _ = rand.Read(data)
+	const id, loose = "00000000-0000-0000-0000-0000000000b1", "00000000-0000-0000-0000-0000000000b2"
+	for _, o := range []backup.BackupOptions{
+		{ID: id, Volume: theirs + "/data", Labels: map[string]string{storeref.ManifestNamespace: theirs, storeref.ManifestName: "nightly"}},
+		{ID: loose, Volume: "data"},
+	} {
+		if _, err := repo.Backup(t.Context(), bytes.NewReader(data), int64(len(data)), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	named := func(name, id string) *storagev1alpha1.VolumeBackup {
+		b := &storagev1alpha1.VolumeBackup{
+			ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: name, Annotations: map[string]string{storagev1alpha1.AnnotationBackupID: id}},
+			Spec:       storagev1alpha1.VolumeBackupSpec{Store: "store-" + c.id, DeletionPolicy: storagev1alpha1.BackupDelete},
+		}
+		if err := c.c.Create(t.Context(), b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	refused := func(b *storagev1alpha1.VolumeBackup, why string) {
+		t.Helper()
+		cond := waitReady(t, c, b, metav1.ConditionFalse, conditions.ReasonFailed)
+		if !strings.Contains(cond.Message, why) || !strings.Contains(cond.Message, "allowedNamespaces") || strings.Contains(cond.Message, theirs) {
+			t.Errorf("VolumeBackup %s naming another namespace's backup says %q: want why (%s), how to allow it, and not whose it is", b.Name, cond.Message, why)
+		}
+		if st := b.Status; st.Phase != storagev1alpha1.BackupFailed || st.BackupID != "" || st.Volume != "" || st.Size != nil || st.OriginNamespace != "" {
+			t.Errorf("VolumeBackup %s naming another namespace's backup: status %+v, want Failed and nothing of the backup", b.Name, st)
+		}
+	}
+	// Named from namespace c.ns before the store is even made: it must not keep the backup
+	// from being found in its own namespace.
+	steal := named("steal", id)
+	c.startOperator(func(o *operator.Options) { o.StoreSync = 500 * time.Millisecond })
+	store := f.store("store-"+c.id, "http://"+f.srv.Endpoint)
+	if err := c.c.Create(t.Context(), store); err != nil {
+		t.Fatal(err)
+	}
+	own := &storagev1alpha1.VolumeBackup{ObjectMeta: metav1.ObjectMeta{Namespace: theirs, Name: "nightly"}}
+	waitReady(t, c, own, metav1.ConditionTrue, conditions.ReasonSucceeded)
+	if own.Status.OriginNamespace != theirs || own.Status.BackupID != id {
+		t.Errorf("the backup found in its own namespace: status %+v", own.Status)
+	}
+	refused(steal, "was made in another namespace")
+	looseRefused := named("loose", loose)
+	refused(looseRefused, "records no namespace")
+
+	// Deleting the refused one (policy Delete) leaves the backup in the bucket.
+	for _, b := range []*storagev1alpha1.VolumeBackup{steal, looseRefused} {
+		if err := c.c.Delete(t.Context(), b); err != nil {
+			t.Fatal(err)
+		}
+		waitGone(t, c, b)
+	}
+	for _, id := range []string{id, loose} {
+		if _, err := repo.Manifest(t.Context(), id); err != nil {
+			t.Fatalf("backup %s went from the bucket with a VolumeBackup of another namespace: %v", id, err)
+		}
+	}
+
+	// The store's owner lets namespace c.ns restore its backups: it may, but still not
+	// delete them.
+	allow := func(namespaces ...string) {
+		t.Helper()
+		if err := c.c.Get(t.Context(), client.ObjectKeyFromObject(store), store); err != nil {
+			t.Fatal(err)
+		}
+		store.Spec.AllowedNamespaces = namespaces
+		if err := c.c.Update(t.Context(), store); err != nil {
+			t.Fatal(err)
+		}
+	}
+	allow(c.ns)
+	borrowed := named("borrowed", id)
+	waitReady(t, c, borrowed, metav1.ConditionTrue, conditions.ReasonSucceeded)
+	if st := borrowed.Status; st.Phase != storagev1alpha1.BackupCompleted || st.BackupID != id || st.OriginNamespace != theirs {
+		t.Errorf("a backup the store lets namespace %s restore: status %+v", c.ns, st)
+	}
+	borrowedLoose := named("borrowed-loose", loose)
+	waitReady(t, c, borrowedLoose, metav1.ConditionTrue, conditions.ReasonSucceeded)
+	if err := c.c.Delete(t.Context(), borrowedLoose); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, c, borrowedLoose)
+	for _, id := range []string{id, loose} {
+		if _, err := repo.Manifest(t.Context(), id); err != nil {
+			t.Fatalf("backup %s went from the bucket with a VolumeBackup of a namespace allowed to restore it: %v", id, err)
+		}
+	}
+
+	// Taken back: the completed one is refused again.
+	allow()
+	refused(borrowed, "was made in another namespace")
+}
+
+// waitGone waits for obj to be deleted.
+func waitGone(t *testing.T, c *cluster, obj client.Object) {
+	t.Helper()
+	wait.Eventually(t, 60*time.Second, obj.GetName()+" deleted", func(ctx context.Context) (bool, error) {
+		err := c.c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+}

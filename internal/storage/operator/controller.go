@@ -146,13 +146,15 @@ func registerBackups(mgr manager.Manager, o Options) error {
 	if o.StoreSync <= 0 {
 		o.StoreSync = DefaultStoreSync
 	}
-	stores := &storeHandler{c: mgr.GetClient(), live: mgr.GetAPIReader(), pruneEvery: o.PruneInterval, sync: o.StoreSync}
+	// Each store's sync opens it again: an opened store is reused for two of its syncs.
+	opened := &repos{maxAge: 2 * o.StoreSync}
+	stores := &storeHandler{c: mgr.GetClient(), live: mgr.GetAPIReader(), pruneEvery: o.PruneInterval, sync: o.StoreSync, repos: opened}
 	so := o.Receiver
 	so.Name, so.Finalizer = "backupstore", ""
 	if err := ipc.Register(mgr, &storagev1alpha1.BackupStore{}, ipc.Handler[*storagev1alpha1.BackupStore](stores), so); err != nil {
 		return err
 	}
-	backups := &backupHandler{c: mgr.GetClient(), live: mgr.GetAPIReader()}
+	backups := &backupHandler{c: mgr.GetClient(), live: mgr.GetAPIReader(), repos: opened}
 	bo := o.Receiver
 	bo.Name, bo.Finalizer = "volumebackup", BackupFinalizer
 	// The VolumeSnapshot a backup takes is owned by it: deleted with it.

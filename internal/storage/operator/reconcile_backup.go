@@ -51,14 +51,16 @@ const BackupFinalizer = "storage.crdipc.io/backup"
 const backupPoll = 2 * time.Second
 
 type backupHandler struct {
-	c    client.Client
-	live client.Reader
+	c     client.Client
+	live  client.Reader
+	repos *repos
 }
 
 // Handle implements ipc.Handler.
 func (h *backupHandler) Handle(ctx context.Context, b *storagev1alpha1.VolumeBackup) (ipc.Result, error) {
 	st := &b.Status
-	if st.Phase == storagev1alpha1.BackupCompleted {
+	if b.Spec.Source != nil && st.Phase == storagev1alpha1.BackupCompleted {
+		st.OriginNamespace = b.Namespace // (completed before the field was)
 		return ipc.Done(completedMessage(b)), nil
 	}
 	var store storagev1alpha1.BackupStore
@@ -74,6 +76,7 @@ func (h *backupHandler) Handle(ctx context.Context, b *storagev1alpha1.VolumeBac
 	if st.BackupID == "" {
 		st.BackupID = string(b.UID)
 	}
+	st.OriginNamespace = b.Namespace
 	if c := meta.FindStatusCondition(store.Status.Conditions, conditions.TypeReady); c == nil || c.Status != metav1.ConditionTrue {
 		msg := "not opened yet"
 		if c != nil {
@@ -274,14 +277,24 @@ func (h *backupHandler) place(ctx context.Context, b *storagev1alpha1.VolumeBack
 	return ipc.Result{}, false, nil
 }
 
-// found answers a backup that was found in its store: it is complete as the store has it.
+// found answers a backup that was found in its store (or that names one, annotation
+// storage.crdipc.io/backup-id): it is complete as the store has it, if the store lets the
+// backup's namespace restore it. A backup's ID is no secret (the UID of the VolumeBackup that
+// made it), so the manifest, not the name, says whose it is.
 func (h *backupHandler) found(ctx context.Context, b *storagev1alpha1.VolumeBackup, store *storagev1alpha1.BackupStore) (ipc.Result, error) {
 	st := &b.Status
 	id := b.Annotations[storagev1alpha1.AnnotationBackupID]
 	if id == "" {
 		return ipc.Result{}, ipc.InvalidSpec("a backup without a source must name its backup in the store (annotation %s)", storagev1alpha1.AnnotationBackupID)
 	}
-	repo, err := storeref.Open(ctx, h.live, store, false)
+	// Checked against its manifest already: only the store's allowance may have changed.
+	if st.Phase == storagev1alpha1.BackupCompleted && st.BackupID == id && st.OriginNamespace != "" {
+		if !store.MayRestore(st.OriginNamespace, b.Namespace) {
+			return ipc.Result{}, refuse(b, store, id, st.OriginNamespace)
+		}
+		return ipc.Done(completedMessage(b)), nil
+	}
+	repo, err := h.repos.get(ctx, h.live, store)
 	if err != nil {
 		return ipc.Waiting("StoreNotReady", fmt.Sprintf("backup store %s: %v", store.Name, err), 30*time.Second), nil
 	}
@@ -291,11 +304,32 @@ func (h *backupHandler) found(ctx context.Context, b *storagev1alpha1.VolumeBack
 	} else if err != nil {
 		return ipc.Waiting("StoreNotReady", err.Error(), 30*time.Second), nil
 	}
-	st.BackupID, st.Volume, st.Phase = id, m.Volume, storagev1alpha1.BackupCompleted
+	origin := m.Labels[storeref.ManifestNamespace]
+	if !store.MayRestore(origin, b.Namespace) {
+		return ipc.Result{}, refuse(b, store, id, origin)
+	}
+	st.BackupID, st.OriginNamespace, st.Volume, st.Phase = id, origin, m.Volume, storagev1alpha1.BackupCompleted
 	st.Size = resource.NewQuantity(m.Size, resource.BinarySI)
 	st.BytesDone, st.BytesUploaded, st.ObjectsUploaded = m.Size, m.Stats.UploadedBytes, m.Stats.Uploaded
 	st.StartTime = &metav1.Time{Time: m.Created}
 	return ipc.Done(completedMessage(b)), nil
+}
+
+// refuse fails b, which names a backup that its store does not let b's namespace restore.
+// The status keeps nothing of that backup: no ID, so that neither the finalizer deletes it
+// nor a claim is filled from it, and nothing of what it holds. The message does not name the
+// backup's namespace either: b's namespace has no business learning it.
+func refuse(b *storagev1alpha1.VolumeBackup, store *storagev1alpha1.BackupStore, id, origin string) error {
+	b.Status = storagev1alpha1.VolumeBackupStatus{
+		ObservedGeneration: b.Status.ObservedGeneration,
+		Conditions:         b.Status.Conditions,
+		Phase:              storagev1alpha1.BackupFailed,
+	}
+	why := "was made in another namespace"
+	if origin == "" {
+		why = "records no namespace (it was not made through a VolumeBackup)"
+	}
+	return ipc.Terminal("backup %s in store %s %s: a backup is restored only in the namespace it was made in, unless its BackupStore's spec.allowedNamespaces names this one (%s); ask the store's owner, a cluster administrator", id, store.Name, why, b.Namespace)
 }
 
 // Finalize implements ipc.Finalizer: a backup whose policy is Delete is deleted from its
@@ -310,9 +344,23 @@ func (h *backupHandler) Finalize(ctx context.Context, b *storagev1alpha1.VolumeB
 	} else if err != nil {
 		return err
 	}
-	repo, err := storeref.Open(ctx, h.live, &store, false)
+	repo, err := h.repos.get(ctx, h.live, &store)
 	if err != nil {
 		return fmt.Errorf("opening store %s to delete backup %s: %w", store.Name, b.Status.BackupID, err)
+	}
+	if b.Spec.Source == nil {
+		// Named, not made here: deleted only by a VolumeBackup of the namespace it was made
+		// in. One that the store lets another namespace restore is not that namespace's to
+		// delete.
+		m, err := repo.Manifest(ctx, b.Status.BackupID)
+		if errors.Is(err, backup.ErrNotFound) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("store %s: %w", store.Name, err)
+		}
+		if origin := m.Labels[storeref.ManifestNamespace]; origin == "" || origin != b.Namespace {
+			return nil
+		}
 	}
 	// An upload still running would write its manifest after the delete below. The agent
 	// stops it once it sees the deletion; until its marker is gone, wait (a dead agent's

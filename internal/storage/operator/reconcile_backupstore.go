@@ -29,12 +29,64 @@ const DefaultStoreSync = time.Minute
 // DefaultPruneInterval is how often a store's unreferenced chunks are pruned.
 const DefaultPruneInterval = time.Hour
 
+// repos keeps the repository each store was last opened as, by the store's sync or by a
+// backup: a backup's finalizer, which looks at its store every backupPoll while an upload
+// stops, and the backups found in a store, use it instead of reading the store's three
+// Secrets and its key check again each time. An entry serves the store's generation it was
+// opened for, for maxAge: the store's sync opens it again (Secrets rotated, key changed) as
+// often, and a sync that fails to open it drops it.
+type repos struct {
+	maxAge time.Duration
+
+	mu     sync.Mutex
+	opened map[types.UID]openedRepo
+}
+
+type openedRepo struct {
+	generation int64
+	at         time.Time
+	repo       *backup.Repository
+}
+
+// get returns store's repository, opened again unless a fresh one is kept.
+func (r *repos) get(ctx context.Context, live client.Reader, store *storagev1alpha1.BackupStore) (*backup.Repository, error) {
+	r.mu.Lock()
+	o, ok := r.opened[store.UID]
+	r.mu.Unlock()
+	if ok && o.generation == store.Generation && time.Since(o.at) < r.maxAge {
+		return o.repo, nil
+	}
+	repo, err := storeref.Open(ctx, live, store, false)
+	if err != nil {
+		r.drop(store.UID)
+		return nil, err
+	}
+	r.put(store, repo)
+	return repo, nil
+}
+
+func (r *repos) put(store *storagev1alpha1.BackupStore, repo *backup.Repository) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.opened == nil {
+		r.opened = map[types.UID]openedRepo{}
+	}
+	r.opened[store.UID] = openedRepo{generation: store.Generation, at: time.Now(), repo: repo}
+}
+
+func (r *repos) drop(uid types.UID) {
+	r.mu.Lock()
+	delete(r.opened, uid)
+	r.mu.Unlock()
+}
+
 // storeHandler opens BackupStores and keeps the cluster's VolumeBackups in step with them.
 type storeHandler struct {
 	c          client.Client
 	live       client.Reader
 	pruneEvery time.Duration
 	sync       time.Duration
+	repos      *repos
 
 	mu       sync.Mutex
 	failures map[types.UID]int       // opens failed in a row, for the backoff
@@ -45,6 +97,7 @@ type storeHandler struct {
 func (h *storeHandler) Handle(ctx context.Context, s *storagev1alpha1.BackupStore) (ipc.Result, error) {
 	repo, err := storeref.Open(ctx, h.live, s, true)
 	if err != nil {
+		h.repos.drop(s.UID)
 		reason := "Unreachable"
 		switch {
 		case errors.Is(err, storeref.ErrSecret):
@@ -56,8 +109,10 @@ func (h *storeHandler) Handle(ctx context.Context, s *storagev1alpha1.BackupStor
 	}
 	manifests, err := repo.Backups(ctx)
 	if err != nil {
+		h.repos.drop(s.UID)
 		return ipc.Waiting("Unreachable", err.Error(), h.backoff(s.UID)), nil
 	}
+	h.repos.put(s, repo)
 	h.mu.Lock()
 	delete(h.failures, s.UID)
 	h.mu.Unlock()
@@ -152,20 +207,24 @@ func (h *storeHandler) discover(ctx context.Context, s *storagev1alpha1.BackupSt
 	if err != nil {
 		return nil, err
 	}
+	// A backup is known only by a VolumeBackup of its own namespace: one that another
+	// namespace made naming it (refused unless the store allows it) must not keep it from
+	// its own.
 	known := map[string]bool{}
 	for i := range backups {
-		known[backupID(&backups[i])] = true
-		known[string(backups[i].UID)] = true
+		b := &backups[i]
+		known[b.Namespace+"/"+backupID(b)] = true
+		known[b.Namespace+"/"+string(b.UID)] = true
 	}
 	var imported int
 	var missingNS, taken []string
 	for _, m := range manifests {
-		if known[m.ID] {
-			continue
-		}
 		ns, name := m.Labels[storeref.ManifestNamespace], m.Labels[storeref.ManifestName]
 		if ns == "" || name == "" {
-			continue // not made through a VolumeBackup
+			continue // not made through a VolumeBackup: it belongs to no namespace
+		}
+		if known[ns+"/"+m.ID] {
+			continue
 		}
 		var n corev1.Namespace
 		if err := h.live.Get(ctx, client.ObjectKey{Name: ns}, &n); apierrors.IsNotFound(err) {
@@ -244,9 +303,10 @@ func (h *storeHandler) backupsOf(ctx context.Context, store string) ([]storagev1
 	return slices.DeleteFunc(list.Items, func(b storagev1alpha1.VolumeBackup) bool { return b.Spec.Store != store }), nil
 }
 
-// backupID is the ID in its store of the backup b stands for.
+// backupID is the ID in its store of the backup b stands for. The annotation counts only on
+// a backup without a source: one with a source is the backup it makes.
 func backupID(b *storagev1alpha1.VolumeBackup) string {
-	if id := b.Annotations[storagev1alpha1.AnnotationBackupID]; id != "" {
+	if id := b.Annotations[storagev1alpha1.AnnotationBackupID]; id != "" && b.Spec.Source == nil {
 		return id
 	}
 	if b.Status.BackupID != "" {
@@ -255,7 +315,8 @@ func backupID(b *storagev1alpha1.VolumeBackup) string {
 	return string(b.UID)
 }
 
-// storeToBackups maps a store to its backups: those waiting for it to open go on.
+// storeToBackups maps a store to its backups: those waiting for it to open go on, and those
+// found in it are judged again against its allowedNamespaces.
 func (h *backupHandler) storeToBackups(ctx context.Context, o client.Object) []reconcile.Request {
 	var list storagev1alpha1.VolumeBackupList
 	if err := h.c.List(ctx, &list); err != nil {
@@ -263,7 +324,7 @@ func (h *backupHandler) storeToBackups(ctx context.Context, o client.Object) []r
 	}
 	var reqs []reconcile.Request
 	for _, b := range list.Items {
-		if b.Spec.Store == o.GetName() && b.Status.Phase != storagev1alpha1.BackupCompleted {
+		if b.Spec.Store == o.GetName() && (b.Status.Phase != storagev1alpha1.BackupCompleted || b.Spec.Source == nil) {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&b)})
 		}
 	}
