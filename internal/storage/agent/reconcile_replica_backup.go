@@ -35,10 +35,14 @@ func (h *replicaHandler) fillFromBackup(ctx context.Context, r *storagev1alpha1.
 		return waiting("cannot fill the replica from backup %s: %v", ref.ID, err)
 	}
 	if size, err := storagev1alpha1.Bytes(r.Spec.Capacity); err == nil && rd.Manifest().Size > size {
+		rd.Close()
 		return waiting("backup %s holds %d bytes, more than the replica's %d: restore it into a claim at least that large", ref.ID, rd.Manifest().Size, size)
 	}
 	name := fmt.Sprintf("backup %s in store %s", ref.ID, ref.Store)
+	// The reader holds a restore's marker in the store, which keeps prunes from deleting
+	// its chunks; the fill closes it when it stops reading.
 	if err := h.data.fill(storagev1alpha1.ReplicaDataID(r.Namespace, r.Name), name, backupSource{rd}); err != nil {
+		rd.Close()
 		return dataState{}, false, fmt.Errorf("filling from %s: %w", name, err)
 	}
 	r.Status.Rebuild = &storagev1alpha1.ReplicaRebuild{Source: name, Progress: "0%"}
@@ -69,3 +73,6 @@ func (s backupSource) Extents(_ context.Context, off, length int64) ([]replica.E
 func (s backupSource) ReadAt(ctx context.Context, p []byte, off int64) error {
 	return s.r.ReadAt(ctx, p, off)
 }
+
+// Close ends the restore's marker (replica.Fill calls it when the fill stops).
+func (s backupSource) Close() error { return s.r.Close() }

@@ -3,7 +3,6 @@ package backup
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -29,8 +28,10 @@ type BackupOptions struct {
 	Concurrency int
 	// Progress, if set, is called after each chunk (never concurrently).
 	Progress func(Progress)
-	// Heartbeat is how often the backup tells Prune it still runs; default 1 minute. A
-	// backup that could not tell it for PendingTimeout/2 stops (see Prune).
+	// Heartbeat is how often the backup tells Prune it still runs (renews its marker);
+	// default a tenth of the store's pending timeout, 1 minute at most. A backup whose
+	// marker once went unrenewed for half the pending timeout fails rather than write its
+	// manifest (see Prune).
 	Heartbeat time.Duration
 	// Commit, if set, is called once every chunk is stored, right before the manifest is
 	// written: an error stops the backup, which then does not exist. The caller checks
@@ -47,13 +48,6 @@ type Progress struct {
 	// Uploaded and UploadedBytes: objects and bytes written to the store so far (for a
 	// restore, read from it).
 	Uploaded, UploadedBytes int64
-}
-
-// pending is a running backup's marker: Prune does not delete chunks that the backups
-// running when it condemned them may still list.
-type pending struct {
-	ID      string    `json:"id"`
-	Started time.Time `json:"started"`
 }
 
 // Backup reads size bytes of src, the volume, and stores them as backup o.ID. Only
@@ -78,44 +72,41 @@ func (r *Repository) Backup(ctx context.Context, src io.ReaderAt, size int64, o 
 	if o.Concurrency <= 0 {
 		o.Concurrency = 4
 	}
-	if o.Heartbeat <= 0 {
-		o.Heartbeat = time.Minute
+	if o.Heartbeat <= 0 || o.Heartbeat > r.pendingTimeout/4 {
+		o.Heartbeat = min(time.Minute, r.pendingTimeout/10)
 	}
 	m := &Manifest{ID: o.ID, Volume: o.Volume, Source: o.Source, Parent: o.Parent, Labels: o.Labels,
 		Created: time.Now().UTC(), Size: size, ChunkSize: r.chunkSize, Chunks: make([]string, chunksOf(size, r.chunkSize))}
 
-	// The marker first, then what Prune condemned: a prune that condemns after this read
-	// lists this backup as running, and waits for it.
-	hb, err := r.startHeartbeat(ctx, o.ID, o.Heartbeat)
-	if err != nil {
-		return nil, err
-	}
-	defer hb.stop()
-	condemned, err := r.condemned(ctx)
-	if err != nil {
-		return nil, err
-	}
-	// What the store holds, listed once (a thousand names a request) rather than asked
-	// chunk by chunk: a HEAD per chunk cost a third of a full backup's time. A chunk
-	// another backup uploads meanwhile is uploaded again, which is harmless.
-	known, err := r.storedChunks(ctx)
+	// The marker first, with the newest epoch, then the chunks stored: every copy this backup
+	// reuses is one that epoch neither condemns nor deletes, and a prune deletes nothing
+	// while a backup that read an older epoch runs (see Prune).
+	// Its own marker: two runs of one backup (a retry on another node while the first
+	// still runs) may have read different epochs.
+	sess, err := r.openSession(ctx, pendingPrefix+o.ID+"/"+randomID(), o.ID, o.Heartbeat)
 	if err != nil {
 		return nil, fmt.Errorf("backup %s: %w", o.ID, err)
 	}
-	// known: stored and not condemned (a condemned chunk is uploaded again), or claimed by
-	// this backup's upload. A chunk met again while its upload runs is not waited for:
-	// the manifest is written only once every upload has succeeded.
-	for name := range condemned {
-		delete(known, name)
+	defer sess.stop(ctx)
+	gen := sess.ep.Seq
+	// What the store holds, listed once (a thousand names a request) rather than asked
+	// chunk by chunk: a HEAD per chunk cost a third of a full backup's time. A chunk another
+	// backup uploads meanwhile is uploaded again, which is harmless.
+	list, err := r.storedChunks(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("backup %s: %w", o.ID, err)
 	}
-	if o.Parent != "" {
-		// The parent is named in the manifest; what it lists needs no special case, being
-		// stored, and a chunk of it that went missing is uploaded again.
-		if _, err := r.Manifest(ctx, o.Parent); err != nil {
-			return nil, fmt.Errorf("backup %s: its parent: %w", o.ID, err)
+	// known: the chunks with a copy this backup may reuse (stored, not avoided by its epoch,
+	// not found damaged), or claimed by this backup's upload. A chunk met again while its
+	// upload runs is not waited for: the manifest is written only once every upload has
+	// succeeded.
+	avoided := sess.ep.avoided()
+	known := map[string]bool{}
+	for key, c := range list.copies {
+		if !avoided[key] && !list.damaged[key] {
+			known[c.Name] = true
 		}
 	}
-
 	var (
 		mu    sync.Mutex // known, stats, done, and the calls of o.Progress
 		stats = Stats{Chunks: int64(len(m.Chunks))}
@@ -157,8 +148,8 @@ func (r *Repository) Backup(ctx context.Context, src io.ReaderAt, size int64, o 
 			name := r.keys.name(buf)
 			m.Chunks[i] = name
 			mu.Lock()
-			_, have := known[name]
-			known[name] = ObjectInfo{}
+			have := known[name]
+			known[name] = true
 			mu.Unlock()
 			if have {
 				count(n, func(s *Stats) { s.Reused++ })
@@ -167,8 +158,17 @@ func (r *Repository) Backup(ctx context.Context, src io.ReaderAt, size int64, o 
 			sp := seals.Get().(*[]byte)
 			defer seals.Put(sp)
 			sealed := r.sealChunk(buf, name, *sp)
-			if err := r.store.Put(gctx, chunkKey(name), sealed); err != nil {
+			// Only this epoch's copy: one that existed before the epoch may be deleted now.
+			key := chunkKey(name, gen)
+			if err := r.store.Put(gctx, key, sealed); err != nil {
 				return fmt.Errorf("backup %s: %w", o.ID, err)
+			}
+			if list.damaged[key] {
+				// Written again whole: the record no longer holds (one a verify writes
+				// again meanwhile costs one more upload, later).
+				if err := r.store.Delete(gctx, damagedKey(key)); err != nil {
+					return fmt.Errorf("backup %s: %w", o.ID, err)
+				}
 			}
 			count(n, func(s *Stats) { s.Uploaded++; s.UploadedBytes += int64(len(sealed)) })
 			return nil
@@ -180,16 +180,22 @@ func (r *Repository) Backup(ctx context.Context, src io.ReaderAt, size int64, o 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := hb.fresh(); err != nil {
-		return nil, fmt.Errorf("backup %s: %w", o.ID, err)
-	}
 	if o.Commit != nil {
 		if err := o.Commit(ctx); err != nil {
 			return nil, fmt.Errorf("backup %s: %w", o.ID, err)
 		}
 	}
+	// Last, right before the manifest: a backup whose marker a prune may have found older
+	// than the pending timeout, at any time since it began, may reuse a deleted chunk.
+	if err := sess.fresh(); err != nil {
+		return nil, fmt.Errorf("backup %s: %w; back it up again", o.ID, err)
+	}
 	m.Stats = stats
-	if err := r.putManifest(ctx, m); err != nil {
+	// The manifest must be stored before a prune could take this backup for dead: at most a
+	// quarter of the pending timeout (fresh allowed half).
+	mctx, cancel := context.WithDeadline(ctx, r.now().Add(r.pendingTimeout/4))
+	defer cancel()
+	if err := r.putManifest(mctx, m); err != nil {
 		return nil, fmt.Errorf("backup %s: writing its manifest to %s: %w", o.ID, r.store, err)
 	}
 	return m, nil
@@ -198,70 +204,6 @@ func (r *Repository) Backup(ctx context.Context, src io.ReaderAt, size int64, o 
 // Running tells whether backup id runs: its marker was renewed within the time after which
 // Prune takes a backup for dead.
 func (r *Repository) Running(ctx context.Context, id string) (bool, error) {
-	ids, _, err := r.running(ctx, defaultPendingTimeout)
-	return slices.Contains(ids, id), err
-}
-
-// heartbeat keeps a running backup's pending marker fresh.
-type heartbeat struct {
-	r       *Repository
-	key     string
-	every   time.Duration
-	cancel  context.CancelFunc
-	done    chan struct{}
-	mu      sync.Mutex
-	last    time.Time // of the last marker written
-	lastErr error
-}
-
-func (r *Repository) startHeartbeat(ctx context.Context, id string, every time.Duration) (*heartbeat, error) {
-	h := &heartbeat{r: r, key: pendingPrefix + id, every: every, done: make(chan struct{})}
-	data, _ := json.Marshal(pending{ID: id, Started: time.Now().UTC()})
-	if err := r.store.Put(ctx, h.key, data); err != nil {
-		return nil, fmt.Errorf("backup %s: writing its marker to %s: %w", id, r.store, err)
-	}
-	h.last = time.Now()
-	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	h.cancel = cancel
-	go func() {
-		defer close(h.done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-hctx.Done():
-				return
-			case <-t.C:
-			}
-			err := r.store.Put(hctx, h.key, data)
-			h.mu.Lock()
-			if err == nil {
-				h.last = time.Now()
-			}
-			h.lastErr = err
-			h.mu.Unlock()
-		}
-	}()
-	return h, nil
-}
-
-// fresh fails if the marker was last written longer ago than a prune waits for a silent
-// backup (PendingTimeout's default, halved): a prune may then have taken this backup for
-// dead and deleted chunks it reuses.
-func (h *heartbeat) fresh() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if since := time.Since(h.last); since > defaultPendingTimeout/2 {
-		return fmt.Errorf("its marker in %s was last renewed %s ago (%v): a prune may have taken it for dead; back it up again", h.r.store, since.Round(time.Second), h.lastErr)
-	}
-	return nil
-}
-
-// stop ends the heartbeat and removes the marker.
-func (h *heartbeat) stop() {
-	h.cancel()
-	<-h.done
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_ = h.r.store.Delete(ctx, h.key) // a marker left behind only delays a prune (PendingTimeout)
+	live, err := r.liveMarkers(ctx, pendingPrefix)
+	return slices.ContainsFunc(live, func(m marker) bool { return m.ID == id }), err
 }

@@ -6,112 +6,71 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 )
 
-// defaultPendingTimeout: a backup whose marker was not renewed for this long is taken for
-// dead (a backup renews it every minute, and stops if it could not for half of this).
+// defaultPendingTimeout: a backup or restore whose marker was not renewed for this long is
+// taken for dead (the default and the most a store may set; see InitOptions).
 const defaultPendingTimeout = 10 * time.Minute
 
-// condemnation is what a prune's first pass leaves for its second.
-type condemnation struct {
-	// Marked is the store's time when the chunks were condemned: a chunk written after
-	// it was uploaded again by a backup, and stays.
-	Marked time.Time `json:"marked"`
-	Chunks []string  `json:"chunks"`
-	// Running are the backups that were running then: they may list a condemned chunk
-	// without uploading it again, so the second pass waits until they are done.
-	Running []string `json:"running,omitempty"`
-}
-
-type condemnedSet map[string]bool
-
-func (c condemnedSet) has(name string) bool { return c[name] }
-
-// condemned reads the chunks the last prune condemned.
-func (r *Repository) condemned(ctx context.Context) (condemnedSet, error) {
-	c, err := r.condemnation(ctx)
-	if err != nil || c == nil {
-		return nil, err
-	}
-	set := condemnedSet{}
-	for _, n := range c.Chunks {
-		set[n] = true
-	}
-	return set, nil
-}
-
-func (r *Repository) condemnation(ctx context.Context) (*condemnation, error) {
-	data, err := r.store.Get(ctx, condemnedKey)
-	if errors.Is(err, ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading %s in %s: %w", condemnedKey, r.store, err)
-	}
-	var c condemnation
-	if err := json.Unmarshal(data, &c); err != nil {
-		return nil, fmt.Errorf("%s in %s is damaged: %w", condemnedKey, r.store, err)
-	}
-	return &c, nil
-}
-
 // PruneOptions configure Prune.
-type PruneOptions struct {
-	// PendingTimeout: a backup whose marker was not renewed for this long is taken for
-	// dead; default (and most) 10 minutes.
-	PendingTimeout time.Duration
-}
+type PruneOptions struct{}
 
 // PruneResult is what a Prune did.
 type PruneResult struct {
-	// Deleted chunks (and their stored bytes) were condemned by the previous prune and
-	// still listed by no backup. Revived ones were condemned but written again since.
-	Deleted, Revived int
-	DeletedBytes     int64
-	// Condemned chunks are listed by no backup now: the next prune deletes them, unless a
-	// backup lists or writes them by then.
+	// Epoch is the epoch this prune made; 0 if it made none: the newest is younger than
+	// the pending timeout (NotBefore says when the next may be made), or another prune
+	// made it first.
+	Epoch     int64
+	NotBefore time.Time
+	// Deleted chunk copies (and their stored bytes) were condemned by the previous epoch
+	// and still listed by no backup.
+	Deleted      int
+	DeletedBytes int64
+	// Condemned copies are listed by no backup now: the next epoch deletes them, unless a
+	// backup lists them by then.
 	Condemned int
-	// Waiting are the backups that were running when the previous prune condemned chunks
-	// and still run: this prune deleted nothing.
+	// Waiting are the backups (IDs) and restores (restore:<ID>) running with an older
+	// epoch than the one whose condemned chunks this prune would delete: it deleted none.
 	Waiting []string
+	// Stopped: the prune ran out of its time (half the pending timeout) before every
+	// deletion; the rest are condemned again.
+	Stopped bool
 }
 
-// Prune deletes the chunks that no backup lists, without ever deleting one that a
-// running backup counts on. It works in two passes, each a call of Prune:
+// Prune deletes the chunk copies that no backup lists, without ever deleting one that a
+// backup's manifest, a running backup or a running restore needs. Each Prune that finds the
+// newest epoch at least the pending timeout old makes the next one (docs/backup.md, "Backing
+// up while a prune runs"):
 //
-//  1. It condemns the chunks no manifest lists (writes their names, with the store's time
-//     and the backups running then). A backup that starts later reads the condemned names
-//     and uploads such a chunk again rather than reuse it, which makes it newer than the
-//     condemnation.
-//  2. The next Prune, once every backup that was running at the condemnation has ended,
-//     deletes the condemned chunks that are still listed by no manifest and were not
-//     written since; then it condemns anew.
+//  1. It lists the manifests and the chunk copies. Those of epoch n's condemned copies that no
+//     manifest lists are to be deleted; every other copy that no manifest lists is condemned.
+//  2. It writes epoch n+1 (deleting, condemned) once, if no prune did: two prunes never
+//     decide the same epoch.
+//  3. It lists the running backups' and restores' markers. If a restore runs, or a backup
+//     that read an epoch older than n (and so may reuse a copy epoch n condemned), it stops:
+//     the copies stay, and are condemned again.
+//  4. It lists the manifests again and deletes the copies still listed by none, within half
+//     the pending timeout of step 2.
 //
-// A backup writes its marker before it reads the condemned names, and a prune lists the
-// markers after it wrote them: so every backup either saw the condemnation or is listed
-// as running in it.
-func (r *Repository) Prune(ctx context.Context, o PruneOptions) (*PruneResult, error) {
-	if o.PendingTimeout <= 0 || o.PendingTimeout > defaultPendingTimeout {
-		o.PendingTimeout = defaultPendingTimeout
-	}
+// A backup that read epoch m reuses no copy that epoch m condemns or deletes, and writes
+// only copies of its own epoch, named <chunk>.<m>: none of them existed when an epoch was
+// decided that could delete it.
+func (r *Repository) Prune(ctx context.Context, _ PruneOptions) (*PruneResult, error) {
 	res := &PruneResult{}
-	prev, err := r.condemnation(ctx)
+	prev, err := r.latestEpoch(ctx)
 	if err != nil {
 		return nil, err
 	}
-	running, now, err := r.running(ctx, o.PendingTimeout)
-	if err != nil {
-		return nil, err
-	}
-	if prev != nil {
-		for _, id := range prev.Running {
-			if slices.Contains(running, id) {
-				res.Waiting = append(res.Waiting, id)
-			}
+	if prev.Seq > 0 {
+		// One epoch per pending timeout: the previous prune's deletions are over (it stops
+		// after half of it) before a backup may read a newer epoch, which does not name them.
+		now, err := r.storeClock(ctx)
+		if err != nil {
+			return nil, err
 		}
-		if len(res.Waiting) > 0 {
+		if next := prev.created.Add(r.pendingTimeout); now.Before(next) {
+			res.NotBefore = next
 			return res, nil
 		}
 	}
@@ -119,85 +78,101 @@ func (r *Repository) Prune(ctx context.Context, o PruneOptions) (*PruneResult, e
 	if err != nil {
 		return nil, err
 	}
-	stored, err := r.storedChunks(ctx)
+	list, err := r.storedChunks(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if prev != nil {
-		for _, name := range prev.Chunks {
-			info, ok := stored[name]
-			switch {
-			case !ok || listed[name]:
-			case !info.Modified.Before(prev.Marked.Truncate(time.Second)):
-				// Written again since (a store may give its times to the second only:
-				// one of the condemnation's own second counts as written since).
-				res.Revived++
-			default:
-				if err := r.store.Delete(ctx, chunkKey(name)); err != nil {
-					return nil, fmt.Errorf("pruning %s: %w", r.store, err)
-				}
-				delete(stored, name)
-				res.Deleted++
-				res.DeletedBytes += info.Size
+	next := epoch{Seq: prev.Seq + 1}
+	deleting := map[string]bool{}
+	for _, key := range prev.Condemned {
+		if c, ok := list.copies[key]; ok && !listed[c.Name] {
+			next.Deleting = append(next.Deleting, key)
+			deleting[key] = true
+		}
+	}
+	for key, c := range list.copies {
+		if !listed[c.Name] && !deleting[key] {
+			next.Condemned = append(next.Condemned, key)
+		}
+	}
+	slices.Sort(next.Condemned)
+	data, err := json.Marshal(next)
+	if err != nil {
+		return nil, err
+	}
+	began := r.now()
+	if err := r.store.Create(ctx, epochKey(next.Seq), data); errors.Is(err, ErrExists) {
+		return res, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("pruning %s: writing %s: %w", r.store, epochKey(next.Seq), err)
+	}
+	res.Epoch, res.Condemned = next.Seq, len(next.Condemned)
+	// Epochs older than the previous one are read by nobody who reads the newest.
+	for seq := prev.Seq - 1; seq > 0 && seq >= prev.Seq-3; seq-- {
+		_ = r.store.Delete(ctx, epochKey(seq))
+	}
+	r.dropDamageRecords(ctx, list)
+	if len(next.Deleting) == 0 {
+		return res, nil
+	}
+
+	backups, err := r.liveMarkers(ctx, pendingPrefix)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range backups {
+		if m.Epoch < prev.Seq {
+			res.Waiting = append(res.Waiting, m.ID)
+		}
+	}
+	restores, err := r.liveMarkers(ctx, restoringPrefix)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range restores {
+		res.Waiting = append(res.Waiting, "restore:"+m.ID)
+	}
+	if len(res.Waiting) > 0 {
+		return res, nil
+	}
+	// A backup of an older epoch that ended before the markers were listed wrote its
+	// manifest by then.
+	if listed, err = r.listed(ctx); err != nil {
+		return nil, err
+	}
+	// No deletion may land after half the pending timeout: a prune that makes the next
+	// epoch no longer names these copies.
+	dctx, cancel := context.WithDeadline(ctx, began.Add(r.pendingTimeout/2))
+	defer cancel()
+	for _, key := range next.Deleting {
+		c := list.copies[key]
+		if listed[c.Name] {
+			continue
+		}
+		if r.now().Sub(began) > r.pendingTimeout/2 {
+			res.Stopped = true
+			break
+		}
+		if err := r.store.Delete(dctx, key); err != nil {
+			if dctx.Err() != nil && ctx.Err() == nil {
+				res.Stopped = true
+				break
 			}
+			return nil, fmt.Errorf("pruning %s: %w", r.store, err)
 		}
-	}
-	next := condemnation{Marked: now}
-	for name := range stored {
-		if !listed[name] {
-			next.Chunks = append(next.Chunks, name)
-		}
-	}
-	slices.Sort(next.Chunks)
-	res.Condemned = len(next.Chunks)
-	// The names first, then the markers of the backups that may not have seen them.
-	if err := r.putCondemnation(ctx, &next); err != nil {
-		return nil, err
-	}
-	if next.Running, _, err = r.running(ctx, o.PendingTimeout); err != nil {
-		return nil, err
-	}
-	if len(next.Running) > 0 {
-		if err := r.putCondemnation(ctx, &next); err != nil {
-			return nil, err
-		}
+		res.Deleted++
+		res.DeletedBytes += c.Info.Size
 	}
 	return res, nil
 }
 
-func (r *Repository) putCondemnation(ctx context.Context, c *condemnation) error {
-	data, err := json.Marshal(c)
-	if err != nil {
-		return err
-	}
-	if err := r.store.Put(ctx, condemnedKey, data); err != nil {
-		return fmt.Errorf("pruning %s: %w", r.store, err)
-	}
-	return nil
-}
-
-// running lists the backups whose markers were renewed within timeout, by the store's
-// clock, which it returns too (read from an object written now).
-func (r *Repository) running(ctx context.Context, timeout time.Duration) ([]string, time.Time, error) {
-	const clockKey = "prune/clock"
-	if err := r.store.Put(ctx, clockKey, nil); err != nil {
-		return nil, time.Time{}, fmt.Errorf("reading the clock of %s: %w", r.store, err)
-	}
-	clock, err := r.store.Stat(ctx, clockKey)
-	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("reading the clock of %s: %w", r.store, err)
-	}
-	var ids []string
-	err = r.store.List(ctx, pendingPrefix, func(o ObjectInfo) error {
-		if clock.Modified.Sub(o.Modified) <= timeout {
-			ids = append(ids, strings.TrimPrefix(o.Key, pendingPrefix))
+// dropDamageRecords deletes the records of damaged copies that are no longer stored.
+func (r *Repository) dropDamageRecords(ctx context.Context, list *chunkList) {
+	for key := range list.damaged {
+		if _, ok := list.copies[key]; !ok {
+			_ = r.store.Delete(ctx, damagedKey(key))
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("listing the running backups of %s: %w", r.store, err)
 	}
-	return ids, clock.Modified, nil
 }
 
 // listed is the set of chunks some backup lists.
@@ -213,21 +188,6 @@ func (r *Repository) listed(ctx context.Context) (map[string]bool, error) {
 				out[c] = true
 			}
 		}
-	}
-	return out, nil
-}
-
-// storedChunks lists the stored chunks by name.
-func (r *Repository) storedChunks(ctx context.Context) (map[string]ObjectInfo, error) {
-	out := map[string]ObjectInfo{}
-	err := r.store.List(ctx, chunksPrefix, func(o ObjectInfo) error {
-		if i := strings.LastIndexByte(o.Key, '/'); i >= 0 {
-			out[o.Key[i+1:]] = o
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("listing the chunks in %s: %w", r.store, err)
 	}
 	return out, nil
 }

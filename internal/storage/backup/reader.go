@@ -17,11 +17,14 @@ type Extent struct {
 // pieces smaller than a chunk, in parallel). A chunk is kept only until every byte of it has
 // been read once, so memory stays at the chunks being read.
 type Reader struct {
-	r *Repository
-	m *Manifest
+	r    *Repository
+	m    *Manifest
+	sess *session
+	plan map[string][]string
 
-	mu     sync.Mutex
-	chunks map[int]*chunkRead
+	closeOnce sync.Once
+	mu        sync.Mutex
+	chunks    map[int]*chunkRead
 }
 
 type chunkRead struct {
@@ -31,18 +34,22 @@ type chunkRead struct {
 	read  int64 // bytes handed out so far
 }
 
-// Reader opens backup id for reading. Like Restore, it first checks that every chunk the
-// backup lists is in the store (a *ChunkError naming the first missing one otherwise), so a
-// replica is never filled with part of a backup that cannot be read whole.
+// Reader opens backup id for reading. Like Restore, it registers as a running restore (no
+// prune deletes anything until Close) and first checks that every chunk the backup lists is
+// in the store (a *ChunkError naming the first missing one otherwise), so a replica is never
+// filled with part of a backup that cannot be read whole. Close it when done.
 func (r *Repository) Reader(ctx context.Context, id string) (*Reader, error) {
-	m, err := r.Manifest(ctx, id)
+	sess, m, plan, err := r.openRestore(ctx, id, 0)
 	if err != nil {
 		return nil, err
 	}
-	if err := r.present(ctx, m); err != nil {
-		return nil, err
-	}
-	return &Reader{r: r, m: m, chunks: map[int]*chunkRead{}}, nil
+	return &Reader{r: r, m: m, sess: sess, plan: plan, chunks: map[int]*chunkRead{}}, nil
+}
+
+// Close ends the restore: its marker is removed. Reads after Close may fail.
+func (b *Reader) Close() error {
+	b.closeOnce.Do(func() { b.sess.stop(context.Background()) })
+	return nil
 }
 
 // Manifest is the backup's manifest.
@@ -108,7 +115,7 @@ func (b *Reader) chunk(ctx context.Context, i int, n int64) ([]byte, error) {
 	}
 	b.mu.Unlock()
 	if fetch {
-		c.data, c.err = b.r.readChunk(ctx, b.m.Chunks[i])
+		c.data, c.err = b.r.readChunk(ctx, b.m.Chunks[i], b.plan[b.m.Chunks[i]])
 		var ce *ChunkError
 		if errors.As(c.err, &ce) {
 			ce.Backups = []string{b.m.ID}

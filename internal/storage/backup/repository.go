@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Object keys of a store, under its prefix (docs/backup.md).
@@ -14,7 +15,6 @@ const (
 	chunksPrefix   = "chunks/"
 	backupsPrefix  = "backups/"
 	pendingPrefix  = "pending/"
-	condemnedKey   = "prune/condemned"
 	formatVersion  = 1
 	keyCheckLabel  = "crdipc-backup key check"
 	keyCheckPlain  = "crdipc backup store"
@@ -40,6 +40,9 @@ type config struct {
 	// KeyCheck is keyCheckPlain sealed under the store's key: a wrong key is told apart
 	// from a damaged object at once, before anything is read or written.
 	KeyCheck []byte `json:"keyCheck"`
+	// PendingTimeoutSeconds: how long a backup's or restore's marker may go unrenewed before
+	// a prune takes it for dead; 600 when absent. Every client of the store must agree on it.
+	PendingTimeoutSeconds int `json:"pendingTimeoutSeconds,omitempty"`
 }
 
 // Repository is a backup store opened with its key.
@@ -47,6 +50,14 @@ type Repository struct {
 	store     Store
 	keys      *keys
 	chunkSize int
+	// pendingTimeout is the store's (config.PendingTimeoutSeconds).
+	pendingTimeout time.Duration
+	// now is the local clock (time.Now; tests move it).
+	now func() time.Time
+	// sessionHook, if set, is called with each marker's session once it is written (tests).
+	sessionHook func(context.Context, *session)
+	// manualRenewals: markers are renewed only by the test's calls of session.write.
+	manualRenewals bool
 }
 
 // InitOptions configure a new store.
@@ -54,6 +65,11 @@ type InitOptions struct {
 	// ChunkSize of the store's backups, a multiple of 4 KiB; default 4 MiB. Fixed once
 	// the store exists: chunks of another size would never be shared.
 	ChunkSize int
+	// PendingTimeout is how long a backup's or restore's marker may go unrenewed before a
+	// prune takes it for dead; default (and most) 10 minutes, at least a second. A prune
+	// makes at most one epoch per PendingTimeout, so a chunk no backup lists is deleted 1 to
+	// 3 of them later. Fixed once the store exists.
+	PendingTimeout time.Duration
 }
 
 // Open opens the store in s with key, making it first if s holds none. Opening a store
@@ -70,7 +86,14 @@ func Open(ctx context.Context, s Store, key []byte, o InitOptions) (*Repository,
 	if size < minChunk || size > maxChunk || size%4096 != 0 {
 		return nil, fmt.Errorf("chunk size %d: a multiple of 4 KiB from %d to %d is needed", size, minChunk, maxChunk)
 	}
-	cfg := config{Format: formatVersion, ChunkSize: size, Salt: make([]byte, 32)}
+	pt := o.PendingTimeout
+	if pt == 0 {
+		pt = defaultPendingTimeout
+	}
+	if pt < time.Second || pt > defaultPendingTimeout || pt%time.Second != 0 {
+		return nil, fmt.Errorf("pending timeout %s: whole seconds from 1s to %s are needed", pt, defaultPendingTimeout)
+	}
+	cfg := config{Format: formatVersion, ChunkSize: size, Salt: make([]byte, 32), PendingTimeoutSeconds: int(pt / time.Second)}
 	if _, err := rand.Read(cfg.Salt); err != nil {
 		return nil, err
 	}
@@ -118,7 +141,11 @@ func OpenExisting(ctx context.Context, s Store, key []byte) (*Repository, error)
 	if plain, err := k.open(cfg.KeyCheck, keyCheckLabel); err != nil || string(plain) != keyCheckPlain {
 		return nil, fmt.Errorf("store %s: %w", s, ErrWrongKey)
 	}
-	return &Repository{store: s, keys: k, chunkSize: cfg.ChunkSize}, nil
+	pt := defaultPendingTimeout
+	if cfg.PendingTimeoutSeconds > 0 {
+		pt = time.Duration(cfg.PendingTimeoutSeconds) * time.Second
+	}
+	return &Repository{store: s, keys: k, chunkSize: cfg.ChunkSize, pendingTimeout: pt, now: time.Now}, nil
 }
 
 // ChunkSize is the store's chunk size in bytes.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -36,13 +37,24 @@ type Source interface {
 // (its RebuildSource is "local/<name>"): as a rebuild from a peer, with its progress,
 // durability and failure reported the same way. The source may be smaller than the replica
 // (a volume restored at a larger size). A fill from the same source already running is kept.
+// A source that is an io.Closer is closed once the fill no longer reads it (or at once when
+// it is not used).
 func (s *Server) Fill(id, name string, local Source) error {
 	r, err := s.acquire(id)
 	if err != nil {
+		closeSource(local)
 		return err
 	}
 	defer s.release(r)
 	return s.startRebuild(r, localSource, name, local)
+}
+
+// closeSource closes a local source that needs it (a backup's, which holds a marker in its
+// store while it is open).
+func closeSource(local Source) {
+	if c, ok := local.(io.Closer); ok {
+		_ = c.Close()
+	}
 }
 
 // localSource is the address part of a Fill's RebuildSource.
@@ -55,10 +67,12 @@ func (s *Server) startRebuild(r *replica, sourceAddr, sourceID string, local Sou
 		s.mu.Lock()
 		if s.closing {
 			s.mu.Unlock()
+			closeSource(local)
 			return ErrClosed
 		}
 		if sourceAddr == s.addr && sourceID == r.id {
 			s.mu.Unlock()
+			closeSource(local)
 			return fmt.Errorf("cannot rebuild a replica from itself: %w", ErrInvalid)
 		}
 		old := s.rebuilds[r.id]
@@ -75,6 +89,7 @@ func (s *Server) startRebuild(r *replica, sourceAddr, sourceID string, local Sou
 		}
 		if old.source == sourceAddr+"/"+sourceID && old.epoch == epoch {
 			s.mu.Unlock()
+			closeSource(local)
 			<-old.started
 			return old.startErr
 		}
@@ -98,6 +113,7 @@ func (s *Server) startRebuild(r *replica, sourceAddr, sourceID string, local Sou
 		st.startErr = err
 		close(st.started)
 		s.endRebuild(r, st)
+		closeSource(local)
 		return err
 	}
 	if _, err := r.persist(func(m *meta) { m.Rebuilding, m.RebuildSource = true, st.source }); err != nil {
@@ -116,6 +132,7 @@ func (s *Server) startRebuild(r *replica, sourceAddr, sourceID string, local Sou
 	s.log.Info("rebuild started", "replica", r.id, "source", st.source)
 	go func() {
 		err := s.copyFrom(ctx, r, st, sourceAddr, sourceID, local)
+		closeSource(local)
 		s.noteSpace(r.id, err)
 		switch {
 		case err == nil:
