@@ -22,7 +22,7 @@ var (
 )
 
 const (
-	modelChunk   = 4096 // smaller than a store may have: set after Open
+	modelChunk   = 4096             // smaller than a store may have: set after Open
 	modelTimeout = 10 * time.Second // the store's pending timeout
 )
 
@@ -153,7 +153,7 @@ type model struct {
 	stats modelStats
 	// manifests caches the chunks of each manifest object's contents.
 	manifests map[string][]string
-	fail  error // found by an actor
+	fail      error // found by an actor
 }
 
 func runModel(seed uint64, pal palette) (modelStats, error) {
