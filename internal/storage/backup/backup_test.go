@@ -37,6 +37,11 @@ type fixture struct {
 // newFixture starts a real S3 server and opens a store in a new bucket of it.
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
+	return newFixtureWith(t, backup.InitOptions{ChunkSize: chunk})
+}
+
+func newFixtureWith(t *testing.T, o backup.InitOptions) *fixture {
+	t.Helper()
 	srv := s3server.Start(t)
 	store, err := backup.NewS3(t.Context(), backup.S3Options{
 		Endpoint: srv.Endpoint, Bucket: "backups", Prefix: "cluster-a", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
@@ -46,7 +51,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	f := &fixture{srv: srv, store: store, key: randomBytes(t, 32)}
-	if f.repo, err = backup.Open(t.Context(), store, f.key, backup.InitOptions{ChunkSize: chunk}); err != nil {
+	if f.repo, err = backup.Open(t.Context(), store, f.key, o); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -281,17 +286,20 @@ func TestDamagedOrMissingChunk(t *testing.T) {
 		t.Fatalf("restore with a missing chunk: %v, %d writes; want it refused, naming %s, before writing", err, w.n.Load(), missing)
 	}
 
-	// The next backup of the volume puts the missing chunk back (the damaged one is there:
-	// only verify tells it apart).
+	// The next backup of the volume uploads the missing chunk and the damaged one again:
+	// the restore and verify that found it damaged recorded it. Then every backup reads.
 	m, err := f.repo.Backup(ctx, bytes.NewReader(v), volSize, backup.BackupOptions{ID: "wednesday", Volume: "ns/data", Parent: "tuesday"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Stats.Uploaded != 1 {
-		t.Fatalf("a backup after a chunk went missing uploaded %d chunks, want the missing one", m.Stats.Uploaded)
+	if m.Stats.Uploaded != 2 {
+		t.Fatalf("a backup after a chunk went missing and another was found damaged uploaded %d chunks, want those 2", m.Stats.Uploaded)
 	}
-	if rep, err := f.repo.Verify(ctx, 0); err != nil || len(rep.Bad) != 1 || rep.Bad[0].Chunk != damaged {
-		t.Fatalf("verify after the missing chunk was put back: %+v, %v; want only %s bad", rep, err, damaged)
+	if rep, err := f.repo.Verify(ctx, 0); err != nil || len(rep.Bad) != 0 {
+		t.Fatalf("verify after the next backup: %+v, %v; want nothing bad", rep, err)
+	}
+	if got := f.restored(t, f.repo, "monday"); !bytes.Equal(got, v) {
+		t.Fatal("monday does not restore once its damaged chunk was uploaded again")
 	}
 }
 
@@ -391,12 +399,13 @@ func (g *gate) ReadAt(p []byte, off int64) (int, error) {
 	return g.r.ReadAt(p, off)
 }
 
-// Prune deletes chunks no backup lists, in two passes, and never one that a backup
-// running meanwhile reuses: a backup of the same data as a deleted one runs while the
-// prune condemns that data's chunks; the prune waits for it, then keeps what it lists.
+// Prune deletes chunks no backup lists, an epoch after it condemned them, and never one that
+// a backup running meanwhile reuses: a backup of the same data as a deleted one runs while a
+// prune condemns that data's chunks; the next prune, which would delete them, finds it
+// running with an older epoch and deletes nothing; the backup lists them all.
 func TestPruneWhileABackupRuns(t *testing.T) {
 	ctx := t.Context()
-	f := newFixture(t)
+	f := newFixtureWith(t, backup.InitOptions{ChunkSize: chunk, PendingTimeout: 2 * time.Second})
 	v := volume(t)
 	if _, err := f.repo.Backup(ctx, bytes.NewReader(v), volSize, backup.BackupOptions{ID: "old", Volume: "ns/data"}); err != nil {
 		t.Fatal(err)
@@ -414,17 +423,11 @@ func TestPruneWhileABackupRuns(t *testing.T) {
 	}()
 	<-src.reached
 
-	res, err := f.repo.Prune(ctx, backup.PruneOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := f.pruneEpoch(t)
 	if res.Deleted != 0 || res.Condemned == 0 {
 		t.Fatalf("first prune: %+v; want chunks condemned, none deleted", res)
 	}
-	res, err = f.repo.Prune(ctx, backup.PruneOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	res = f.pruneEpoch(t)
 	if res.Deleted != 0 || strings.Join(res.Waiting, ",") != "running" {
 		t.Fatalf("second prune while the backup runs: %+v; want it waiting for it", res)
 	}
@@ -432,58 +435,35 @@ func TestPruneWhileABackupRuns(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	res, err = f.repo.Prune(ctx, backup.PruneOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Deleted != 0 || res.Condemned != 0 {
+	if res = f.pruneEpoch(t); res.Deleted != 0 || res.Condemned != 0 {
 		t.Fatalf("prune after the backup: %+v; want nothing deleted (it lists every chunk)", res)
 	}
 	if got := f.restored(t, f.repo, "running"); !bytes.Equal(got, v) {
 		t.Fatal("the backup that ran during the prune does not restore")
 	}
 
-	// With no backup left, two prunes empty the store of chunks. A store may give times to
-	// the second, and Prune keeps a chunk written in its condemnation's second (it may
-	// have been written again since): the condemnation comes in a later second here.
+	// With no backup left, two epochs empty the store of chunks.
 	if err := f.repo.Delete(ctx, "running"); err != nil {
 		t.Fatal(err)
 	}
-	f.nextSecond(t)
-	for range 2 {
-		if res, err = f.repo.Prune(ctx, backup.PruneOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if want := int((volSize - 8<<20) / chunk); res.Deleted != want {
-		t.Fatalf("prune of a store with no backups deleted %d chunks, want %d", res.Deleted, want)
+	f.pruneEpoch(t)
+	if want := int((volSize - 8<<20) / chunk); f.pruneEpoch(t).Deleted != want {
+		t.Fatalf("prune of a store with no backups did not delete its %d chunks", want)
 	}
 	if files, _ := filepath.Glob(filepath.Join(f.srv.Dir, "backups", "cluster-a", "chunks", "*", "*")); len(files) != 0 {
 		t.Fatalf("%d chunk files left", len(files))
 	}
 }
 
-// nextSecond waits until the store's clock is in a second after every object's.
-func (f *fixture) nextSecond(t *testing.T) {
+// pruneEpoch prunes until a prune makes an epoch (one per pending timeout) and returns
+// what that one did.
+func (f *fixture) pruneEpoch(t *testing.T) *backup.PruneResult {
 	t.Helper()
-	var newest time.Time
-	err := f.store.List(t.Context(), "", func(o backup.ObjectInfo) error {
-		if o.Modified.After(newest) {
-			newest = o.Modified
-		}
-		return nil
+	var res *backup.PruneResult
+	wait.Eventually(t, 30*time.Second, "a prune that makes an epoch", func(ctx context.Context) (bool, error) {
+		var err error
+		res, err = f.repo.Prune(ctx, backup.PruneOptions{})
+		return err == nil && res.Epoch > 0, err
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wait.Eventually(t, 10*time.Second, "the store's clock past "+newest.String(), func(ctx context.Context) (bool, error) {
-		if err := f.store.Put(ctx, "clock-probe", nil); err != nil {
-			return false, err
-		}
-		o, err := f.store.Stat(ctx, "clock-probe")
-		if err != nil {
-			return false, err
-		}
-		return o.Modified.Truncate(time.Second).After(newest), nil
-	})
+	return res
 }

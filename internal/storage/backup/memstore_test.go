@@ -26,11 +26,12 @@ var errInjected = errors.New("injected fault")
 
 // MemStore is a Store in memory whose clock is Now, for tests that move time and fail
 // operations: Hook, if set, is called before each operation and says what becomes of it.
-// An operation whose context has a deadline before Now fails without effect, as a request
-// whose client gave up does.
+// With Deadlines, an operation whose context has a deadline before Now fails without
+// effect, as a request whose client gave up does (for clients on the store's clock).
 type MemStore struct {
-	Now  func() time.Time
-	Hook func(ctx context.Context, op, key string) Fault
+	Now       func() time.Time
+	Hook      func(ctx context.Context, op, key string) Fault
+	Deadlines bool
 
 	mu     sync.Mutex
 	objs   map[string]memObject
@@ -79,6 +80,23 @@ func (m *MemStore) Has(key string) bool {
 	return ok
 }
 
+// Touch writes again, unchanged, every object under prefix (no hook): what a heartbeat does
+// to a marker.
+func (m *MemStore) Touch(prefix string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for k, o := range m.objs {
+		if strings.HasPrefix(k, prefix) {
+			m.writes++
+			o.modified, o.seq = m.Now(), m.writes
+			m.objs[k] = o
+			n++
+		}
+	}
+	return n
+}
+
 // SetRaw writes object key (no hook).
 func (m *MemStore) SetRaw(key string, data []byte) {
 	m.mu.Lock()
@@ -95,7 +113,7 @@ func (m *MemStore) begin(ctx context.Context, op, key string) (Fault, error) {
 	if err := ctx.Err(); err != nil {
 		return f, err
 	}
-	if d, ok := ctx.Deadline(); ok && m.Now().After(d) {
+	if d, ok := ctx.Deadline(); ok && m.Deadlines && m.Now().After(d) {
 		return f, fmt.Errorf("%s %s: %w", op, key, context.DeadlineExceeded)
 	}
 	if f == FailBefore {

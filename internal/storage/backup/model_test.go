@@ -166,6 +166,7 @@ func runModel(seed uint64, pal palette) (modelStats, error) {
 	}
 	m.cond = sync.NewCond(&m.mu)
 	m.store = NewMemStore(m.clock.Now)
+	m.store.Deadlines = true
 	ctx := context.Background()
 	key := bytes.Repeat([]byte{7}, 32)
 	repo, err := Open(ctx, m.store, key, InitOptions{ChunkSize: minChunk, PendingTimeout: modelTimeout})

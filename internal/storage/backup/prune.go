@@ -31,7 +31,8 @@ type PruneResult struct {
 	// backup lists them by then.
 	Condemned int
 	// Waiting are the backups (IDs) and restores (restore:<ID>) running with an older
-	// epoch than the one whose condemned chunks this prune would delete: it deleted none.
+	// epoch than the one whose condemned chunks this prune would delete: it deleted none,
+	// and made no epoch (unless they started while it made one).
 	Waiting []string
 	// Stopped: the prune ran out of its time (half the pending timeout) before every
 	// deletion; the rest are condemned again.
@@ -43,15 +44,16 @@ type PruneResult struct {
 // newest epoch at least the pending timeout old makes the next one (docs/backup.md, "Backing
 // up while a prune runs"):
 //
-//  1. It lists the manifests and the chunk copies. Those of epoch n's condemned copies that no
+//  1. It lists the running backups' and restores' markers. If a restore runs, or a backup
+//     that read an epoch older than n (and so may reuse a copy epoch n condemned), it stops.
+//  2. It lists the manifests and the chunk copies. Those of epoch n's condemned copies that no
 //     manifest lists are to be deleted; every other copy that no manifest lists is condemned.
-//  2. It writes epoch n+1 (deleting, condemned) once, if no prune did: two prunes never
+//  3. It writes epoch n+1 (deleting, condemned) once, if no prune did: two prunes never
 //     decide the same epoch.
-//  3. It lists the running backups' and restores' markers. If a restore runs, or a backup
-//     that read an epoch older than n (and so may reuse a copy epoch n condemned), it stops:
-//     the copies stay, and are condemned again.
-//  4. It lists the manifests again and deletes the copies still listed by none, within half
-//     the pending timeout of step 2.
+//  4. It lists the markers again, as in 1, and stops if it finds one: the copies stay, and
+//     are condemned again.
+//  5. It lists the manifests again and deletes the copies still listed by none, within half
+//     the pending timeout of step 3.
 //
 // A backup that read epoch m reuses no copy that epoch m condemns or deletes, and writes
 // only copies of its own epoch, named <chunk>.<m>: none of them existed when an epoch was
@@ -72,6 +74,14 @@ func (r *Repository) Prune(ctx context.Context, _ PruneOptions) (*PruneResult, e
 		if next := prev.created.Add(r.pendingTimeout); now.Before(next) {
 			res.NotBefore = next
 			return res, nil
+		}
+	}
+	// Nothing of what epoch prev condemned may be deleted while a backup that read an older
+	// epoch runs: then no epoch is made either, so that backups that start meanwhile read
+	// prev, and its chunks go once the older ones ended.
+	if len(prev.Condemned) > 0 {
+		if res.Waiting, err = r.waiting(ctx, prev.Seq); err != nil || len(res.Waiting) > 0 {
+			return res, err
 		}
 	}
 	listed, err := r.listed(ctx)
@@ -116,24 +126,9 @@ func (r *Repository) Prune(ctx context.Context, _ PruneOptions) (*PruneResult, e
 		return res, nil
 	}
 
-	backups, err := r.liveMarkers(ctx, pendingPrefix)
-	if err != nil {
-		return nil, err
-	}
-	for _, m := range backups {
-		if m.Epoch < prev.Seq {
-			res.Waiting = append(res.Waiting, m.ID)
-		}
-	}
-	restores, err := r.liveMarkers(ctx, restoringPrefix)
-	if err != nil {
-		return nil, err
-	}
-	for _, m := range restores {
-		res.Waiting = append(res.Waiting, "restore:"+m.ID)
-	}
-	if len(res.Waiting) > 0 {
-		return res, nil
+	// Again, now that the epoch is written: a backup that started since read it.
+	if res.Waiting, err = r.waiting(ctx, prev.Seq); err != nil || len(res.Waiting) > 0 {
+		return res, err
 	}
 	// A backup of an older epoch that ended before the markers were listed wrote its
 	// manifest by then.
@@ -164,6 +159,29 @@ func (r *Repository) Prune(ctx context.Context, _ PruneOptions) (*PruneResult, e
 		res.DeletedBytes += c.Info.Size
 	}
 	return res, nil
+}
+
+// waiting lists the running backups that read an epoch older than seq, and the running
+// restores.
+func (r *Repository) waiting(ctx context.Context, seq int64) ([]string, error) {
+	var out []string
+	backups, err := r.liveMarkers(ctx, pendingPrefix)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range backups {
+		if m.Epoch < seq {
+			out = append(out, m.ID)
+		}
+	}
+	restores, err := r.liveMarkers(ctx, restoringPrefix)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range restores {
+		out = append(out, "restore:"+m.ID)
+	}
+	return out, nil
 }
 
 // dropDamageRecords deletes the records of damaged copies that are no longer stored.

@@ -29,6 +29,7 @@ func TestReaderReadsABackupAtAnyOffset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rd.Close()
 	want := []backup.Extent{{Offset: 0, Length: 3 * chunk}, {Offset: 5 * chunk, Length: int64(len(v)) - 5*chunk}}
 	if got := rd.Extents(0, int64(len(v))); len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
 		t.Errorf("extents %v, want %v", got, want)
@@ -64,10 +65,12 @@ func TestReaderReadsABackupAtAnyOffset(t *testing.T) {
 	if err := os.WriteFile(files[0], data, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	rd.Close()
 	rd, err = f.repo.Reader(ctx, "b1")
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rd.Close()
 	var ce *backup.ChunkError
 	var failed error
 	for off := int64(0); off < int64(len(v)) && failed == nil; off += chunk {
