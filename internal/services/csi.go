@@ -48,7 +48,9 @@ serves the node (a DaemonSet rollout with maxSurge) first gets its data-path cer
 then asks that one, on handover.sock next to --endpoint, to release the volumes (it stops
 serving CSI, answers what it read, closes its replica sessions) and takes them over: the
 volumes' I/O pauses for the handover only. A lock next to it (serving.lock) lets only one
-process serve the node's volumes; the released process waits to be stopped.
+process serve the node's volumes; the released process waits to be stopped. Only the
+process that holds the lock binds the CSI socket and registers with the kubelet: until
+then the kubelet's calls reach the one that serves.
 
 In crdipc up the controller instance serves <data-dir>/csi/csi.sock, and each
 simulated node's Node service runs with the simulated nodes (crdipc nodes), on
@@ -142,12 +144,10 @@ func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 			return err
 		}
 	}
-	l, err := driver.Listen(endpoint)
-	if err != nil {
-		return err
-	}
-	if err := mgr.Add(runnableFunc(func(ctx context.Context) error { return d.ServeListener(ctx, l) })); err != nil {
-		l.Close()
+	// Serve binds the socket itself, once this process may serve: a node plugin started
+	// while another one serves the node (a surge pod) leaves that one's socket alone until
+	// the volumes are handed over.
+	if err := mgr.Add(runnableFunc(func(ctx context.Context) error { return d.Serve(ctx, endpoint) })); err != nil {
 		return err
 	}
 	if o.NodeRelay != "" {
@@ -157,7 +157,16 @@ func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 	}
 	h := d.Handler(ctrlmetrics.Registry)
 	if reg != nil {
-		if err := mgr.Add(reg); err != nil {
+		// Registered only once this process serves: the socket that answers before is a
+		// predecessor's, and replacing its registration would fail its /healthz.
+		if err := mgr.Add(runnableFunc(func(ctx context.Context) error {
+			select {
+			case <-d.Serving():
+			case <-ctx.Done():
+				return nil
+			}
+			return reg.Start(ctx)
+		})); err != nil {
 			return err
 		}
 		h = handedOver(d, reg.Healthz(h), h)

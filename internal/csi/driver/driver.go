@@ -32,6 +32,7 @@ import (
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/scheme"
 	"github.com/crdipc/crdipc/internal/tracing"
+	"github.com/crdipc/crdipc/internal/unixsocket"
 )
 
 // The driver's permissions: the storage kinds it needs and nothing else. In particular no
@@ -173,6 +174,10 @@ type Driver struct {
 	// successor and serves no more.
 	preparing, handedOver atomic.Bool
 
+	// serving is closed once the driver serves CSI (Serving).
+	servingOnce sync.Once
+	serving     chan struct{}
+
 	// probe keeps one Probe result for a second: the sidecar and liveness probes may call
 	// Probe often, and each answer costs an API round trip.
 	probe struct {
@@ -238,16 +243,42 @@ func New(o Options) (*Driver, error) {
 
 // Serve serves the three CSI services on endpoint (unix:///path or a plain path) until ctx
 // ends, then stops gracefully. A stale socket file from an earlier run is removed first.
+//
+// A node plugin that may hand over (Options.HandoverDir) binds the socket only once it
+// holds the node's serving lock: a successor started while another process serves the
+// node (a DaemonSet's surge pod) leaves that process's socket, where the kubelet's Node
+// calls go, alone until the node's volumes are its own; a successor that never gets that
+// far (it crash-loops, or waits for its certificate) takes nothing away.
 func (d *Driver) Serve(ctx context.Context, endpoint string) error {
-	l, err := Listen(endpoint)
+	path, err := SocketPath(endpoint)
 	if err != nil {
 		return err
 	}
-	return d.ServeListener(ctx, l)
+	return d.serve(ctx, nil, path)
 }
 
-// ServeListener is Serve on a listener the caller opened.
+// ServeListener is Serve on a listener the caller opened: bound before the serving lock is
+// held, so only for a socket no other process of the driver serves.
 func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
+	return d.serve(ctx, l, "")
+}
+
+// Serving is closed once the driver serves CSI on its socket: for a node plugin, once it
+// holds the node's volumes. A registration with the kubelet waits for it.
+func (d *Driver) Serving() <-chan struct{} {
+	d.servingOnce.Do(func() { d.serving = make(chan struct{}) })
+	return d.serving
+}
+
+// serve serves on l, or, when l is nil, on the socket at path, bound once this process
+// may serve the node's volumes.
+func (d *Driver) serve(ctx context.Context, l net.Listener, path string) (err error) {
+	served := false
+	defer func() {
+		if l != nil && !served {
+			l.Close()
+		}
+	}()
 	d.data.Lock()
 	if d.data.life == nil {
 		d.data.life = ctx
@@ -278,7 +309,6 @@ func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
 	var turn *os.File
 	var ho *handover
 	if d.holder() != nil {
-		var err error
 		if turn, err = d.takeTurn(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -291,23 +321,39 @@ func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
 		}
 		defer ho.close()
 	}
+	if l == nil {
+		if l, err = Listen(path); err != nil {
+			return err
+		}
+	}
 	// sctx ends what serves the volumes (their takeover, the holder's upkeep, snapshots)
 	// before they are released, however serving ends.
 	sctx, stopServing := context.WithCancel(ctx)
 	defer stopServing()
 	d.recoverTargets(sctx)
-	go d.keepLoop(sctx)
+	kept := make(chan struct{})
+	go func() { defer close(kept); d.keepLoop(sctx) }()
 	errc := make(chan error, 1)
+	served = true
 	go func() { errc <- srv.Serve(l) }()
+	select {
+	case <-d.Serving():
+	default:
+		close(d.serving)
+	}
 	if d.o.NodeID != "" {
 		// Snapshots of volumes published to this node are taken here, where their target
 		// runs; CreateSnapshot on the controller waits for them.
 		go d.serveSnapshots(sctx)
 	}
 	handingOver := false
+	var serveErr error
 	select {
 	case err := <-errc:
-		return fmt.Errorf("csi driver: serving: %w", err)
+		// The process is to stop: the volumes go to the next one as on SIGTERM, and the
+		// serving lock only once they are released.
+		serveErr = fmt.Errorf("csi driver: serving: %w", err)
+		d.log.Error(err, "serving CSI failed; releasing this node's volumes for the next process")
 	case <-ctx.Done():
 	case <-ho.asked():
 		handingOver = true
@@ -324,6 +370,7 @@ func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
 		srv.Stop()
 	}
 	d.awaitNodeOps(30 * time.Second)
+	<-kept
 	d.releaseTargets()
 	if turn != nil {
 		turn.Close()
@@ -334,7 +381,7 @@ func (d *Driver) ServeListener(ctx context.Context, l net.Listener) error {
 		d.log.Info("this node's volumes are handed over to the successor; serving nothing until stopped")
 		<-ctx.Done()
 	}
-	return nil
+	return serveErr
 }
 
 // Listen opens the Unix socket of endpoint, removing a stale socket file first. Closing it
@@ -345,7 +392,10 @@ func Listen(endpoint string) (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := listenOwned(path)
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("csi driver: %w", err)
+	}
+	l, err := unixsocket.Listen(path)
 	if err != nil {
 		return nil, fmt.Errorf("csi driver: %w", err)
 	}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/crdipc/crdipc/internal/unixsocket"
 )
 
 // A rollout of the node plugin starts the new pod before the old one stops (the DaemonSet's
@@ -164,7 +166,10 @@ func (d *Driver) listenHandover() (*handover, error) {
 	if d.o.HandoverDir == "" {
 		return nil, nil
 	}
-	l, err := listenOwned(filepath.Join(d.o.HandoverDir, handoverSocketName))
+	if err := os.MkdirAll(d.o.HandoverDir, 0o750); err != nil {
+		return nil, fmt.Errorf("csi driver: the handover directory: %w", err)
+	}
+	l, err := unixsocket.Listen(filepath.Join(d.o.HandoverDir, handoverSocketName))
 	if err != nil {
 		return nil, fmt.Errorf("csi driver: the handover socket: %w", err)
 	}
@@ -226,41 +231,4 @@ func (h *handover) close() {
 	if h != nil {
 		h.l.Close()
 	}
-}
-
-// ownedListener removes its socket file on Close only while the file is still the one it
-// created: a successor that started before this process stopped has bound its own there.
-type ownedListener struct {
-	*net.UnixListener
-	path string
-	fi   os.FileInfo
-}
-
-// listenOwned listens on the Unix socket path, replacing a socket file left there.
-func listenOwned(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-		return nil, err
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("removing stale socket: %w", err)
-	}
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		return nil, err
-	}
-	l.SetUnlinkOnClose(false)
-	fi, err := os.Lstat(path)
-	if err != nil {
-		l.Close()
-		return nil, err
-	}
-	return &ownedListener{UnixListener: l, path: path, fi: fi}, nil
-}
-
-func (l *ownedListener) Close() error {
-	err := l.UnixListener.Close()
-	if now, serr := os.Lstat(l.path); serr == nil && os.SameFile(l.fi, now) {
-		os.Remove(l.path)
-	}
-	return err
 }

@@ -3,51 +3,29 @@ package driver
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
-)
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
-// A successor binds its socket where its predecessor's was; the predecessor's Close must
-// leave it.
-func TestOwnedListenerLeavesASuccessorsSocket(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "s.sock")
-	old, err := listenOwned(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	successor, err := listenOwned(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old.Close()
-	accepted := make(chan error, 1)
-	go func() {
-		c, err := successor.Accept()
-		if err == nil {
-			c.Close()
-		}
-		accepted <- err
-	}()
-	c, err := net.Dial("unix", path)
-	if err != nil {
-		t.Fatalf("dialing the successor's socket after the predecessor closed: %v", err)
-	}
-	c.Close()
-	if err := <-accepted; err != nil {
-		t.Fatal(err)
-	}
-	successor.Close()
-	if _, err := os.Lstat(path); !os.IsNotExist(err) {
-		t.Errorf("the socket after its own listener closed: %v, want it removed", err)
-	}
-}
+	"github.com/crdipc/crdipc/internal/scheme"
+	"github.com/crdipc/crdipc/internal/storage/fdstore"
+	"github.com/crdipc/crdipc/internal/testenv/wait"
+)
 
 // The release is answered only once the volumes are released, also when the request
 // arrives while the process is already stopping.
@@ -134,4 +112,87 @@ func TestServingLockIsExclusive(t *testing.T) {
 	if ok, err := tryLock(b); !ok || err != nil {
 		t.Fatalf("second lock once the first holder closed it: %v, %v", ok, err)
 	}
+}
+
+// TestSurgeLeavesTheServingSocket: a successor started while another process serves the
+// node (a surge pod) binds the CSI socket only once it holds the node's volumes. While it
+// waits (here for a data-path certificate that never comes), the kubelet's calls reach
+// the serving process; and once it gives up (a crash loop), the socket is still that one's.
+func TestSurgeLeavesTheServingSocket(t *testing.T) {
+	dir := t.TempDir()
+	holderSock := filepath.Join(dir, "holder", "fd.sock")
+	hl, err := fdstore.Listen(holderSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := fdstore.New(slog.New(slog.DiscardHandler))
+	hctx, stopHolder := context.WithCancel(context.Background())
+	t.Cleanup(stopHolder)
+	go func() { _ = holder.Serve(hctx, hl) }()
+	endpoint := "unix://" + filepath.Join(dir, "plugin", "csi.sock")
+	log := logr.Discard()
+	newDriver := func(dataConfig func() (*rest.Config, error)) *Driver {
+		d, err := New(Options{
+			Client: fake.NewClientBuilder().WithScheme(scheme.Scheme).Build(), Registerer: prometheus.NewRegistry(), Logger: &log,
+			NodeID: "node-1", FDHolder: holderSock, HandoverDir: filepath.Join(dir, "plugin"), TargetDir: filepath.Join(dir, "targets"),
+			DataConfig: dataConfig,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	serve := func(d *Driver) (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		served := make(chan error, 1)
+		go func() { served <- d.Serve(ctx, endpoint) }()
+		var once sync.Once
+		stop = func() {
+			once.Do(func() {
+				cancel()
+				if err := <-served; err != nil {
+					t.Errorf("serve: %v", err)
+				}
+			})
+		}
+		t.Cleanup(stop)
+		return stop
+	}
+
+	serving := newDriver(nil)
+	serve(serving)
+	select {
+	case <-serving.Serving():
+	case <-time.After(time.Minute):
+		t.Fatal("the first process does not serve")
+	}
+	never := make(chan struct{})
+	successor := newDriver(func() (*rest.Config, error) {
+		<-never
+		return nil, errors.New("no certificate")
+	})
+	stopSuccessor := serve(successor)
+	var unblock sync.Once
+	giveUp := func() { unblock.Do(func() { close(never) }) }
+	t.Cleanup(giveUp) // before stopSuccessor's
+	wait.Eventually(t, time.Minute, "the successor getting ready", func(context.Context) (bool, error) {
+		return successor.preparing.Load(), nil
+	})
+	answers := func(when string) {
+		t.Helper()
+		conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := csi.NewIdentityClient(conn).GetPluginInfo(ctx, &csi.GetPluginInfoRequest{}); err != nil {
+			t.Fatalf("%s: the CSI socket does not answer: %v", when, err)
+		}
+	}
+	answers("while a successor waits for its turn")
+	giveUp()
+	stopSuccessor()
+	answers("after the successor gave up")
 }

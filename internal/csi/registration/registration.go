@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,6 +18,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/crdipc/crdipc/internal/unixsocket"
 )
 
 // SupportedVersions are the CSI versions the driver speaks, as GetInfo reports them. The
@@ -65,8 +66,8 @@ type Server struct {
 
 	mu     sync.Mutex
 	status Status
-	// socket is the registration socket's file while Start serves it; nil otherwise.
-	socket os.FileInfo
+	// socket is the registration socket while Start serves it; nil otherwise.
+	socket *unixsocket.Listener
 }
 
 // New returns a Server; it creates nothing until Start.
@@ -115,24 +116,13 @@ func (s *Server) Start(ctx context.Context) error {
 	if _, err := os.Stat(filepath.Dir(s.path)); err != nil {
 		return fmt.Errorf("csi registration: the kubelet's registration directory: %w", err)
 	}
-	// A socket left by a run that did not stop cleanly (a crash, SIGKILL): binding needs
-	// the name free, and the kubelet sees the new socket created.
-	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("csi registration: removing stale socket: %w", err)
-	}
-	l, err := net.Listen("unix", s.path)
+	// A socket left by a run that did not stop cleanly (a crash, SIGKILL) is replaced.
+	l, err := unixsocket.Listen(s.path)
 	if err != nil {
-		return fmt.Errorf("csi registration: %w", err)
-	}
-	// Removed below, and only while it is still this run's.
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
-	fi, err := os.Lstat(s.path)
-	if err != nil {
-		l.Close()
 		return fmt.Errorf("csi registration: %w", err)
 	}
 	s.mu.Lock()
-	s.status, s.socket = Status{}, fi
+	s.status, s.socket = Status{}, l
 	s.mu.Unlock()
 
 	srv := grpc.NewServer()
@@ -154,13 +144,11 @@ func (s *Server) Start(ctx context.Context) error {
 // removeSocket removes the registration socket unless another run has replaced it since.
 func (s *Server) removeSocket() {
 	s.mu.Lock()
-	fi := s.socket
+	l := s.socket
 	s.socket = nil
 	s.mu.Unlock()
-	if now, err := os.Lstat(s.path); err == nil && os.SameFile(fi, now) {
-		if err := os.Remove(s.path); err != nil {
-			s.log.Error(err, "removing the registration socket", "socket", s.path)
-		}
+	if err := l.Remove(); err != nil {
+		s.log.Error(err, "removing the registration socket", "socket", s.path)
 	}
 }
 
@@ -234,16 +222,13 @@ func (s *Server) Status() Status {
 // before the kubelet answers: a node plugin may start before its kubelet does.
 func (s *Server) Check() error {
 	s.mu.Lock()
-	st, fi := s.status, s.socket
+	st, l := s.status, s.socket
 	s.mu.Unlock()
 	if !st.At.IsZero() && !st.Registered {
 		return fmt.Errorf("the kubelet refused driver %s: %s", s.o.Name, st.Error)
 	}
-	if fi != nil {
-		now, err := os.Lstat(s.path)
-		if err != nil || !os.SameFile(fi, now) {
-			return fmt.Errorf("the registration socket %s was removed: the kubelet will not find driver %s again", s.path, s.o.Name)
-		}
+	if l != nil && !l.Current() {
+		return fmt.Errorf("the registration socket %s was removed: the kubelet will not find driver %s again", s.path, s.o.Name)
 	}
 	return nil
 }
