@@ -19,6 +19,7 @@ import (
 	"github.com/crdipc/crdipc/internal/safefile"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -319,6 +320,14 @@ func Start(ctx context.Context, cfg Config) (_ *ControlPlane, err error) {
 		cp.components = append(cp.components, kcm)
 		cp.controllers, cp.stopControllers = kcm, stopKCM
 		done("controllers")
+		// A newcomer's first `kubectl apply` of a pod comes the moment Start returns (up
+		// prints the KUBECONFIG line then). Admission refuses a pod whose ServiceAccount does
+		// not exist yet, and the kubelet cannot mount its token without kube-root-ca.crt;
+		// both are made by controllers that have only just started.
+		if err := waitWorkloadPrerequisites(ctx, client, kcm, controllers); err != nil {
+			return nil, err
+		}
+		done("default service account")
 	}
 	if cfg.Scheduler {
 		var sched *component
@@ -491,6 +500,45 @@ var bootstrapHooks = []string{
 // before the API server serves.
 //
 // exclude names /readyz checks not to wait for.
+// waitWorkloadPrerequisites waits until the objects that a pod in namespace default needs
+// and that the given controllers make exist: the ServiceAccount default (serviceaccount
+// controller) and the ConfigMap kube-root-ca.crt (root CA publisher).
+func waitWorkloadPrerequisites(ctx context.Context, client kubernetes.Interface, kcm *component, controllers []string) error {
+	var wants []func(context.Context) error
+	if slices.Contains(controllers, names.ServiceAccountController) {
+		wants = append(wants, func(ctx context.Context) error {
+			_, err := client.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{})
+			return err
+		})
+	}
+	if slices.Contains(controllers, names.RootCACertificatePublisherController) {
+		wants = append(wants, func(ctx context.Context) error {
+			_, err := client.CoreV1().ConfigMaps(metav1.NamespaceDefault).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+			return err
+		})
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	tick := time.NewTicker(25 * time.Millisecond)
+	defer tick.Stop()
+	for _, want := range wants {
+		for {
+			err := want(ctx)
+			if err == nil {
+				break
+			}
+			select {
+			case <-kcm.done:
+				return fmt.Errorf("kube-controller-manager exited before it made the default service account: %w", kcm.err)
+			case <-ctx.Done():
+				return fmt.Errorf("waiting for namespace default's service account and root CA: %w (last error: %v)", ctx.Err(), err)
+			case <-tick.C:
+			}
+		}
+	}
+	return nil
+}
+
 func waitReady(ctx context.Context, client kubernetes.Interface, api *component, exclude ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
