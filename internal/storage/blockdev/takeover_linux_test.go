@@ -557,3 +557,68 @@ func TestConnAlive(t *testing.T) {
 		t.Errorf("adopting the old connection (loop device %s, now %s): %v, want ErrNoExport", loop, again.Device(), err)
 	}
 }
+
+// TestAdoptAfterStop: the serving process hangs (SIGSTOP) while the writer syncs record
+// after record; the writer waits on a request nobody answers. The process is then killed,
+// as the kubelet kills a node plugin whose liveness probe fails (SIGKILL ends a stopped
+// process, which never sees a SIGTERM), and a new process adopts the connection this one
+// held. What the stopped process had read comes again (NOTIFY_RESEND): no write fails, and
+// every record is on the Device.
+func TestAdoptAfterStop(t *testing.T) {
+	requireMount(t)
+	backing := filepath.Join(t.TempDir(), "backing.img")
+	dev := newFileDevice(t, backing, 64<<20)
+	dir := filepath.Join(t.TempDir(), "export")
+	file := filepath.Join(dir, VolumeName)
+	abortIfStuck(t, file)
+	t.Cleanup(func() {
+		if err := Cleanup(dir); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+
+	first, _, loop, conn := startTakeoverHelper(t, backing, dir, "", -1, 0)
+	w := startWriter(t, loop, file)
+	wantAcked(t, w, 100)
+	if err := first.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := w.Acked()
+	wait.Eventually(t, time.Minute, "a request of the writer waiting on the stopped server", func(context.Context) (bool, error) {
+		n, err := waitingRequests(dir)
+		return n > 0, err
+	})
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	if err := w.Err(); err != nil {
+		t.Fatalf("a write failed while the server was stopped: %v", err)
+	}
+	next, _, _, _ := startTakeoverHelper(t, backing, dir, loop, conn, 0)
+	wantAcked(t, w, stopped+100)
+	n := stopWriter(t, w)
+	t.Logf("%d records through a stopped and killed server, the longest write+fsync %s", n, w.MaxPause())
+	if err := records.Verify(dev.f, n); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(conn)
+	_ = next.Process.Signal(syscall.SIGTERM) // closes its export
+	if err := next.Wait(); err != nil {
+		t.Errorf("last helper: %v", err)
+	}
+}
+
+// waitingRequests is how many requests of the FUSE connection mounted at dir wait for an
+// answer (fusectl's waiting).
+func waitingRequests(dir string) (int, error) {
+	ms, err := mountsAt(dir)
+	if err != nil || len(ms) == 0 {
+		return 0, fmt.Errorf("no mount at %s: %v", dir, err)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/sys/fs/fuse/connections/%d/waiting", unix.Minor(ms[len(ms)-1].dev)))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
