@@ -31,6 +31,10 @@ import (
 //
 // A predecessor that does not answer (a version without this socket, or one not yet
 // serving) is asked again until the lock comes free, as it does when that process exits.
+// One that is hung (stopped, deadlocked) is not taken over by force: it may have read
+// requests it would still answer, and its engine holds the replicas' writer sessions, if it
+// ever ran again. It is ended instead, by its liveness probe (config/csi/node.yaml); the
+// kernel frees the lock with it, and the holder keeps its connections meanwhile.
 
 const (
 	servingLockName    = "serving.lock"
@@ -43,6 +47,10 @@ const (
 
 // askEvery is how often a successor tries the lock and asks again.
 const askEvery = 50 * time.Millisecond
+
+// releaseSlow is how long a release may take before a successor says it waits: one
+// normally takes about a second, a Node call in flight up to 30 s more (awaitNodeOps).
+const releaseSlow = 35 * time.Second
 
 // HandedOver reports whether this process gave its volumes to a successor: it serves
 // nothing more, and waits to be stopped.
@@ -93,7 +101,16 @@ func (d *Driver) takeTurn(ctx context.Context) (*os.File, error) {
 			return f, nil
 		}
 		if !asked {
-			if err := askRelease(ctx, filepath.Join(dir, handoverSocketName)); err != nil {
+			// A stopped or hung predecessor takes the request (the kernel queues the
+			// connection) and never answers; it holds the lock until it dies, and the node
+			// plugin's liveness probe sees to that (config/csi/node.yaml). The request is
+			// answered with EOF then, and the lock is free.
+			slow := time.AfterFunc(releaseSlow, func() {
+				d.log.Info("the serving process has not released the node's volumes yet (hung or stopped?); waiting for it to release them or to die", "after", releaseSlow)
+			})
+			err := askRelease(ctx, filepath.Join(dir, handoverSocketName))
+			slow.Stop()
+			if err != nil {
 				if lastErr == nil || err.Error() != lastErr.Error() {
 					d.log.Info("the serving process does not hand over (yet); waiting for it to stop", "reason", err.Error())
 				}
