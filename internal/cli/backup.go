@@ -38,8 +38,14 @@ func newBackupVerifyCommand() *cobra.Command {
 		Long: `verify reads back every chunk that a backup in the store lists, decrypts it and
 checks it against its name (a keyed hash of its contents). It prints how much it read,
 then each chunk that is missing or damaged, with the backups it breaks (their
-VolumeBackups, when the cluster has them). It repairs nothing: a damaged chunk is
-uploaded again only by a backup of a volume that still holds its data.
+VolumeBackups, when the cluster has them).
+
+It records each damaged copy in the store (damaged/, as a restore that meets one does):
+the next backup of a volume that still holds the chunk's data uploads a good copy
+instead of reusing it, as it does for a missing chunk, and the backups that list the
+chunk restore again. Nothing else repairs a chunk: one that no volume holds any more
+is lost. While verify runs, prunes delete nothing that a backup lists (it holds a
+restore's marker).
 
 Exit codes: 0 every chunk reads back; 1 a chunk is damaged or missing, or the store
 could not be read.`,
@@ -76,6 +82,9 @@ func runBackupVerify(ctx context.Context, out io.Writer, cluster services.Cluste
 		return fmt.Errorf("verifying backup store %s: %w", name, err)
 	}
 	fmt.Fprintf(out, "%s: %d backups, %d chunks (%d bytes stored) read back\n", repo.Store(), rep.Backups, rep.Chunks, rep.Bytes)
+	if rep.Damaged > 0 {
+		fmt.Fprintf(out, "%d damaged copies recorded: the next backup holding their data uploads them again\n", rep.Damaged)
+	}
 	if len(rep.Bad) == 0 {
 		fmt.Fprintln(out, "every chunk reads back as its name says")
 		return nil

@@ -44,8 +44,8 @@ type PruneResult struct {
 // newest epoch at least the pending timeout old makes the next one (docs/backup.md, "Backing
 // up while a prune runs"):
 //
-//  1. It lists the running backups' and restores' markers. If a restore runs, or a backup
-//     that read an epoch older than n (and so may reuse a copy epoch n condemned), it stops.
+//  1. It lists the running backups' and restores' markers. If one read an epoch older than n
+//     (and so may reuse a copy epoch n condemned), it stops.
 //  2. It lists the manifests and the chunk copies. Those of epoch n's condemned copies that no
 //     manifest lists are to be deleted; every other copy that no manifest lists is condemned.
 //  3. It writes epoch n+1 (deleting, condemned) once, if no prune did: two prunes never
@@ -161,8 +161,8 @@ func (r *Repository) Prune(ctx context.Context, _ PruneOptions) (*PruneResult, e
 	return res, nil
 }
 
-// waiting lists the running backups that read an epoch older than seq, and the running
-// restores.
+// waiting lists the running backups and restores that read an epoch older than seq (a
+// restore that reads copies the epoch it read condemns says one older).
 func (r *Repository) waiting(ctx context.Context, seq int64) ([]string, error) {
 	var out []string
 	backups, err := r.liveMarkers(ctx, pendingPrefix)
@@ -179,7 +179,9 @@ func (r *Repository) waiting(ctx context.Context, seq int64) ([]string, error) {
 		return nil, err
 	}
 	for _, m := range restores {
-		out = append(out, "restore:"+m.ID)
+		if m.Epoch < seq {
+			out = append(out, "restore:"+m.ID)
+		}
 	}
 	return out, nil
 }

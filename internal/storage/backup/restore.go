@@ -100,10 +100,12 @@ func (r *Repository) Restore(ctx context.Context, id string, dst io.WriterAt, o 
 }
 
 // openRestore registers a restore of backup id (its marker) and reads its manifest, then
-// plans which copies of each chunk to read: not those the epoch the restore read deletes (its
-// prune may be deleting them now: no later prune deletes anything while the marker is
-// fresh), and those found damaged last. A chunk without a copy to read is a *ChunkError,
-// found before anything is read.
+// plans which copies of each chunk to read: first those the epoch the restore read neither
+// condemns nor deletes, then those it condemns, then those found damaged; never those it
+// deletes (its prune may be deleting them now). Like a backup's, the marker keeps every
+// later prune from deleting a copy the restore may read, but those its epoch condemns: if a
+// chunk has no other copy, the marker says an epoch older by one, which holds them too. A
+// chunk without a copy to read is a *ChunkError, found before anything is read.
 func (r *Repository) openRestore(ctx context.Context, id string, heartbeat time.Duration) (*session, *Manifest, map[string][]string, error) {
 	if err := checkID(id); err != nil {
 		return nil, nil, nil, err
@@ -111,34 +113,60 @@ func (r *Repository) openRestore(ctx context.Context, id string, heartbeat time.
 	if heartbeat <= 0 || heartbeat > r.pendingTimeout/4 {
 		heartbeat = min(time.Minute, r.pendingTimeout/10)
 	}
-	sess, err := r.openSession(ctx, restoringPrefix+randomID(), id, heartbeat)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("restoring backup %s: %w", id, err)
-	}
-	m, plan, err := r.plan(ctx, id, sess.ep)
-	if err != nil {
+	for try := 0; ; try++ {
+		sess, err := r.openSession(ctx, restoringPrefix+randomID(), id, heartbeat)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("restoring backup %s: %w", id, err)
+		}
+		m, plan, condemned, err := r.plan(ctx, id, sess.ep)
+		if err != nil || !condemned {
+			if err != nil {
+				sess.stop(ctx)
+			}
+			return sess, m, plan, err
+		}
+		// The marker must say so before the next epoch is made.
+		sess.m.Epoch--
+		err = sess.write(ctx)
+		if err == nil {
+			var seq int64
+			seq, _, err = r.latestSeq(ctx)
+			if err == nil && seq == sess.ep.Seq {
+				return sess, m, plan, nil
+			}
+		}
 		sess.stop(ctx)
-		return nil, nil, nil, err
+		if err == nil && try >= 3 {
+			err = errors.New("prunes keep making epochs")
+		}
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("restoring backup %s: %w", id, err)
+		}
 	}
-	return sess, m, plan, nil
 }
 
 // errPruning: every copy of a chunk is one a prune may be deleting now.
 var errPruning = errors.New("its only copies are being pruned (the backup that listed them was deleted, or they were condemned when it was made); try again after the pending timeout")
 
-func (r *Repository) plan(ctx context.Context, id string, ep *epoch) (*Manifest, map[string][]string, error) {
+// plan says which copies to read of each chunk backup id lists, and whether one's first
+// copy is one that ep condemns.
+func (r *Repository) plan(ctx context.Context, id string, ep *epoch) (*Manifest, map[string][]string, bool, error) {
 	m, err := r.Manifest(ctx, id)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	list, err := r.storedChunks(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
-	deleting := map[string]bool{}
+	deleting, condemned := map[string]bool{}, map[string]bool{}
 	for _, k := range ep.Deleting {
 		deleting[k] = true
 	}
+	for _, k := range ep.Condemned {
+		condemned[k] = true
+	}
+	needCondemned := false
 	copies := list.byName()
 	plan := map[string][]string{}
 	for _, name := range m.Chunks {
@@ -148,24 +176,27 @@ func (r *Repository) plan(ctx context.Context, id string, ep *epoch) (*Manifest,
 		cs := copies[name]
 		// Newest first: the copy most likely written whole by a backup running now.
 		slices.SortFunc(cs, func(a, b chunkCopy) int { return cmp.Compare(b.Gen, a.Gen) })
-		var good, damaged []string
+		var good, doomed, damaged []string
 		for _, c := range cs {
 			switch {
 			case deleting[c.Info.Key]:
 			case list.damaged[c.Info.Key]:
 				damaged = append(damaged, c.Info.Key)
+			case condemned[c.Info.Key]:
+				doomed = append(doomed, c.Info.Key)
 			default:
 				good = append(good, c.Info.Key)
 			}
 		}
-		plan[name] = append(good, damaged...)
+		plan[name] = slices.Concat(good, doomed, damaged)
 		if len(plan[name]) == 0 {
 			err := ErrNotFound
 			if len(cs) > 0 {
 				err = errPruning
 			}
-			return nil, nil, fmt.Errorf("restoring backup %s from %s: %w", m.ID, r.store, &ChunkError{Chunk: name, Backups: []string{m.ID}, Err: err})
+			return nil, nil, false, fmt.Errorf("restoring backup %s from %s: %w", m.ID, r.store, &ChunkError{Chunk: name, Backups: []string{m.ID}, Err: err})
 		}
+		needCondemned = needCondemned || (len(good) == 0 && len(doomed) > 0)
 	}
-	return m, plan, nil
+	return m, plan, needCondemned, nil
 }
