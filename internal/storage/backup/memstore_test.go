@@ -35,7 +35,7 @@ type MemStore struct {
 
 	mu     sync.Mutex
 	objs   map[string]memObject
-	writes int64
+	writes int64 // writes and deletions so far
 }
 
 type memObject struct {
@@ -70,6 +70,13 @@ func (m *MemStore) Raw(key string) []byte {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return slices.Clone(m.objs[key].data)
+}
+
+// Changes counts the writes and deletions so far.
+func (m *MemStore) Changes() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.writes
 }
 
 // Has tells whether object key exists (no hook).
@@ -217,6 +224,7 @@ func (m *MemStore) Delete(ctx context.Context, key string) error {
 	}
 	m.mu.Lock()
 	delete(m.objs, key)
+	m.writes++
 	m.mu.Unlock()
 	return m.end(f, "delete", key)
 }

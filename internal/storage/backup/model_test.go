@@ -83,7 +83,7 @@ type palette [][]byte
 func newPalette(seed uint64) palette {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var p palette
-	for range 4 {
+	for range 8 {
 		b := make([]byte, modelChunk)
 		for i := range b {
 			b[i] = byte(rng.UintN(256))
@@ -149,8 +149,11 @@ type model struct {
 	actors []*actor
 	// want is what each backup ID holds, for the check at the end.
 	want  map[string][]byte
-	log   []string
+	log   []logLine
 	stats modelStats
+	// checked and checkedAt: the store's changes and the time at the last check.
+	checked   int64
+	checkedAt time.Time
 	// manifests caches the chunks of each manifest object's contents.
 	manifests map[string][]string
 	fail      error // found by an actor
@@ -275,7 +278,7 @@ func runModel(seed uint64, pal palette) (modelStats, error) {
 	}
 
 	if err := m.schedule(); err != nil {
-		return m.stats, fmt.Errorf("%w\nsteps:\n%s", err, strings.Join(m.log[max(0, len(m.log)-modelLogLines):], "\n"))
+		return m.stats, fmt.Errorf("%w\nsteps:\n%s", err, m.steps())
 	}
 	// Every backup that exists restores to what it was made of.
 	for _, k := range m.store.Keys(backupsPrefix) {
@@ -293,7 +296,7 @@ func runModel(seed uint64, pal palette) (modelStats, error) {
 			_, err = repo.Restore(ctx, id, &out, RestoreOptions{Concurrency: 1, WriteZeros: true})
 		}
 		if err != nil {
-			return m.stats, fmt.Errorf("backup %s does not restore: %w\nsteps:\n%s", id, err, strings.Join(m.log[max(0, len(m.log)-modelLogLines):], "\n"))
+			return m.stats, fmt.Errorf("backup %s does not restore: %w\nsteps:\n%s", id, err, m.steps())
 		}
 		if !bytes.Equal(out.b, m.want[id]) {
 			return m.stats, fmt.Errorf("backup %s restores to other data", id)
@@ -510,8 +513,23 @@ func (m *model) schedule() error {
 	}
 }
 
+// note keeps a step for the log printed on failure (formatted only then).
 func (m *model) note(format string, a ...any) {
-	m.log = append(m.log, m.clock.Now().Format("04:05.000")+" "+fmt.Sprintf(format, a...))
+	m.log = append(m.log, logLine{m.clock.Now(), format, a})
+}
+
+type logLine struct {
+	at     time.Time
+	format string
+	args   []any
+}
+
+func (m *model) steps() string {
+	var b strings.Builder
+	for _, l := range m.log[max(0, len(m.log)-modelLogLines):] {
+		fmt.Fprintf(&b, "%s %s\n", l.at.Format("04:05.000"), fmt.Sprintf(l.format, l.args...))
+	}
+	return b.String()
 }
 
 // quiet: every actor waits for the scheduler or has ended (m.mu held).
@@ -527,6 +545,13 @@ func (m *model) quiet() bool {
 // check: every manifest's chunks have a copy; so does every chunk a running restore whose
 // marker is fresh may read.
 func (m *model) check() error {
+	// Nothing changed since the last check: the store, and the clock by which markers are
+	// fresh.
+	changes, now := m.store.Changes(), m.clock.Now()
+	if changes == m.checked && now.Equal(m.checkedAt) {
+		return nil
+	}
+	m.checked, m.checkedAt = changes, now
 	ctx := context.Background()
 	copies := map[string]bool{}
 	manifests := map[string]int64{}
