@@ -5,8 +5,13 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -470,4 +475,84 @@ func waitGone(t *testing.T, c *cluster, obj client.Object) {
 		err := c.c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
 		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
 	})
+}
+
+// A backup's finalizer, which looks at its store every 2 s while an upload stops, uses the
+// store as the store's sync opened it: it does not open it again (read its Secrets, GET its
+// configuration) on every look. The store is reached through a proxy that counts requests.
+func TestFinalizerReusesTheOpenedStore(t *testing.T) {
+	c := newCluster(t)
+	f := newStoreFixture(t, c)
+	f.createSecret(t, c)
+	var mu sync.Mutex
+	opens, looks := 0, 0
+	target, err := url.Parse("http://" + f.srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := httputil.NewSingleHostReverseProxy(target)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		switch {
+		case r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/crdipc-backup.json"):
+			opens++
+		case strings.Contains(r.URL.RawQuery, "prefix=pending"):
+			looks++
+		}
+		mu.Unlock()
+		backend.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	counts := func() (int, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		return opens, looks
+	}
+	// Synced once, at the start: the finalizer's looks come in the sync's interval.
+	c.startOperator(func(o *operator.Options) { o.StoreSync = time.Hour })
+	store := f.store("store-"+c.id, proxy.URL)
+	if err := c.c.Create(t.Context(), store); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, c, store, metav1.ConditionTrue, conditions.ReasonSucceeded)
+	b := &storagev1alpha1.VolumeBackup{
+		ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: "deleted-mid-upload"},
+		Spec: storagev1alpha1.VolumeBackupSpec{Store: store.Name, DeletionPolicy: storagev1alpha1.BackupDelete,
+			Source: &storagev1alpha1.BackupSource{PersistentVolumeClaimName: "data"}},
+	}
+	if err := c.c.Create(t.Context(), b); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, c, b, metav1.ConditionFalse, "SourceNotFound")
+	repo := f.repository(t)
+	data := make([]byte, 2<<20)
+	_, _ = rand.Read(data)
+	src := &heldReader{r: bytes.NewReader(data), reached: make(chan struct{}), release: make(chan struct{})}
+	uploaded := make(chan error, 1)
+	go func() {
+		_, err := repo.Backup(t.Context(), src, int64(len(data)), backup.BackupOptions{ID: b.Status.BackupID, Volume: c.ns + "/data",
+			Labels: map[string]string{storeref.ManifestNamespace: c.ns, storeref.ManifestName: b.Name}})
+		uploaded <- err
+	}()
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(src.release) }) })
+	<-src.reached
+	opened, looked := counts()
+	if err := c.c.Delete(t.Context(), b); err != nil {
+		t.Fatal(err)
+	}
+	wait.Eventually(t, 30*time.Second, "the finalizer looking at the store 3 times while the upload runs", func(context.Context) (bool, error) {
+		if _, n := counts(); n-looked < 3 {
+			return false, fmt.Errorf("%d looks", n-looked)
+		}
+		return true, nil
+	})
+	if now, n := counts(); now-opened > 1 {
+		t.Errorf("the store was opened %d times again for %d looks of the finalizer", now-opened, n-looked)
+	}
+	release.Do(func() { close(src.release) })
+	if err := <-uploaded; err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, c, b)
 }
