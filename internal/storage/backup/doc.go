@@ -12,13 +12,16 @@
 //
 // A backup is incremental: it lists the chunks the store holds once, at its start, and
 // uploads only the chunks missing from it — those that changed since any earlier backup,
-// of this volume or another, and any that went missing from the store.
+// of this volume or another, and any that went missing from the store or were found
+// damaged.
 //
 // A backup that stops half way leaves chunks but no manifest: it does not exist until
 // its manifest does, and a backup of the same ID again uploads only what is missing.
 //
-// Prune deletes the chunks no manifest lists, in two passes so that it never deletes one
-// that a running backup counts on (see Prune). Verify reads every chunk back.
+// Prune deletes the chunks no manifest lists, an epoch after it condemned them, so that it
+// never deletes one that a manifest, a running backup or a running restore counts on (see
+// Prune). Verify reads every chunk back and records the damaged ones, which the next backup
+// that holds their contents uploads again.
 //
 // The layout of a store, under its prefix, and what an attacker holding the bucket
 // learns, are in docs/backup.md.

@@ -35,7 +35,7 @@ type chunkRead struct {
 }
 
 // Reader opens backup id for reading. Like Restore, it registers as a running restore (no
-// prune deletes anything until Close) and first checks that every chunk the backup lists is
+// prune deletes what it reads until Close) and first checks that every chunk the backup lists is
 // in the store (a *ChunkError naming the first missing one otherwise), so a replica is never
 // filled with part of a backup that cannot be read whole. Close it when done.
 func (r *Repository) Reader(ctx context.Context, id string) (*Reader, error) {

@@ -31,7 +31,7 @@ type RestoreOptions struct {
 // the restore with a *ChunkError naming it. dst then holds part of the backup: a restore
 // into a new volume hands that volume to nobody until Restore has returned nil.
 //
-// While it runs, its marker (restoring/) keeps every prune from deleting anything.
+// While it runs, its marker (restoring/) keeps prunes from deleting what it reads.
 func (r *Repository) Restore(ctx context.Context, id string, dst io.WriterAt, o RestoreOptions) (*Manifest, error) {
 	sess, m, plan, err := r.openRestore(ctx, id, o.Heartbeat)
 	if err != nil {
