@@ -3,6 +3,7 @@ package backup
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -93,9 +94,18 @@ func newPalette(seed uint64) palette {
 	return append(p, make([]byte, modelChunk)) // and zeros
 }
 
+// volume is 5 chunks: most drawn from the palette, some new.
 func (p palette) volume(rng *rand.Rand) []byte {
 	var v []byte
 	for range 5 {
+		if rng.IntN(10) < 3 {
+			fresh := make([]byte, modelChunk)
+			for i := 0; i < len(fresh); i += 8 {
+				binary.LittleEndian.PutUint64(fresh[i:], rng.Uint64())
+			}
+			v = append(v, fresh...)
+			continue
+		}
 		v = append(v, p[rng.IntN(len(p))]...)
 	}
 	return v
@@ -237,13 +247,13 @@ func runModel(seed uint64, pal palette) (modelStats, error) {
 			}
 		})
 	}
-	if m.rng.IntN(2) == 0 {
-		id, wait := ids[m.rng.IntN(2)], m.rng.IntN(10)
+	if m.rng.IntN(4) > 0 {
+		wait := m.rng.IntN(30)
 		m.spawn("restore", func(ctx context.Context) {
 			for i := range wait { // starts later
 				m.hook(ctx, "wait", fmt.Sprint(i))
 			}
-			m.restore(ctx, id)
+			m.restore(ctx, m.pick(ids))
 		})
 	}
 	wait := m.rng.IntN(40)
@@ -251,8 +261,11 @@ func runModel(seed uint64, pal palette) (modelStats, error) {
 		for i := range wait { // deletes later
 			m.hook(ctx, "wait", fmt.Sprint(i))
 		}
-		for _, id := range []string{ids[m.rng.IntN(2)], ids[m.rng.IntN(len(ids))]} {
-			_ = repo.Delete(ctx, id)
+		for range 2 {
+			_ = repo.Delete(ctx, m.pick(ids))
+			for i := range 10 {
+				m.hook(ctx, "wait", fmt.Sprint(i))
+			}
 		}
 	})
 	for p := range 1 + m.rng.IntN(2) {
@@ -303,6 +316,21 @@ func runModel(seed uint64, pal palette) (modelStats, error) {
 		}
 	}
 	return m.stats, nil
+}
+
+// pick is one of the backups the store holds now, or of ids if it holds none (the actor
+// runs alone when it picks).
+func (m *model) pick(ids []string) string {
+	var have []string
+	for _, k := range m.store.Keys(backupsPrefix) {
+		have = append(have, strings.TrimSuffix(strings.TrimPrefix(k, backupsPrefix), manifestSuffix))
+	}
+	if len(have) == 0 {
+		have = ids
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return have[m.rng.IntN(len(have))]
 }
 
 // restore reads backup id through a Reader, chunk by chunk, as a replica fill does. A chunk
