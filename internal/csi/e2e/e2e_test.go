@@ -91,6 +91,7 @@ func TestCSI(t *testing.T) {
 	t.Run("PodSnapshots", w.testPodSnapshots)
 	t.Run("Sanity", w.testSanity)
 	t.Run("NodePluginTakeover", w.testNodePluginTakeover)
+	t.Run("UnstageWithAMountCopy", w.testUnstageWithAMountCopy)
 	// Last: it deletes nodes, node-1 among them.
 	t.Run("DataPlane", w.testDataPlane)
 }
