@@ -80,9 +80,9 @@ func (r *Repository) Backup(ctx context.Context, src io.ReaderAt, size int64, o 
 
 	// The marker first, with the newest epoch, then the chunks stored: every copy this backup
 	// reuses is one that epoch neither condemns nor deletes, and a prune deletes nothing
-	// while a backup that read an older epoch runs (see Prune).
-	// Its own marker: two runs of one backup (a retry on another node while the first
-	// still runs) may have read different epochs.
+	// while a backup that read an older epoch runs (see Prune). A marker of its own: two runs
+	// of one backup (a retry on another node while the first still runs) may have read
+	// different epochs.
 	sess, err := r.openSession(ctx, pendingPrefix+o.ID+"/"+randomID(), o.ID, o.Heartbeat)
 	if err != nil {
 		return nil, fmt.Errorf("backup %s: %w", o.ID, err)
@@ -105,6 +105,13 @@ func (r *Repository) Backup(ctx context.Context, src io.ReaderAt, size int64, o 
 	for key, c := range list.copies {
 		if !avoided[key] && !list.damaged[key] {
 			known[c.Name] = true
+		}
+	}
+	if o.Parent != "" {
+		// The parent is named in the manifest; what it lists needs no special case, being
+		// stored, and a chunk of it that went missing is uploaded again.
+		if _, err := r.Manifest(ctx, o.Parent); err != nil {
+			return nil, fmt.Errorf("backup %s: its parent: %w", o.ID, err)
 		}
 	}
 	var (
