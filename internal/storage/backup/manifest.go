@@ -56,6 +56,9 @@ func (r *Repository) putManifest(ctx context.Context, m *Manifest) error {
 		return err
 	}
 	key := manifestKey(m.ID)
+	r.mu.Lock()
+	delete(r.manifests, m.ID)
+	r.mu.Unlock()
 	return r.store.Put(ctx, key, r.keys.seal(nil, data, key))
 }
 
@@ -84,12 +87,12 @@ func (r *Repository) Manifest(ctx context.Context, id string) (*Manifest, error)
 }
 
 // Backups reads every backup's manifest, oldest first: what a cluster that starts empty
-// finds in the store.
+// finds in the store. A manifest this Repository read before is not read again.
 func (r *Repository) Backups(ctx context.Context) ([]*Manifest, error) {
-	var ids []string
+	var objs []ObjectInfo
 	err := r.store.List(ctx, backupsPrefix, func(o ObjectInfo) error {
-		if id, ok := strings.CutSuffix(strings.TrimPrefix(o.Key, backupsPrefix), manifestSuffix); ok {
-			ids = append(ids, id)
+		if _, ok := strings.CutSuffix(strings.TrimPrefix(o.Key, backupsPrefix), manifestSuffix); ok {
+			objs = append(objs, o)
 		}
 		return nil
 	})
@@ -97,7 +100,19 @@ func (r *Repository) Backups(ctx context.Context) ([]*Manifest, error) {
 		return nil, fmt.Errorf("listing the backups in %s: %w", r.store, err)
 	}
 	var out []*Manifest
-	for _, id := range ids {
+	seen := map[string]bool{}
+	for _, o := range objs {
+		id := strings.TrimSuffix(strings.TrimPrefix(o.Key, backupsPrefix), manifestSuffix)
+		seen[id] = true
+		// A manifest is written once: one read before, of the same size and time, is it.
+		r.mu.Lock()
+		c, ok := r.manifests[id]
+		r.mu.Unlock()
+		if ok && c.size == o.Size && c.modified.Equal(o.Modified) {
+			m := *c.m
+			out = append(out, &m)
+			continue
+		}
 		m, err := r.Manifest(ctx, id)
 		if errors.Is(err, ErrNotFound) {
 			continue // deleted since the listing
@@ -105,8 +120,18 @@ func (r *Repository) Backups(ctx context.Context) ([]*Manifest, error) {
 		if err != nil {
 			return nil, err
 		}
+		r.mu.Lock()
+		r.manifests[id] = cachedManifest{size: o.Size, modified: o.Modified, m: m}
+		r.mu.Unlock()
 		out = append(out, m)
 	}
+	r.mu.Lock()
+	for id := range r.manifests {
+		if !seen[id] {
+			delete(r.manifests, id)
+		}
+	}
+	r.mu.Unlock()
 	slices.SortFunc(out, func(a, b *Manifest) int { return a.Created.Compare(b.Created) })
 	return out, nil
 }
@@ -117,10 +142,20 @@ func (r *Repository) Delete(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
+	r.mu.Lock()
+	delete(r.manifests, id)
+	r.mu.Unlock()
 	if err := r.store.Delete(ctx, manifestKey(id)); err != nil {
 		return fmt.Errorf("deleting backup %s from %s: %w", id, r.store, err)
 	}
 	return nil
+}
+
+// cachedManifest is a manifest read, with its object's size and time then.
+type cachedManifest struct {
+	size     int64
+	modified time.Time
+	m        *Manifest
 }
 
 func chunksOf(size int64, chunk int) int64 { return (size + int64(chunk) - 1) / int64(chunk) }

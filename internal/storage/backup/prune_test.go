@@ -3,6 +3,7 @@ package backup_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -256,4 +257,49 @@ func (g *gatedWriter) WriteAt(p []byte, off int64) (int, error) {
 		<-g.release
 	})
 	return g.w.WriteAt(p, off)
+}
+
+// Backups reads a manifest once: a store's sync, which lists the backups every time, reads
+// only those that are new since (before, it read every manifest each time).
+func TestBackupsReadsEachManifestOnce(t *testing.T) {
+	ctx := t.Context()
+	f := newMemFixture(t)
+	var gets atomic.Int32
+	f.store.Hook = func(_ context.Context, op, key string) backup.Fault {
+		if op == "get" && strings.HasPrefix(key, "backups/") {
+			gets.Add(1)
+		}
+		return backup.NoFault
+	}
+	v := randomBytes(t, memChunk)
+	for _, id := range []string{"one", "two"} {
+		if _, err := f.repo.Backup(ctx, bytes.NewReader(v), int64(len(v)), backup.BackupOptions{ID: id, Volume: "ns/" + id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list := func(want string) {
+		t.Helper()
+		gets.Store(0)
+		ms, err := f.repo.Backups(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, m := range ms {
+			ids = append(ids, m.ID)
+		}
+		if got := fmt.Sprint(ids, " ", gets.Load(), " read"); got != want {
+			t.Fatalf("backups: %s, want %s", got, want)
+		}
+	}
+	list("[one two] 2 read")
+	list("[one two] 0 read")
+	if err := f.repo.Delete(ctx, "one"); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.advance(time.Second)
+	if _, err := f.repo.Backup(ctx, bytes.NewReader(v), int64(len(v)), backup.BackupOptions{ID: "three", Volume: "ns/three"}); err != nil {
+		t.Fatal(err)
+	}
+	list("[two three] 1 read")
 }

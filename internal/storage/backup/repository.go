@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -58,6 +59,9 @@ type Repository struct {
 	sessionHook func(context.Context, *session)
 	// manualRenewals: markers are renewed only by the test's calls of session.write.
 	manualRenewals bool
+
+	mu        sync.Mutex
+	manifests map[string]cachedManifest // by backup ID (Backups)
 }
 
 // InitOptions configure a new store.
@@ -145,7 +149,7 @@ func OpenExisting(ctx context.Context, s Store, key []byte) (*Repository, error)
 	if cfg.PendingTimeoutSeconds > 0 {
 		pt = time.Duration(cfg.PendingTimeoutSeconds) * time.Second
 	}
-	return &Repository{store: s, keys: k, chunkSize: cfg.ChunkSize, pendingTimeout: pt, now: time.Now}, nil
+	return &Repository{store: s, keys: k, chunkSize: cfg.ChunkSize, pendingTimeout: pt, now: time.Now, manifests: map[string]cachedManifest{}}, nil
 }
 
 // ChunkSize is the store's chunk size in bytes.
