@@ -341,39 +341,15 @@ func rights(oob []byte) ([]int, error) {
 }
 
 // DefaultSocket is where config/csi's fd holder listens on the node: in a directory of its
-// own that only the holder and the CSI node plugin mount.
+// own that only the holder and the CSI node plugin mount. (The holder of the commits before
+// listened in the pool agent's /var/lib/crdipc; no release had it: 0.2.0 has no holder.)
 const DefaultSocket = "/var/lib/crdipc-fd-holder/fd.sock"
 
-// PreviousSocket is where the fd holder of releases before DefaultSocket listened, inside
-// the pool agent's /var/lib/crdipc, and without a token. Such a holder keeps running after an
-// upgrade until its pod is deleted (OnDelete), holding the connections of the plugin that
-// staged the volumes.
-const PreviousSocket = "/var/lib/crdipc/fd-holder/fd.sock"
-
-// previous maps a socket to the one a previous release's holder serves instead; a variable
-// for tests.
-var previous = map[string]string{DefaultSocket: PreviousSocket}
-
-// Client talks to the store at Path, presenting the token beside it. While no holder has
-// ever written a token there and Path is DefaultSocket, it talks to PreviousSocket: the
-// holder of the release before, which is replaced only when its pod is deleted; once a
-// holder of this release has started on the node, never again.
+// Client talks to the store at Path, presenting the token beside it.
 type Client struct {
 	Path string
 	// Timeout bounds each request; zero means 5 s.
 	Timeout time.Duration
-}
-
-// endpoint is the socket to dial and the token to present there ("": none is asked for).
-func (c Client) endpoint() (string, string, error) {
-	token, err := readToken(filepath.Dir(c.Path))
-	if err == nil {
-		return c.Path, token, nil
-	}
-	if prev, ok := previous[c.Path]; ok && errors.Is(err, os.ErrNotExist) {
-		return prev, "", nil
-	}
-	return "", "", fmt.Errorf("fd store at %s: its token: %w", c.Path, err)
 }
 
 // Put stores a duplicate of fd under name; the caller keeps fd.
@@ -408,9 +384,10 @@ func (c Client) do(req string, fd int) (string, int, error) {
 	if timeout == 0 {
 		timeout = 5 * time.Second
 	}
-	path, token, err := c.endpoint()
+	path := c.Path
+	token, err := readToken(filepath.Dir(path))
 	if err != nil {
-		return "", -1, err
+		return "", -1, fmt.Errorf("fd store at %s: its token: %w", path, err)
 	}
 	conn, err := net.DialTimeout("unixpacket", path, timeout)
 	if err != nil {
@@ -419,18 +396,16 @@ func (c Client) do(req string, fd int) (string, int, error) {
 	defer conn.Close()
 	uc := conn.(*net.UnixConn)
 	_ = uc.SetDeadline(time.Now().Add(timeout))
-	if token != "" {
-		if _, _, err := uc.WriteMsgUnix([]byte("AUTH "+token), nil, nil); err != nil {
-			return "", -1, fmt.Errorf("fd store at %s: %w", path, err)
-		}
-		buf := make([]byte, 512)
-		n, _, _, _, err := uc.ReadMsgUnix(buf, nil)
-		if err != nil {
-			return "", -1, fmt.Errorf("fd store at %s: %w", path, err)
-		}
-		if answer := string(buf[:n]); answer != "OK" {
-			return "", -1, fmt.Errorf("fd store at %s: %s", path, strings.TrimPrefix(answer, "ERR "))
-		}
+	if _, _, err := uc.WriteMsgUnix([]byte("AUTH "+token), nil, nil); err != nil {
+		return "", -1, fmt.Errorf("fd store at %s: %w", path, err)
+	}
+	abuf := make([]byte, 512)
+	n, _, _, _, err := uc.ReadMsgUnix(abuf, nil)
+	if err != nil {
+		return "", -1, fmt.Errorf("fd store at %s: %w", path, err)
+	}
+	if answer := string(abuf[:n]); answer != "OK" {
+		return "", -1, fmt.Errorf("fd store at %s: %s", path, strings.TrimPrefix(answer, "ERR "))
 	}
 	var oob []byte
 	if fd >= 0 {
