@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -47,6 +48,14 @@ func (w *world) startNodePlugin(t *testing.T, node string) *nodePlugin {
 // the driver (as SIGTERM does a node plugin's) and is idempotent.
 func (w *world) startNodePluginWith(t *testing.T, node string, opt func(*driver.Options)) (p *nodePlugin, stop func()) {
 	t.Helper()
+	return w.startNodePluginServing(t, node, opt, nil, nil)
+}
+
+// startNodePluginServing is startNodePluginWith serving on wrap(its listener) (nil: the
+// listener itself); served, when set, gets what serving returned instead of a non-nil
+// error failing the test.
+func (w *world) startNodePluginServing(t *testing.T, node string, opt func(*driver.Options), wrap func(net.Listener) net.Listener, served func(error)) (p *nodePlugin, stop func()) {
+	t.Helper()
 	sock, err := os.MkdirTemp("", "csi-"+node)
 	if err != nil {
 		t.Fatal(err)
@@ -65,11 +74,17 @@ func (w *world) startNodePluginWith(t *testing.T, node string, opt func(*driver.
 	if err != nil {
 		t.Fatal(err)
 	}
+	if wrap != nil {
+		l = wrap(l)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := d.ServeListener(ctx, l); err != nil {
+		err := d.ServeListener(ctx, l)
+		if served != nil {
+			served(err)
+		} else if err != nil {
 			t.Errorf("driver of %s: %v", node, err)
 		}
 	}()

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr/testr"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/storage/fdstore"
@@ -28,6 +31,10 @@ import (
 // the volume's FUSE connection meanwhile. Then a new plugin starts while the last one still
 // serves, as a surge pod does: it asks that one for the volume, which hands it over and
 // serves nothing more, and stopping it afterwards leaves the successor's handover socket.
+// Then the windows around a handover: the holder restarts just before a plugin stops (it
+// holds nothing, and the plugin must give it the connection before it lets go of its own);
+// the holder has a stale entry of the volume that sorts before the live one; a plugin's
+// gRPC server fails (it releases the volume before it frees the serving lock).
 // No write fails, each new plugin reports the takeover, every record is on the volume, and
 // unstaging through the last plugin leaves the holder empty.
 func (w *world) testNodePluginTakeover(t *testing.T) {
@@ -35,24 +42,33 @@ func (w *world) testNodePluginTakeover(t *testing.T) {
 	ctx := context.Background()
 	const node = "node-2"
 	holderSock := filepath.Join(t.TempDir(), "fd.sock")
-	l, err := fdstore.Listen(holderSock)
-	if err != nil {
-		t.Fatal(err)
+	var holder *fdstore.Store
+	var stopHolder func()
+	startHolder := func() {
+		l, err := fdstore.Listen(holderSock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		holder = fdstore.New(slog.New(slog.DiscardHandler))
+		hctx, cancel := context.WithCancel(ctx)
+		served := make(chan struct{})
+		go func() { defer close(served); _ = holder.Serve(hctx, l) }()
+		h := holder
+		stopHolder = func() { cancel(); <-served; h.Close() }
 	}
-	holder := fdstore.New(slog.New(slog.DiscardHandler))
-	hctx, stopHolder := context.WithCancel(ctx)
-	go func() { _ = holder.Serve(hctx, l) }()
-	t.Cleanup(func() { stopHolder(); holder.Close() })
+	startHolder()
+	t.Cleanup(func() { stopHolder() })
 
 	targets, handover := filepath.Join(w.root, "targets", node), filepath.Join(w.root, "handover", node)
 	var reg *prometheus.Registry
-	start := func() (*nodePlugin, func()) {
+	startServing := func(wrap func(net.Listener) net.Listener, served func(error)) (*nodePlugin, func()) {
 		reg = prometheus.NewRegistry()
 		log := testr.NewWithOptions(t, testr.Options{Verbosity: 1})
-		return w.startNodePluginWith(t, node, func(o *driver.Options) {
+		return w.startNodePluginServing(t, node, func(o *driver.Options) {
 			o.FDHolder, o.TargetDir, o.HandoverDir, o.Registerer, o.Logger = holderSock, targets, handover, reg, &log
-		})
+		}, wrap, served)
 	}
+	start := func() (*nodePlugin, func()) { return startServing(nil, nil) }
 	p, stop := start()
 
 	conn := w.dial(t)
@@ -136,6 +152,68 @@ func (w *world) testNodePluginTakeover(t *testing.T) {
 	}
 	p, stop = next, stopNext
 	acked(wr.Acked() + 20)
+
+	// The holder restarts, and the plugin stops before its upkeep (every 5 s) gives the
+	// new holder the connection: the release must give it first.
+	stopHolder()
+	startHolder()
+	before = wr.Acked()
+	stop()
+	p, stop = start()
+	acked(before + 50)
+	tookOver(4)
+
+	// A stale entry of the volume, sorting before the live one, of a connection that has
+	// ended (here: a /dev/fuse descriptor never mounted). The live one is served, and the
+	// stale one dropped.
+	live := holder.Names()
+	if len(live) != 1 {
+		t.Fatalf("the fd holder keeps %v, want the volume's one entry", live)
+	}
+	dead, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := "csi-target/" + id + "/loop"
+	if err := (fdstore.Client{Path: holderSock}).Put(stale, dead); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(dead)
+	before = wr.Acked()
+	stop()
+	p, stop = start()
+	acked(before + 50)
+	tookOver(5)
+	testenv.Eventually(t, 30*time.Second, "the stale entry dropped", func(context.Context) (bool, error) {
+		if got := holder.Names(); !slices.Equal(got, live) {
+			return false, fmt.Errorf("the fd holder keeps %v, want %v", got, live)
+		}
+		return true, nil
+	})
+
+	// The gRPC server fails: the plugin releases the volume, as on SIGTERM, before the
+	// serving lock lets the next one take it.
+	fail := make(chan struct{})
+	servedErr := make(chan error, 1)
+	stop()
+	p, stop = startServing(func(l net.Listener) net.Listener { return &failingListener{Listener: l, fail: fail} },
+		func(err error) { servedErr <- err })
+	acked(wr.Acked() + 20)
+	tookOver(6)
+	before = wr.Acked()
+	close(fail)
+	select {
+	case err := <-servedErr:
+		if err == nil {
+			t.Fatal("the plugin whose gRPC server failed returned no error")
+		}
+		t.Logf("the plugin whose gRPC server failed: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the plugin whose gRPC server failed still runs")
+	}
+	p, stop = start()
+	acked(before + 50)
+	tookOver(7)
 	if err := wr.Stop(time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +221,7 @@ func (w *world) testNodePluginTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := wr.Acked()
-	t.Logf("%d records through 2 node plugin restarts and a handover, the longest write+fsync %s", n, wr.MaxPause())
+	t.Logf("%d records through 5 node plugin restarts and a handover, the longest write+fsync %s", n, wr.MaxPause())
 	dev, err := os.Open(target)
 	if err != nil {
 		t.Fatal(err)
@@ -175,5 +253,27 @@ func blockRWO() *csi.VolumeCapability {
 	return &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}
+
+// failingListener fails Accept, as a broken socket would, once fail is closed: gRPC's Serve
+// then returns that error.
+type failingListener struct {
+	net.Listener
+	fail chan struct{}
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	type accepted struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan accepted, 1)
+	go func() { c, err := l.Listener.Accept(); ch <- accepted{c, err} }()
+	select {
+	case a := <-ch:
+		return a.c, a.err
+	case <-l.fail:
+		return nil, errors.New("injected accept failure")
 	}
 }
