@@ -142,7 +142,8 @@ func TestSurgeLeavesTheServingSocket(t *testing.T) {
 		}
 		return d
 	}
-	serve := func(d *Driver) (stop func()) {
+	// serve serves d until cancel, then stop waits for it; stop cancels too.
+	serve := func(d *Driver) (cancel, stop func()) {
 		ctx, cancel := context.WithCancel(context.Background())
 		served := make(chan error, 1)
 		go func() { served <- d.Serve(ctx, endpoint) }()
@@ -156,7 +157,7 @@ func TestSurgeLeavesTheServingSocket(t *testing.T) {
 			})
 		}
 		t.Cleanup(stop)
-		return stop
+		return cancel, stop
 	}
 
 	serving := newDriver(nil)
@@ -171,9 +172,9 @@ func TestSurgeLeavesTheServingSocket(t *testing.T) {
 		<-never
 		return nil, errors.New("no certificate")
 	})
-	stopSuccessor := serve(successor)
+	cancelSuccessor, stopSuccessor := serve(successor)
 	var unblock sync.Once
-	giveUp := func() { unblock.Do(func() { close(never) }) }
+	giveUp := func() { cancelSuccessor(); unblock.Do(func() { close(never) }) }
 	t.Cleanup(giveUp) // before stopSuccessor's
 	wait.Eventually(t, time.Minute, "the successor getting ready", func(context.Context) (bool, error) {
 		return successor.preparing.Load(), nil
