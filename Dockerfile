@@ -11,6 +11,8 @@
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
+# go.mod replaces a module with this directory (third_party/*/README.md).
+COPY third_party/ third_party/
 RUN --mount=type=cache,target=/go/pkg/mod \
     go mod download
 COPY . .

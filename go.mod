@@ -312,3 +312,7 @@ replace (
 	k8s.io/sample-controller => k8s.io/sample-controller v0.37.0
 	k8s.io/streaming => k8s.io/streaming v0.37.0
 )
+
+// The library's NewProvisionController without its write to client-go's global scheme, which
+// races with every client of the process (third_party/sig-storage-lib-external-provisioner).
+replace sigs.k8s.io/sig-storage-lib-external-provisioner/v13 => ./third_party/sig-storage-lib-external-provisioner

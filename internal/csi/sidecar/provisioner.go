@@ -71,6 +71,12 @@ func (p *provisioner) ShouldProvision(_ context.Context, pvc *corev1.PersistentV
 // newProvisioner returns the library's controller for driver name. Its state machine is
 // upstream's: PVC → Provision → PV with claimRef (bound by the PV binder in the control
 // plane), provisioned-by annotation and finalizer; released PV → Delete → PV removed.
+//
+// It is built once the manager runs (the driver's name may be learned only then), while the
+// process's other clients decode with client-go's scheme: in up, the control plane's
+// controllers and the services started earlier. The library as released writes that scheme
+// in NewProvisionController ("concurrent map read and map write"); go.mod builds it from
+// third_party/sig-storage-lib-external-provisioner, which does not.
 func newProvisioner(ctx context.Context, cfg *rest.Config, kube kubernetes.Interface, c client.Client, name string, cc csi.ControllerClient, clones *cloneProtection, o Options, rec record.EventRecorder, l logr.Logger) (*controller.ProvisionController, error) {
 	snaps, err := snapclientset.NewForConfig(cfg)
 	if err != nil {

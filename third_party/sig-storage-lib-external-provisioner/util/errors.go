@@ -1,0 +1,34 @@
+/*
+Copyright 2025 The Kubernetes Authors.
+
+Licensed under the Apache License, Version 2.0 (the "License");
+you may not use this file except in compliance with the License.
+You may obtain a copy of the License at
+
+    http://www.apache.org/licenses/LICENSE-2.0
+
+Unless required by applicable law or agreed to in writing, software
+distributed under the License is distributed on an "AS IS" BASIS,
+WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+See the License for the specific language governing permissions and
+limitations under the License.
+*/
+
+package util
+
+type DelayRetryError struct {
+	message string
+}
+
+func (e *DelayRetryError) Error() string {
+	return e.message
+}
+
+func NewDelayRetryError(message string) error {
+	return &DelayRetryError{message: message}
+}
+
+func IsDelayRetryError(err error) bool {
+	_, ok := err.(*DelayRetryError)
+	return ok
+}
