@@ -80,19 +80,20 @@ test-deps: ## Install what the tests use if missing: Debian's prometheus and e2f
 test: test-deps ## Run every test; integration tests start a real embedded API server per package.
 	go test -count=1 -timeout 60m ./...
 
-# The race detector over what starts up or services: test/tracing runs the Book receiver, the
-# webhook listener and the metrics agent in its test process against the embedded API server;
-# test/e2e's TestUpServicesBooks runs `crdipc up` itself, built with -race too
-# (upproc.GoBuildFlags), and fails on any race up reports. A race is a bug to fix, never to
-# suppress. Left out until it is fixed: the CSI sidecar (TestStorageRequestIsOneTrace, and
-# every up that runs it), where sig-storage-lib-external-provisioner's NewProvisionController
-# adds core/v1 to client-go's global scheme while the process's clients decode with it.
-RACE_TRACING_SKIP ?= ^TestStorageRequestIsOneTrace$$
-RACE_E2E ?= ^TestUpServicesBooks$$
-.PHONY: test-race
-test-race: test-deps ## Run the tests that start up or services under the race detector (go test -race).
-	go test -race -count=1 -timeout 30m -skip '$(RACE_TRACING_SKIP)' ./test/tracing/... ./internal/testenv/...
-	go test -race -count=1 -timeout 30m -run '$(RACE_E2E)' ./test/e2e/
+# The race detector over up, its services and the storage stack: the unit and integration
+# tests of the CSI and storage packages, internal/services and internal/testenv; test/tracing,
+# which runs the services (the CSI sidecar among them) in its test process against the
+# embedded API server; and test/e2e's tests of up and of its storage, with up itself built
+# with -race (upproc.GoBuildFlags): they fail on any race up reports. A race is a bug to fix,
+# never to suppress. test-race-unit and test-race-e2e are its two halves.
+RACE_PKGS ?= ./internal/csi/... ./internal/storage/... ./internal/services/... ./internal/testenv/... ./test/tracing/...
+RACE_E2E ?= ^(TestUp|TestREADME|TestUpServicesBooks|TestReplicatedVolume|TestBackupToS3|TestSanityDefaults)$$
+.PHONY: test-race test-race-unit test-race-e2e
+test-race: test-race-unit test-race-e2e ## Run the storage stack's tests, up's and its services' under the race detector (go test -race).
+test-race-unit: test-deps ## The first half of test-race: the packages' tests.
+	go test -race -count=1 -timeout 60m $(RACE_PKGS)
+test-race-e2e: test-deps ## The second half of test-race: test/e2e's tests of up and its storage, up built with -race.
+	go test -race -count=1 -timeout 60m -run '$(RACE_E2E)' ./test/e2e/
 
 .PHONY: bench
 bench: ## Measure the API server floor of this machine.
