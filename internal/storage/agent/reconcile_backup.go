@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -184,6 +185,9 @@ func (u *backupUploader) upload(ctx context.Context, b *storagev1alpha1.VolumeBa
 	// that (the store's marker) before it deletes what the backup left.
 	uctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	// The goroutine below patches b (the API server's answer is decoded into it) while the
+	// upload runs, Commit included: both ask after the backup by what does not change.
+	key, uid := client.ObjectKeyFromObject(b), b.UID
 	stop := make(chan struct{})
 	reported := make(chan struct{})
 	go func() {
@@ -196,7 +200,7 @@ func (u *backupUploader) upload(ctx context.Context, b *storagev1alpha1.VolumeBa
 				return
 			case <-t.C:
 				report()
-				if u.deleted(ctx, u.c, b) {
+				if u.deleted(ctx, u.c, key, uid) {
 					cancel(errBackupDeleted)
 				}
 			}
@@ -219,7 +223,7 @@ func (u *backupUploader) upload(ctx context.Context, b *storagev1alpha1.VolumeBa
 		// would leave a manifest no VolumeBackup stands for, which the store's next sync
 		// would bring back.
 		Commit: func(ctx context.Context) error {
-			if u.deleted(ctx, u.live, b) {
+			if u.deleted(ctx, u.live, key, uid) {
 				return errBackupDeleted
 			}
 			return nil
@@ -254,15 +258,16 @@ func (u *backupUploader) upload(ctx context.Context, b *storagev1alpha1.VolumeBa
 // errBackupDeleted stops an upload whose VolumeBackup is being deleted.
 var errBackupDeleted = errors.New("the VolumeBackup is being deleted")
 
-// deleted tells whether b, as r has it, is gone or being deleted (another object of its
-// name counts as gone). An error reading it is not taken for a deletion.
-func (u *backupUploader) deleted(ctx context.Context, r client.Reader, b *storagev1alpha1.VolumeBackup) bool {
+// deleted tells whether the backup key with uid, as r has it, is gone or being deleted
+// (another object of its name counts as gone). An error reading it is not taken for a
+// deletion.
+func (u *backupUploader) deleted(ctx context.Context, r client.Reader, key client.ObjectKey, uid types.UID) bool {
 	var now storagev1alpha1.VolumeBackup
-	err := r.Get(ctx, client.ObjectKeyFromObject(b), &now)
+	err := r.Get(ctx, key, &now)
 	if apierrors.IsNotFound(err) {
 		return true
 	}
-	return err == nil && (now.UID != b.UID || !now.DeletionTimestamp.IsZero())
+	return err == nil && (now.UID != uid || !now.DeletionTimestamp.IsZero())
 }
 
 // patch writes the status fields the agent owns with a merge patch of what change makes:
