@@ -160,8 +160,8 @@ func scanChecks(t *testing.T, root string) (checks []check, problems []string) {
 					case pkg == nil:
 						return true
 					case pkg.Name == "require" && (fun.Sel.Name == "Tool" || fun.Sel.Name == "Tools"):
-						if len(call.Args) > 0 {
-							args = call.Args[1:] // after env
+						if len(call.Args) > 2 {
+							args = call.Args[2:] // after t and env
 						}
 						anyOf = fun.Sel.Name == "Tool"
 					case pkg.Name == "require" && (fun.Sel.Name == "Find" || fun.Sel.Name == "Missing"):
