@@ -176,7 +176,11 @@ func (r *Repository) openSession(ctx context.Context, key, id string, every time
 
 // write writes the marker once and keeps the longest gap.
 func (s *session) write(ctx context.Context) error {
+	// The marker changes under s.mu (a restore claims an older epoch) while the renewal
+	// goroutine writes it.
+	s.mu.Lock()
 	data, _ := json.Marshal(s.m)
+	s.mu.Unlock()
 	start := s.r.now()
 	err := s.r.store.Put(ctx, s.key, data)
 	end := s.r.now()

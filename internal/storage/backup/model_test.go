@@ -250,7 +250,9 @@ func runModel(seed uint64, pal palette) (modelStats, error) {
 	if m.rng.IntN(4) > 0 {
 		wait := m.rng.IntN(30)
 		m.spawn("restore", func(ctx context.Context) {
-			for i := range wait { // starts later
+			// Parked at least once before it draws from m.rng: until the scheduler runs, this
+			// goroutine and the one setting the model up would share it.
+			for i := range wait + 1 { // starts later
 				m.hook(ctx, "wait", fmt.Sprint(i))
 			}
 			m.restore(ctx, m.pick(ids))
@@ -258,7 +260,7 @@ func runModel(seed uint64, pal palette) (modelStats, error) {
 	}
 	wait := m.rng.IntN(40)
 	m.spawn("delete", func(ctx context.Context) {
-		for i := range wait { // deletes later
+		for i := range wait + 1 { // deletes later (and parked before it draws, as restore)
 			m.hook(ctx, "wait", fmt.Sprint(i))
 		}
 		for range 2 {

@@ -126,7 +126,9 @@ func (r *Repository) openRestore(ctx context.Context, id string, heartbeat time.
 			return sess, m, plan, err
 		}
 		// The marker must say so before the next epoch is made.
+		sess.mu.Lock()
 		sess.m.Epoch--
+		sess.mu.Unlock()
 		err = sess.write(ctx)
 		if err == nil {
 			var seq int64
