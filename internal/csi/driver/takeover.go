@@ -71,11 +71,8 @@ func (d *Driver) keep(id string, s *staged) {
 		unix.Close(fd)
 	}
 	if err != nil {
-		s.kept.Store(false)
 		d.log.Error(err, "the fd holder does not keep the volume's connection: a restart of this process would fail its I/O; retrying", "volume", id)
-		return
 	}
-	s.kept.Store(true)
 }
 
 // forget drops volume id's connections from the holder. A failure leaves a stale entry,
@@ -318,7 +315,6 @@ func (d *Driver) adoptTarget(ctx context.Context, id, loop string, conn int) err
 		return err
 	}
 	s := d.follow(id, e, ex, tlsConf)
-	s.kept.Store(true)
 	d.setStaged(id, s)
 	return nil
 }

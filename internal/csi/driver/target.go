@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -45,7 +44,6 @@ type staged struct {
 	export *blockdev.Exported
 	stop   context.CancelFunc // ends the membership loop
 	done   chan struct{}
-	kept   atomic.Bool // the fd holder has a descriptor of the export's FUSE connection
 }
 
 // targetDir is the directory of volume id's FUSE mount, inside the target directory
