@@ -44,23 +44,7 @@ func TestRestoreOnlyIntoTheBackupsNamespace(t *testing.T) {
 		Spec: storagev1alpha1.StoragePoolClaimSpec{MinPools: 1, Capacity: resource.MustParse("256Mi"), Backend: storagev1alpha1.BackendFile,
 			NodeSelector: map[string]string{simnode.Label: "true"}},
 	})
-	socket := serveDriver(t, env, driver.Options{})
-	sm := testenv.NewManager(t, env.AsServiceAccount(t, "csi-sidecar"))
-	if err := sidecar.Add(sm, sidecar.Options{DriverEndpoint: socket, DriverName: driver.Name, CallTimeout: 10 * time.Second,
-		BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second, Resync: 200 * time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Start(t, "sidecar", sm.Start)
-	sc := &storagev1.StorageClass{
-		ObjectMeta:    metav1.ObjectMeta{Name: "restores"},
-		Provisioner:   driver.Name,
-		Parameters:    map[string]string{driver.ParamReplicaCount: "1"},
-		ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete),
-	}
-	if err := env.Client.Create(ctx, sc); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sc) })
+	startRestoringSidecar(t, env, "restores", 10*time.Second)
 	mine, theirs := env.Namespace(t), env.Namespace(t)
 	// Registered last, so it runs first, while everything still runs: the claims and their
 	// volumes go, and the next test of the package finds none.
@@ -136,7 +120,7 @@ func TestRestoreOnlyIntoTheBackupsNamespace(t *testing.T) {
 	pvc := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: mine, Name: "from-theirs"},
 		Spec: corev1.PersistentVolumeClaimSpec{
-			StorageClassName: ptr.To(sc.Name),
+			StorageClassName: ptr.To("restores"),
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("8Mi")}},
 			DataSourceRef:    &corev1.TypedObjectReference{APIGroup: ptr.To(storagev1alpha1.GroupVersion.Group), Kind: "VolumeBackup", Name: named.Name},
@@ -197,23 +181,7 @@ func TestRestoreOnlyIntoTheBackupsNamespace(t *testing.T) {
 func TestRestoreChecksWhoseBackupItIs(t *testing.T) {
 	env := testenv.Get(t)
 	ctx := context.Background()
-	socket := serveDriver(t, env, driver.Options{})
-	sm := testenv.NewManager(t, env.AsServiceAccount(t, "csi-sidecar"))
-	if err := sidecar.Add(sm, sidecar.Options{DriverEndpoint: socket, DriverName: driver.Name, CallTimeout: 5 * time.Second,
-		BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second, Resync: 200 * time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Start(t, "sidecar", sm.Start)
-	sc := &storagev1.StorageClass{
-		ObjectMeta:    metav1.ObjectMeta{Name: "old-restores"},
-		Provisioner:   driver.Name,
-		Parameters:    map[string]string{driver.ParamReplicaCount: "1"},
-		ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete),
-	}
-	if err := env.Client.Create(ctx, sc); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sc) })
+	startRestoringSidecar(t, env, "old-restores", 5*time.Second)
 	mine, theirs := env.Namespace(t), env.Namespace(t)
 	store := &storagev1alpha1.BackupStore{
 		ObjectMeta: metav1.ObjectMeta{Name: "old-" + mine},
@@ -249,7 +217,7 @@ func TestRestoreChecksWhoseBackupItIs(t *testing.T) {
 			pvc := &corev1.PersistentVolumeClaim{
 				ObjectMeta: metav1.ObjectMeta{Namespace: mine, Name: tc.name},
 				Spec: corev1.PersistentVolumeClaimSpec{
-					StorageClassName: ptr.To(sc.Name),
+					StorageClassName: ptr.To("old-restores"),
 					AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 					Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("8Mi")}},
 					DataSourceRef:    &corev1.TypedObjectReference{APIGroup: ptr.To(storagev1alpha1.GroupVersion.Group), Kind: "VolumeBackup", Name: b.Name},
@@ -272,4 +240,27 @@ func TestRestoreChecksWhoseBackupItIs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startRestoringSidecar runs the driver and the sidecar, and makes StorageClass class (one
+// replica, reclaim Delete), removed after the test.
+func startRestoringSidecar(t *testing.T, env *testenv.Env, class string, callTimeout time.Duration) {
+	t.Helper()
+	socket := serveDriver(t, env, driver.Options{})
+	sm := testenv.NewManager(t, env.AsServiceAccount(t, "csi-sidecar"))
+	if err := sidecar.Add(sm, sidecar.Options{DriverEndpoint: socket, DriverName: driver.Name, CallTimeout: callTimeout,
+		BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second, Resync: 200 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Start(t, "sidecar", sm.Start)
+	sc := &storagev1.StorageClass{
+		ObjectMeta:    metav1.ObjectMeta{Name: class},
+		Provisioner:   driver.Name,
+		Parameters:    map[string]string{driver.ParamReplicaCount: "1"},
+		ReclaimPolicy: ptr.To(corev1.PersistentVolumeReclaimDelete),
+	}
+	if err := env.Client.Create(context.Background(), sc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sc) })
 }
