@@ -58,10 +58,11 @@ func newUpCommand() *cobra.Command {
 		Short: "Run a control plane and every crdipc service in this process",
 		Long: `up starts, in this one process: etcd, kube-apiserver, kube-scheduler and the
 kube-controller-manager controllers a cluster with nodes needs (garbage collector,
-namespace, service accounts, PV binder and attach/detach, Deployment, ReplicaSet,
-DaemonSet, StatefulSet, Job, node lifecycle, endpoints, root CA publisher, CSR
-signer), installs crdipc's CRDs, and starts crdipc's services. It prints one line per step with its duration, then the
-"export KUBECONFIG=..." line to paste into another terminal.
+namespace, service accounts, PV binder and attach/detach, generic ephemeral volumes,
+Deployment, ReplicaSet, DaemonSet, StatefulSet, Job, node lifecycle, endpoints, root CA
+publisher, CSR signer), installs crdipc's CRDs, and starts crdipc's services. It prints
+one line per step with its duration, then the "export KUBECONFIG=..." line to paste into
+another terminal.
 
 Every service is an entry of one table (--services picks entries, --disable leaves
 some out; 'none' starts the control plane alone) and runs exactly as its own

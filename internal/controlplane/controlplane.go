@@ -65,8 +65,9 @@ var DefaultControllers = []string{
 // token volume mounts, is published into each namespace; pods of deleted nodes and
 // terminated pods are collected; the `kubernetes` Service and every other one get
 // EndpointSlices for kube-proxy; finished Jobs are cleaned up after their TTL; disruption
-// budgets say what a drain may evict. Tests that create bare Nodes with no kubelet behind them keep
-// DefaultControllers: node lifecycle would taint those nodes Unknown.
+// budgets say what a drain may evict; a pod's generic ephemeral volume
+// (spec.volumes[].ephemeral) gets its claim. Tests that create bare Nodes with no kubelet
+// behind them keep DefaultControllers: node lifecycle would taint those nodes Unknown.
 var ClusterControllers = append(slices.Clone(DefaultControllers),
 	names.DeploymentController,
 	names.ReplicaSetController,
@@ -84,6 +85,7 @@ var ClusterControllers = append(slices.Clone(DefaultControllers),
 	// PodDisruptionBudgets' status (how many pods may go): without it every budget allows
 	// none, and an eviction — every pod of a kubectl drain — is refused forever.
 	names.DisruptionController,
+	names.EphemeralVolumeController,
 )
 
 // Config says where and how to run the control plane.
