@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Kubernetes' own storage e2e suite (External.Storage) against crdipc on real nodes.
+#
+#   hack/conformance.sh deps
+#       Builds e2e.test (upstream's k8s.io/kubernetes/test/e2e at the version go.mod pins) and
+#       the ginkgo CLI (github.com/onsi/ginkgo/v2 at the version the module graph selects),
+#       cached beside hack/realnode.sh's kubelet and built when missing; and the images the
+#       storage suites run, as docker-archive tars named as the suite's test/utils/image names
+#       them, each rebuilt when stale: busybox, agnhost (from test/images/agnhost),
+#       glibc-dns-testing (GNU coreutils, for multiVolume) and nginx (a shell only, for
+#       volumes' exec spec). Prints E2E_TEST=, GINKGO=, E2E_BUSYBOX_TAR=, AGNHOST_TAR=,
+#       GLIBC_DNS_TESTING_TAR=, NGINX_TAR=. A cold build cache makes it take about half an
+#       hour: on a shared machine run it under the heavy lock.
+#
+# Environment: REALNODE_CACHE overrides the cache directory, as for hack/realnode.sh.
+set -eEuo pipefail
+# An unexpected failure says where (set -e alone exits silently).
+trap 'echo "conformance: line $LINENO: \"$BASH_COMMAND\" failed" >&2' ERR
+
+# -P: the checkout itself, also when reached through a symlinked directory.
+repo=$(cd -P "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+readonly repo
+# shellcheck source=hack/lib/oci.sh
+. "$repo/hack/lib/oci.sh"
+# The image helpers (image_begin, image_end, add_busybox, stale).
+# shellcheck source=hack/realnode/build.sh
+. "$repo/hack/realnode/build.sh"
+# shellcheck source=hack/conformance/build.sh
+. "$repo/hack/conformance/build.sh"
+
+die() { echo "conformance: $*" >&2; exit 1; }
+say() { echo "== $*" >&2; }
+
+usage() {
+  sed -n '2,/^set -eEuo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+  exit 2
+}
+
+# The k8s.io/kubernetes version the repository pins, and the cache directory of
+# hack/realnode.sh deps for it (its k8s_version and cache_dir).
+k8s_version() {
+  local v
+  v=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v1\./ && $3 != "=>" {print $2; exit}' "$repo/go.mod")
+  [ -n "$v" ] || die "no k8s.io/kubernetes v1.x require line in $repo/go.mod"
+  echo "$v"
+}
+
+cache_dir() {
+  [ -z "${REALNODE_CACHE:-}" ] || { echo "$REALNODE_CACHE" && return; }
+  command -v go >/dev/null 2>&1 || die "go is not in PATH"
+  echo "${XDG_CACHE_HOME:-$HOME/.cache}/crdipc/realnode/$(k8s_version)-$(go env GOVERSION)"
+}
+
+# umoci and skopeo pack the images, the static busybox fills them (Debian packages; the
+# glibc-dns-testing image's are Essential or Priority required on Debian).
+install_packages() {
+  local pkgs=() p
+  for p in umoci skopeo; do
+    command -v "$p" >/dev/null 2>&1 || pkgs+=("$p")
+  done
+  dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed' ||
+    pkgs+=(busybox-static)
+  [ ${#pkgs[@]} -eq 0 ] && return
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    die "missing ${pkgs[*]}: install them (as root, with apt-get)"
+  fi
+  say "installing ${pkgs[*]} (Debian packages)"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+}
+
+cmd_deps() {
+  [ $# -eq 0 ] || usage
+  install_packages
+  local cache ver
+  ver=$(k8s_version)
+  cache=$(cache_dir)
+  build_e2e "$cache" "$ver"
+  echo "E2E_TEST=$cache/e2e.test"
+  echo "GINKGO=$cache/ginkgo"
+  build_e2e_images "$cache"
+}
+
+[ $# -ge 1 ] || usage
+sub=$1
+shift
+case $sub in
+deps) cmd_deps "$@" ;;
+*) usage ;;
+esac
