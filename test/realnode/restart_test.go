@@ -18,8 +18,9 @@ import (
 // stops at the first failed write. Every crdipc DaemonSet and Deployment is restarted in
 // turn as an upgrade restarts them (kubectl rollout restart): the pool agents (the
 // replicas' servers, one node at a time) and the CSI node plugins (the writer's target)
-// among them; then real-1's node plugin is SIGKILLed from the host, then its fd holder, and
-// the node plugins roll once more. The fd holder keeps the volume's FUSE connection while no plugin serves
+// among them; then real-1's node plugin is SIGKILLed from the host, then its fd holder, the
+// node plugins roll once more, and real-1's new plugin is SIGSTOPped (hung: its liveness
+// probe has it restarted). The fd holder keeps the volume's FUSE connection while no plugin serves
 // it, each new plugin process takes the volume over, and a restarted holder is given the
 // connection again by the plugin. The writer never fails, its records go on after each step (the longest pause
 // of each is logged), and the volume is Healthy with 3 replicas at the end. Then real-1 is
@@ -65,6 +66,8 @@ func (c *cluster) testRestarts(t *testing.T, phase func(string)) {
 	w.goOn(t, "the fd holder's SIGKILL", 20)
 	phase(fmt.Sprintf("fd holder of real-1 SIGKILLed; the writer's longest pause %s", w.longestPause(t, from)))
 	c.rollout(t, w, "crdipc-system", "daemonset/crdipc-csi-node", phase)
+	// After the rollout: the new pod's first restart comes without the kubelet's back-off.
+	c.stopPlugin(t, w, on, phase)
 	c.volumeHealthy(t, volume, "after the restarts")
 
 	// Drained, real-1 gives up the writer (evicted; --force: a bare pod) and crdipc's own
@@ -112,22 +115,51 @@ func (c *cluster) killPlugin(t *testing.T, w *recordWriter, n realNode, phase fu
 	phase(fmt.Sprintf("node plugin of %s SIGKILLed; the writer's longest pause %s", n.name, w.longestPause(t, from)))
 }
 
+// hungPluginBound is how long a hung node plugin may pause its volumes' I/O: the liveness
+// probe's three failures 5 s apart with a 3 s timeout (18 s), the probe's 5 s grace period,
+// the restart and the takeover. config/csi/node.yaml's probe is chosen for it.
+const hungPluginBound = 60 * time.Second
+
+// stopPlugin SIGSTOPs node n's CSI node plugin, the writer's target: a hung process, which
+// neither serves nor dies. The liveness probe fails, the kubelet kills and restarts it, the
+// new process takes the volume over from the fd holder; the writer pauses at most
+// hungPluginBound and no write fails.
+func (c *cluster) stopPlugin(t *testing.T, w *recordWriter, n realNode, phase func(string)) {
+	t.Helper()
+	from := w.acked()
+	c.signalRestarted(t, n, "crdipc-csi-node", "csi-driver", syscall.SIGSTOP)
+	w.goOn(t, "the SIGSTOP", 50)
+	w.noFailure(t)
+	pause := w.longestPause(t, from)
+	if pause > hungPluginBound {
+		t.Errorf("a SIGSTOPped node plugin paused the writer %s, more than %s", pause, hungPluginBound)
+	}
+	phase(fmt.Sprintf("node plugin of %s SIGSTOPped (hung) and restarted by its liveness probe; the writer's longest pause %s", n.name, pause))
+}
+
 // killRestarted kills app's process subcommand on node n and waits for the kubelet to
 // restart its container.
 func (c *cluster) killRestarted(t *testing.T, n realNode, app, subcommand string) {
 	t.Helper()
+	c.signalRestarted(t, n, app, subcommand, syscall.SIGKILL)
+}
+
+// signalRestarted sends sig to app's process subcommand on node n and waits for the kubelet
+// to restart its container.
+func (c *cluster) signalRestarted(t *testing.T, n realNode, app, subcommand string, sig syscall.Signal) {
+	t.Helper()
 	restarts := c.restarts(t, n, app)
-	c.kill(t, n, app, subcommand)
+	c.signal(t, n, app, subcommand, sig)
 	c.poll(t, 3*time.Minute, "the killed "+app+" container restarted", func() (bool, string) {
 		r := c.restarts(t, n, app)
 		return r > restarts, fmt.Sprintf("%d restarts", r)
 	})
 }
 
-// kill SIGKILLs, from this machine, where the real nodes' processes run, the crdipc process
-// that runs subcommand in app's pod on node n (app: the label app.kubernetes.io/name of a
-// DaemonSet's pods): the one whose cgroup is the pod's.
-func (c *cluster) kill(t *testing.T, n realNode, app, subcommand string) {
+// signal sends sig, from this machine, where the real nodes' processes run, to the crdipc
+// process that runs subcommand in app's pod on node n (app: the label app.kubernetes.io/name
+// of a DaemonSet's pods): the one whose cgroup is the pod's.
+func (c *cluster) signal(t *testing.T, n realNode, app, subcommand string, sig syscall.Signal) {
 	t.Helper()
 	uid := c.kubectl(t, "get", "pods", "-n", "crdipc-system", "-l", "app.kubernetes.io/name="+app,
 		"--field-selector", "spec.nodeName="+n.name, "-o", "jsonpath={.items[*].metadata.uid}")
@@ -156,8 +188,8 @@ func (c *cluster) kill(t *testing.T, n realNode, app, subcommand string) {
 	if len(found) != 1 {
 		t.Fatalf("crdipc %s processes of pod %s (%s on %s): %v, want one", subcommand, uid, app, n.name, found)
 	}
-	if err := syscall.Kill(found[0], syscall.SIGKILL); err != nil {
-		t.Fatalf("SIGKILL crdipc %s of %s (pid %d): %v", subcommand, n.name, found[0], err)
+	if err := syscall.Kill(found[0], sig); err != nil {
+		t.Fatalf("%s to crdipc %s of %s (pid %d): %v", sig, subcommand, n.name, found[0], err)
 	}
 }
 
