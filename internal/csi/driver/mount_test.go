@@ -202,3 +202,58 @@ func TestNodeUnpublishLeavesAForeignMount(t *testing.T) {
 		t.Errorf("the foreign mount's content: %v", err)
 	}
 }
+
+// A clone or a restored snapshot of an XFS volume holds its source's file system UUID; both
+// stage on one node when a pod uses both (Kubernetes' storage e2e suite, multiVolume "volume
+// and its clone … on the same node" for xfs): the second mount must not be refused.
+func TestXFSCopyStagesBesideItsSource(t *testing.T) {
+	requireMounts(t)
+	require.Capable(t, "CRDIPC_REQUIRE_MOUNT", require.Missing("mkfs.xfs"))
+	root := t.TempDir()
+	d, err := New(Options{Client: fake.NewClientBuilder().WithScheme(scheme.Scheme).Build(), NodeID: "n1", TargetDir: t.TempDir(), KubeletRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loop := func(file string) string {
+		t.Helper()
+		out, err := exec.Command("losetup", "--find", "--show", file).CombinedOutput()
+		if err != nil {
+			t.Fatalf("losetup: %v: %s", err, out)
+		}
+		dev := strings.TrimSpace(string(out))
+		t.Cleanup(func() {
+			if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+				t.Errorf("losetup -d %s: %v: %s", dev, err, out)
+			}
+		})
+		return dev
+	}
+	stage := func(id, dev string) error {
+		staging := filepath.Join(root, id, "globalmount")
+		if err := os.MkdirAll(staging, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		cleanupMount(t, staging)
+		return d.stageMount(id, dev, staging, "xfs", nil)
+	}
+
+	// The source, formatted by its first stage (mkfs.xfs makes nothing below 300 MB).
+	source := filepath.Join(t.TempDir(), "source")
+	if err := os.WriteFile(source, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(source, 320<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := stage("source", loop(source)); err != nil {
+		t.Fatalf("staging the source: %v", err)
+	}
+	// Its copy, block for block, as a clone's replicas are filled.
+	clone := filepath.Join(t.TempDir(), "clone")
+	if out, err := exec.Command("cp", "--sparse=always", source, clone).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	if err := stage("clone", loop(clone)); err != nil {
+		t.Fatalf("staging the clone beside its source: %v", err)
+	}
+}

@@ -191,7 +191,14 @@ func (d *Driver) stageMount(id, dev, staging, fsType string, flags []string) err
 	}
 	// FormatAndMount runs blkid, then mkfs only when it found nothing (fsck -a otherwise),
 	// then mount(8). nodev and nosuid: a volume's content is data, never a way into the node.
-	err = h.fs.FormatAndMount(dev, staging, fsType, append([]string{"nodev", "nosuid"}, flags...))
+	opts := slices.Concat([]string{"nodev", "nosuid"}, flags)
+	if fsType == "xfs" && !slices.Contains(opts, "nouuid") {
+		// A clone or a restored snapshot is a copy of its source's blocks, the file system's
+		// UUID included, and may be staged on the node where its source is: XFS refuses a
+		// second mount of one UUID unless told nouuid.
+		opts = append(opts, "nouuid")
+	}
+	err = h.fs.FormatAndMount(dev, staging, fsType, opts)
 	if err == nil {
 		return nil
 	}
