@@ -1,11 +1,11 @@
 # shellcheck shell=bash disable=SC2154 # repo, die, say: hack/conformance.sh's
 # What `hack/conformance.sh deps` builds (sourced by it, after hack/lib/oci.sh and
 # hack/realnode/build.sh, whose image helpers it uses): e2e.test and the ginkgo CLI from the
-# modules go.mod pins, and the two images the storage suites run, named as the suite's
+# modules go.mod pins, and the images the storage suites run, named as the suite's
 # test/utils/image names them with its default registry. Nothing is pulled.
 #
 #   build_e2e CACHE VERSION    # CACHE/e2e.test, CACHE/ginkgo (each built when missing)
-#   build_e2e_images CACHE     # busybox and agnhost docker-archives; prints E2E_BUSYBOX_TAR=, AGNHOST_TAR=
+#   build_e2e_images CACHE     # the images' docker-archives; prints E2E_BUSYBOX_TAR=, ...
 #   e2e_image_ref ID [K8S_DIR] # test/utils/image's name of an image: e2e_image_ref Agnhost
 #
 # Every go build here compiles k8s.io/kubernetes packages (minutes, GBs of memory): callers on
@@ -90,7 +90,7 @@ ginkgo_module_version() {
 # suite; -storage.testdriver selects crdipc's External.Storage specs), and CACHE/ginkgo, each
 # built when missing (ginkgo also when it is not the selected version).
 build_e2e() {
-  local cache=$1 ver=$2 gv mod t0 need_e2e=1 need_ginkgo=1
+  local cache=$1 ver=$2 gv t0 need_e2e=1 need_ginkgo=1
   command -v go >/dev/null 2>&1 || die "go is not in PATH"
   gv=$(ginkgo_module_version)
   [ -x "$cache/e2e.test" ] && need_e2e=""
@@ -101,27 +101,28 @@ build_e2e() {
     say "e2e.test $ver, ginkgo $gv: cached in $cache"
     return
   fi
-  mod=$(mktemp -d)
-  # shellcheck disable=SC2064 # expand now: mod is local
-  trap "rm -rf '$mod'" EXIT
-  k8s_module "$mod"
   mkdir -p "$cache"
-  if [ -n "$need_e2e" ]; then
-    say "building e2e.test $ver (~2,800 packages: about half an hour and ~4 GB of memory on a cold build cache)"
-    t0=$SECONDS
-    # -s -w as upstream's release builds (GOLDFLAGS): a third smaller; stack traces stay.
-    k8s_go "$mod" test -c -ldflags "-s -w $(k8s_version_ldflags "$ver")" -o "$mod/e2e.test" \
-      k8s.io/kubernetes/test/e2e
-    mv "$mod/e2e.test" "$cache/e2e.test"
-    say "e2e.test built in $((SECONDS - t0))s"
-  fi
-  if [ -n "$need_ginkgo" ]; then
-    say "building ginkgo $gv"
-    k8s_go "$mod" build -o "$mod/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
-    mv "$mod/ginkgo" "$cache/ginkgo"
-  fi
-  rm -rf "$mod"
-  trap - EXIT
+  # A subshell: its EXIT trap removes the module, leaving the caller's traps alone.
+  (
+    mod=$(mktemp -d)
+    trap 'rm -rf "$mod"' EXIT
+    k8s_module "$mod"
+    if [ -n "$need_e2e" ]; then
+      say "building e2e.test $ver (~2,800 packages: about half an hour and ~4 GB of memory on a cold build cache)"
+      t0=$SECONDS
+      # -s -w as upstream's non-debug builds (hack/lib/golang.sh); not its -trimpath and
+      # tags, which would compile every package anew instead of reusing the build cache.
+      k8s_go "$mod" test -c -ldflags "-s -w $(k8s_version_ldflags "$ver")" -o "$mod/e2e.test" \
+        k8s.io/kubernetes/test/e2e
+      mv "$mod/e2e.test" "$cache/e2e.test"
+      say "e2e.test built in $((SECONDS - t0))s"
+    fi
+    if [ -n "$need_ginkgo" ]; then
+      say "building ginkgo $gv"
+      k8s_go "$mod" build -o "$mod/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
+      mv "$mod/ginkgo" "$cache/ginkgo"
+    fi
+  )
 }
 
 # build_e2e_images CACHE: the images of the pinned test/utils/image the storage suites run, as
@@ -197,21 +198,22 @@ busybox_rootfs() {
 # socat, bash and iproute2 (busybox has ip and nc), coredns, and the fake registry's
 # /var/registry.
 build_agnhost_image() {
-  local kdir=$1 ref=$2 out=$3 busybox=$4 src mod version t0
+  local kdir=$1 ref=$2 out=$3 busybox=$4 src version t0
   src=$kdir/test/images/agnhost
   version=$(<"$src/VERSION")
   say "building $ref from k8s.io/kubernetes/test/images/agnhost (static, version $version)"
   busybox_rootfs "$busybox"
   mkdir -p "$r"/{usr/local/bin,uploads,home/user-defined-in-image}
-  mod=$(mktemp -d)
-  # shellcheck disable=SC2064 # expand now: mod and tmp (image_begin's) are set
-  trap "rm -rf '$mod' '$tmp'" EXIT
   t0=$SECONDS
-  k8s_module "$mod"
-  CGO_ENABLED=0 k8s_go "$mod" build -ldflags "-s -w -X main.Version=$version" -o "$r/agnhost" \
-    k8s.io/kubernetes/test/images/agnhost
-  rm -rf "$mod"
-  trap - EXIT
+  (
+    mod=$(mktemp -d)
+    trap 'rm -rf "$mod"' EXIT
+    k8s_module "$mod"
+    # Static, as upstream's image-util.sh builds it. CGO_ENABLED=0 is a build of its own:
+    # nothing of a cgo build's cache (the repository's, e2e.test's) is reused.
+    CGO_ENABLED=0 k8s_go "$mod" build -ldflags "-s -w -X main.Version=$version" -o "$r/agnhost" \
+      k8s.io/kubernetes/test/images/agnhost
+  )
   say "agnhost built in $((SECONDS - t0))s"
   ln -s agnhost "$r/agnhost-2"
   install -m 0644 "$src/porter/localhost.crt" "$src/porter/localhost.key" "$r/"
