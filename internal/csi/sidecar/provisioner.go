@@ -56,7 +56,16 @@ type provisioner struct {
 // failedClaimsRemembered bounds provisioner.failed.
 const failedClaimsRemembered = 4096
 
-var _ controller.Qualifier = (*provisioner)(nil)
+var (
+	_ controller.Qualifier        = (*provisioner)(nil)
+	_ controller.BlockProvisioner = (*provisioner)(nil)
+)
+
+// SupportsBlock implements controller.BlockProvisioner: the library refuses every claim of
+// volumeMode Block of a provisioner that does not say yes. CSI has no call to ask a driver
+// beforehand (upstream's external-provisioner says yes too); CreateVolume answers a block
+// capability, and crdipc's driver serves block volumes.
+func (p *provisioner) SupportsBlock(context.Context) bool { return true }
 
 // ShouldProvision implements controller.Qualifier: not a claim that failed for good and has
 // not changed since.

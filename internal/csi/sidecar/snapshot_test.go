@@ -190,6 +190,20 @@ func TestSnapshotRestoreClone(t *testing.T) {
 	source := claim("source", "8Mi", nil)
 	sourceVol := bound(source)
 
+	// A raw block claim is provisioned as one (the library refuses block claims of a
+	// provisioner that does not say it supports them), its PV in volume mode Block.
+	block := claim("block", "8Mi", func(pvc *corev1.PersistentVolumeClaim) {
+		pvc.Spec.VolumeMode = ptr.To(corev1.PersistentVolumeBlock)
+	})
+	bound(block)
+	var blockPV corev1.PersistentVolume
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: block.Spec.VolumeName}, &blockPV); err != nil {
+		t.Fatal(err)
+	}
+	if m := blockPV.Spec.VolumeMode; m == nil || *m != corev1.PersistentVolumeBlock {
+		t.Errorf("PV %s of a block claim has volume mode %v", blockPV.Name, m)
+	}
+
 	// A restore asked for before its snapshot exists waits for it, saying so.
 	early := claim("early", "8Mi", fromSnapshot("snap"))
 	notYet := fmt.Sprintf("VolumeSnapshot %s/snap does not exist (yet)", ns)
