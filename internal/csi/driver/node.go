@@ -349,6 +349,24 @@ func (d *Driver) lockVolume(id string) (func(), error) {
 	}, nil
 }
 
+// awaitVolumeLock is lockVolume for work that may wait its turn: it tries again until ctx
+// ends.
+func (d *Driver) awaitVolumeLock(ctx context.Context, id string) (func(), error) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		unlock, err := d.lockVolume(id)
+		if err == nil {
+			return unlock, nil
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return nil, status.Errorf(status.FromContextError(ctx.Err()).Code(), "waiting for the operation in progress on volume %s: %v", id, ctx.Err())
+		}
+	}
+}
+
 // awaitNodeOps waits, at most timeout, for the node operations in flight. A gRPC server
 // that stops cancels their calls but not their work: an unstage cut short by the process
 // exiting would leave its volume's mounts on a FUSE file nobody serves.

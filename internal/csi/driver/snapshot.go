@@ -162,33 +162,56 @@ func (d *Driver) awaitSnapshot(ctx context.Context, snap *storagev1alpha1.CStorV
 	}
 }
 
+// snapshotTakeTimeout bounds a take once no call waits for it: the copy of the largest
+// volume on a busy node, with room to spare.
+const snapshotTakeTimeout = 30 * time.Minute
+
 // takeSnapshot takes snap with the volume's target if it runs here (its file system frozen
 // meanwhile), else with a target started for the copy, whose exclusive writer sessions keep
 // any other from starting until it is done; and reports the outcome on snap's status.
+//
+// The take outlives the call that started it: a copy can take longer than one call's
+// deadline (the CO cuts CreateVolume and CreateSnapshot short and retries), and a take
+// cancelled with each call would start over with every retry and never finish. Later calls
+// for the same snapshot join the take in flight; one that ends first returns its context's
+// error and the take goes on.
 func (d *Driver) takeSnapshot(ctx context.Context, snap *storagev1alpha1.CStorVolumeSnapshot) error {
-	_, err, _ := d.taking.Do(string(snap.UID), func() (any, error) {
-		// Read afresh: a snapshot taken is never taken again (a repeat could fail where
-		// the first succeeded, on a replica faulted since).
-		if err := d.c.Get(ctx, client.ObjectKeyFromObject(snap), snap); err != nil {
+	key := client.ObjectKeyFromObject(snap)
+	done := d.taking.DoChan(string(snap.UID), func() (any, error) {
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), snapshotTakeTimeout)
+		defer cancel()
+		// Read afresh, into a copy of its own (the caller may be gone before it ends): a
+		// snapshot taken is never taken again (a repeat could fail where the first
+		// succeeded, on a replica faulted since).
+		fresh := &storagev1alpha1.CStorVolumeSnapshot{}
+		if err := d.c.Get(tctx, key, fresh); err != nil {
 			return nil, apiError("reading snapshot", err)
 		}
-		if snap.Status.ReadyToUse {
+		if fresh.Status.ReadyToUse {
 			return nil, nil
 		}
-		return nil, d.take(ctx, snap)
+		return nil, d.take(tctx, fresh)
 	})
-	if err == nil {
-		// The caller's copy: the one that took it updated another.
-		if gerr := d.c.Get(ctx, client.ObjectKeyFromObject(snap), snap); gerr != nil {
-			return apiError("reading snapshot", gerr)
+	select {
+	case r := <-done:
+		if r.Err != nil {
+			return r.Err
 		}
+	case <-ctx.Done():
+		return status.Errorf(status.FromContextError(ctx.Err()).Code(), "snapshot %s is still being taken (it goes on; ask again)", snap.Name)
 	}
-	return err
+	// The caller's copy: the take updated another.
+	if err := d.c.Get(ctx, key, snap); err != nil {
+		return apiError("reading snapshot", err)
+	}
+	return nil
 }
 
 // take is takeSnapshot's work.
 func (d *Driver) take(ctx context.Context, snap *storagev1alpha1.CStorVolumeSnapshot) error {
-	unlock, err := d.lockVolume(snap.Spec.Volume)
+	// Another operation on the volume (a stage, another snapshot's take: clones of one
+	// source each take their own) goes first; this take waits its turn rather than fail.
+	unlock, err := d.awaitVolumeLock(ctx, snap.Spec.Volume)
 	if err != nil {
 		return err
 	}
