@@ -1,0 +1,71 @@
+# shellcheck shell=bash disable=SC2154 # repo, die, say: hack/conformance.sh's
+# How `hack/conformance.sh run` runs the suite (sourced by it): as csi-release-tools'
+# prow.sh runs it for the kubernetes-csi drivers, in three sets that together hold every
+# spec of the driver once — the parallel set, the [Serial] and [Disruptive] specs one at a
+# time, then the [Feature:...] specs (snapshots, XFS sources) in parallel — each with its
+# junit report, and the names of test/conformance/skips.yaml left out of all three.
+
+readonly testdriver=$repo/test/conformance/testdriver.yaml
+readonly skiplist=$repo/test/conformance/skips.yaml
+readonly driver_name=csi.crdipc.io
+
+# The sets: NAME PROCS FOCUS SKIP (ginkgo regular expressions; SKIP may be empty).
+conformance_sets() {
+  local procs=${CONFORMANCE_PROCS:-4}
+  printf '%s\n' \
+    "parallel $procs External.Storage \\[Serial\\]|\\[Disruptive\\]|\\[Feature:" \
+    "serial 1 External.Storage.*(\\[Serial\\]|\\[Disruptive\\])" \
+    "features $procs External.Storage.*\\[Feature: \\[Serial\\]|\\[Disruptive\\]"
+}
+
+# run_set E2E_TEST GINKGO REPORT_DIR NAME PROCS FOCUS [SKIP] [FOCUS2]: one set against
+# $KUBECONFIG; its junit in REPORT_DIR/NAME/junit_01.xml, its log in REPORT_DIR/NAME.log.
+# FOCUS2, if given, narrows the set further (a subset: CONFORMANCE_FOCUS).
+run_set() {
+  local e2e=$1 ginkgo=$2 report=$3 name=$4 procs=$5 focus=$6 skip=${7:-} narrow=${8:-} t0=$SECONDS
+  local args=(--procs="$procs" --timeout=3h --no-color --poll-progress-after=5m --focus="$focus")
+  [ -z "$narrow" ] || args+=(--focus="$narrow")
+  [ -z "$skip" ] || args+=(--skip="$skip")
+  local s
+  while IFS= read -r s; do
+    args+=(--skip="$s")
+  done < <(cd "$repo" && go run ./hack/conformance/suite skips "$skiplist")
+  mkdir -p "$report/$name"
+  say "set $name: $procs at a time, focus $focus${narrow:+ and $narrow}${skip:+, skip $skip} (log: $report/$name.log)"
+  # The e2e flags: --provider skeleton (no cloud, no SSH: the suite skips what needs them),
+  # the admin kubeconfig, the junit report in the set's directory. Never --clean-start: it
+  # deletes every namespace but the system ones, crdipc-system included.
+  local rc=0
+  "$ginkgo" "${args[@]}" "$e2e" -- \
+    -storage.testdriver="$testdriver" \
+    --kubeconfig="$KUBECONFIG" \
+    --provider=skeleton \
+    --report-dir="$report/$name" \
+    --kubectl-path="$(command -v kubectl)" \
+    --disable-log-dump >"$report/$name.log" 2>&1 || rc=$?
+  say "set $name: ginkgo exited $rc after $((SECONDS - t0)) s"
+  if [ ! -s "$report/$name/junit_01.xml" ]; then
+    tail -n 40 "$report/$name.log" >&2
+    die "set $name wrote no junit report"
+  fi
+  (cd "$repo" && go run ./hack/conformance/suite report --driver "$driver_name" "$report/$name/junit_01.xml") || true
+}
+
+# run_sets E2E_TEST GINKGO REPORT_DIR [SET...]: the sets named (all three by default), then
+# the count over all of them; fails if a spec failed or a skip-list entry matched nothing.
+run_sets() {
+  local e2e=$1 ginkgo=$2 report=$3 t0=$SECONDS
+  shift 3
+  local want=("$@") name procs focus skip junits=()
+  [ ${#want[@]} -gt 0 ] || want=(parallel serial features)
+  while read -r name procs focus skip; do
+    [[ " ${want[*]} " == *" $name "* ]] || continue
+    run_set "$e2e" "$ginkgo" "$report" "$name" "$procs" "$focus" "$skip" "${CONFORMANCE_FOCUS:-}"
+    junits+=("$report/$name/junit_01.xml")
+  done < <(conformance_sets)
+  [ ${#junits[@]} -gt 0 ] || die "no set named ${want[*]} (parallel, serial, features)"
+  say "all sets: $((SECONDS - t0)) s"
+  (cd "$repo" && go run ./hack/conformance/suite report --skips "$skiplist" --driver "$driver_name" "${junits[@]}") |
+    tee "$report/summary.txt"
+  return "${PIPESTATUS[0]}"
+}
