@@ -4,34 +4,36 @@
 # spec of the driver once — the parallel set, the [Serial] and [Disruptive] specs one at a
 # time, then the [Feature:...] specs (snapshots, XFS sources) in parallel — each with its
 # junit report, and the names of test/conformance/skips.yaml left out of all three.
+# CONFORMANCE_FOCUS (a regular expression over the rest of a spec's name) narrows every set.
 
 readonly testdriver=$repo/test/conformance/testdriver.yaml
 readonly skiplist=$repo/test/conformance/skips.yaml
 readonly driver_name=csi.crdipc.io
 
-# The sets: NAME PROCS FOCUS SKIP (ginkgo regular expressions; SKIP may be empty).
+# The sets: NAME PROCS LABEL-FILTER (ginkgo's, over the labels the e2e framework gives its
+# tags: Serial, Disruptive, Feature:<name>).
 conformance_sets() {
   local procs=${CONFORMANCE_PROCS:-4}
   printf '%s\n' \
-    "parallel $procs External.Storage \\[Serial\\]|\\[Disruptive\\]|\\[Feature:" \
-    "serial 1 External.Storage.*(\\[Serial\\]|\\[Disruptive\\])" \
-    "features $procs External.Storage.*\\[Feature: \\[Serial\\]|\\[Disruptive\\]"
+    "parallel $procs !Serial && !Disruptive && !/^Feature:/" \
+    "serial 1 Serial || Disruptive" \
+    "features $procs /^Feature:/ && !Serial && !Disruptive"
 }
 
-# run_set E2E_TEST GINKGO REPORT_DIR NAME PROCS FOCUS [SKIP] [FOCUS2]: one set against
-# $KUBECONFIG; its junit in REPORT_DIR/NAME/junit_01.xml, its log in REPORT_DIR/NAME.log.
-# FOCUS2, if given, narrows the set further (a subset: CONFORMANCE_FOCUS).
+# run_set E2E_TEST GINKGO REPORT_DIR NAME PROCS LABEL-FILTER: one set of the driver's specs
+# (those CONFORMANCE_FOCUS matches, if set) against $KUBECONFIG; its junit in
+# REPORT_DIR/NAME/junit_01.xml, its log in REPORT_DIR/NAME.log.
 run_set() {
-  local e2e=$1 ginkgo=$2 report=$3 name=$4 procs=$5 focus=$6 skip=${7:-} narrow=${8:-} t0=$SECONDS
-  local args=(--procs="$procs" --timeout=3h --no-color --poll-progress-after=5m --focus="$focus")
-  [ -z "$narrow" ] || args+=(--focus="$narrow")
-  [ -z "$skip" ] || args+=(--skip="$skip")
+  local e2e=$1 ginkgo=$2 report=$3 name=$4 procs=$5 labels=$6 t0=$SECONDS
+  local focus="External.Storage \\[Driver: ${driver_name//./\\.}\\]"
+  [ -z "${CONFORMANCE_FOCUS:-}" ] || focus="$focus.*(${CONFORMANCE_FOCUS})"
+  local args=(--procs="$procs" --timeout=3h --no-color --poll-progress-after=5m --focus="$focus" --label-filter="$labels")
   local s
   while IFS= read -r s; do
     args+=(--skip="$s")
   done < <(cd "$repo" && go run ./hack/conformance/suite skips "$skiplist")
   mkdir -p "$report/$name"
-  say "set $name: $procs at a time, focus $focus${narrow:+ and $narrow}${skip:+, skip $skip} (log: $report/$name.log)"
+  say "set $name: $procs at a time, labels $labels${CONFORMANCE_FOCUS:+, focus $CONFORMANCE_FOCUS} (log: $report/$name.log)"
   # The e2e flags: --provider skeleton (no cloud, no SSH: the suite skips what needs them),
   # the admin kubeconfig, the junit report in the set's directory. Never --clean-start: it
   # deletes every namespace but the system ones, crdipc-system included.
@@ -56,11 +58,11 @@ run_set() {
 run_sets() {
   local e2e=$1 ginkgo=$2 report=$3 t0=$SECONDS
   shift 3
-  local want=("$@") name procs focus skip junits=()
+  local want=("$@") name procs labels junits=()
   [ ${#want[@]} -gt 0 ] || want=(parallel serial features)
-  while read -r name procs focus skip; do
+  while read -r name procs labels; do
     [[ " ${want[*]} " == *" $name "* ]] || continue
-    run_set "$e2e" "$ginkgo" "$report" "$name" "$procs" "$focus" "$skip" "${CONFORMANCE_FOCUS:-}"
+    run_set "$e2e" "$ginkgo" "$report" "$name" "$procs" "$labels"
     junits+=("$report/$name/junit_01.xml")
   done < <(conformance_sets)
   [ ${#junits[@]} -gt 0 ] || die "no set named ${want[*]} (parallel, serial, features)"
