@@ -27,7 +27,8 @@
 #
 # Environment: REALNODE_CACHE overrides the cache directory, as for hack/realnode.sh.
 # CONFORMANCE_PROCS: specs at a time in the parallel sets (4). CONFORMANCE_FOCUS: a further
-# ginkgo focus over every set (a subset; CI's, for one).
+# ginkgo focus over every set. CONFORMANCE_SUBSET: a file of spec names, each literally
+# (test/conformance/ci.yaml, CI's subset), run alone.
 # KEEP_CLUSTER=1: all leaves the cluster running (remove it with `all --down`).
 set -eEuo pipefail
 # An unexpected failure says where (set -e alone exits silently).

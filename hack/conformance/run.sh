@@ -4,7 +4,8 @@
 # spec of the driver once — the parallel set, the [Serial] and [Disruptive] specs one at a
 # time, then the [Feature:...] specs (snapshots, XFS sources) in parallel — each with its
 # junit report, and the names of test/conformance/skips.yaml left out of all three.
-# CONFORMANCE_FOCUS (a regular expression over the rest of a spec's name) narrows every set.
+# CONFORMANCE_FOCUS (a regular expression over the rest of a spec's name) narrows every set;
+# CONFORMANCE_SUBSET (a file of spec names, as test/conformance/ci.yaml) does so by name.
 
 readonly testdriver=$repo/test/conformance/testdriver.yaml
 readonly skiplist=$repo/test/conformance/skips.yaml
@@ -26,6 +27,9 @@ conformance_sets() {
 run_set() {
   local e2e=$1 ginkgo=$2 report=$3 name=$4 procs=$5 labels=$6 t0=$SECONDS
   local focus="External.Storage \\[Driver: ${driver_name//./\\.}\\]"
+  if [ -n "${CONFORMANCE_SUBSET:-}" ]; then
+    CONFORMANCE_FOCUS=$(cd "$repo" && go run ./hack/conformance/suite focus "$CONFORMANCE_SUBSET") || die "reading the subset $CONFORMANCE_SUBSET"
+  fi
   [ -z "${CONFORMANCE_FOCUS:-}" ] || focus="$focus.*(${CONFORMANCE_FOCUS})"
   local args=(--procs="$procs" --timeout=3h --no-color --poll-progress-after=5m --focus="$focus" --label-filter="$labels")
   local s

@@ -4,6 +4,7 @@
 // the test driver does not declare, a pattern it does not support) and skipped by our list.
 //
 //	go run ./hack/conformance/suite skips test/conformance/skips.yaml
+//	go run ./hack/conformance/suite focus test/conformance/ci.yaml
 //	go run ./hack/conformance/suite report --skips test/conformance/skips.yaml --driver csi.crdipc.io junit_*.xml
 //
 // report exits 1 when a spec failed, and also when an entry of the skip list matched no spec
@@ -34,7 +35,7 @@ func main() {
 
 func run(args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: suite skips FILE | suite report --skips FILE --driver NAME JUNIT...")
+		return errors.New("usage: suite skips FILE | suite focus FILE | suite report --skips FILE --driver NAME JUNIT...")
 	}
 	switch args[0] {
 	case "skips":
@@ -48,6 +49,21 @@ func run(args []string, out io.Writer) error {
 		for _, s := range skips {
 			fmt.Fprintln(out, s.regexp())
 		}
+		return nil
+	case "focus":
+		// A subset by name: one regular expression matching each listed spec, literally.
+		if len(args) != 2 {
+			return errors.New("usage: suite focus FILE")
+		}
+		specs, err := readSkips(args[1])
+		if err != nil {
+			return err
+		}
+		alts := make([]string, len(specs))
+		for i, s := range specs {
+			alts[i] = s.regexp()
+		}
+		fmt.Fprintln(out, strings.Join(alts, "|"))
 		return nil
 	case "report":
 		fs := flag.NewFlagSet("report", flag.ContinueOnError)
@@ -74,8 +90,8 @@ func run(args []string, out io.Writer) error {
 	}
 }
 
-// skip is an entry of the skip list: one spec, by its full text as the suite names it, and
-// why it cannot run here.
+// skip is an entry of the skip list (or of a subset): one spec, by its full text as the
+// suite names it, and why it cannot run here (or why it is in the subset).
 type skip struct {
 	Spec   string `json:"spec"`
 	Reason string `json:"reason"`

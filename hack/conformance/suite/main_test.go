@@ -79,3 +79,19 @@ func TestSkipsAreLiteral(t *testing.T) {
 		t.Errorf("an entry without a reason: err = %v", err)
 	}
 }
+
+func TestFocusIsOneAlternation(t *testing.T) {
+	subset := write(t, "ci.yaml", `- spec: "[Testpattern: Dynamic PV (block volmode)] volumes should store data"
+  reason: block
+- spec: "[Testpattern: Dynamic PV (xfs)] volumes should store data"
+  reason: xfs
+`)
+	var out bytes.Buffer
+	if err := run([]string{"focus", subset}, &out); err != nil {
+		t.Fatal(err)
+	}
+	want := `\[Testpattern: Dynamic PV \(block volmode\)\] volumes should store data|\[Testpattern: Dynamic PV \(xfs\)\] volumes should store data` + "\n"
+	if out.String() != want {
+		t.Errorf("focus printed %q, want %q", out.String(), want)
+	}
+}
