@@ -30,9 +30,10 @@ cluster_up() {
   mkdir -p "$work"
   "$repo/hack/realnode.sh" network
   # up in the background, in a session of its own: cluster_down stops it with SIGINT, as
-  # Ctrl-C does.
-  (cd "$work" && setsid "$repo/bin/crdipc" up --services=none --nodes 0 --advertise-address 10.88.0.1 \
-    >"$work/up.log" 2>&1 </dev/null & echo $! >"$work/up.pid")
+  # Ctrl-C does. exec twice (the subshell becomes setsid, setsid becomes up): $! is up's PID.
+  (cd "$work" && exec setsid "$repo/bin/crdipc" up --services=none --nodes 0 --advertise-address 10.88.0.1 \
+    >"$work/up.log" 2>&1 </dev/null) &
+  echo $! >"$work/up.pid"
   export KUBECONFIG=$work/.crdipc/kubeconfig
   local deadline=$((SECONDS + 300))
   until kubectl get --raw=/readyz >/dev/null 2>&1; do
