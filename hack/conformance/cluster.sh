@@ -79,7 +79,7 @@ cluster_down() {
     kill -INT "$pid" 2>/dev/null || true
     wait_for "crdipc up stopped" 60 "! kill -0 $pid 2>/dev/null" || kill -KILL "$pid" 2>/dev/null || true
   fi
-  rm -rf "$work"
+  rm -rf "$work" || warn "could not remove $work"
 }
 
 # wait_for WHAT SECONDS CONDITION: polls the shell CONDITION every second until it holds;
