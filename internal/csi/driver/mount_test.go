@@ -48,6 +48,22 @@ func mountOptions(t *testing.T, path string) []string {
 	return m.options
 }
 
+// loopDevice attaches file to a free loop device, detached when the test ends.
+func loopDevice(t *testing.T, file string) string {
+	t.Helper()
+	out, err := exec.Command("losetup", "--find", "--show", file).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() {
+		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+			t.Errorf("losetup -d %s: %v: %s", dev, err, out)
+		}
+	})
+	return dev
+}
+
 // cleanupMount lazily unmounts path when the test ends, whatever happened.
 func cleanupMount(t *testing.T, path string) {
 	t.Cleanup(func() {
@@ -86,16 +102,7 @@ func TestPublishedMountsAreNodevNosuid(t *testing.T) {
 	if err := os.Truncate(file, 64<<20); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command("losetup", "--find", "--show", file).CombinedOutput()
-	if err != nil {
-		t.Fatalf("losetup: %v: %s", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() {
-		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-			t.Errorf("losetup -d %s: %v: %s", dev, err, out)
-		}
-	})
+	dev := loopDevice(t, file)
 
 	staging := filepath.Join(root, "plugins", "kubernetes.io", "csi", Name, "vol", "globalmount")
 	if err := os.MkdirAll(staging, 0o750); err != nil {
@@ -214,20 +221,6 @@ func TestXFSCopyStagesBesideItsSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	loop := func(file string) string {
-		t.Helper()
-		out, err := exec.Command("losetup", "--find", "--show", file).CombinedOutput()
-		if err != nil {
-			t.Fatalf("losetup: %v: %s", err, out)
-		}
-		dev := strings.TrimSpace(string(out))
-		t.Cleanup(func() {
-			if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-				t.Errorf("losetup -d %s: %v: %s", dev, err, out)
-			}
-		})
-		return dev
-	}
 	stage := func(id, dev string) error {
 		staging := filepath.Join(root, id, "globalmount")
 		if err := os.MkdirAll(staging, 0o750); err != nil {
@@ -245,7 +238,7 @@ func TestXFSCopyStagesBesideItsSource(t *testing.T) {
 	if err := os.Truncate(source, 320<<20); err != nil {
 		t.Fatal(err)
 	}
-	if err := stage("source", loop(source)); err != nil {
+	if err := stage("source", loopDevice(t, source)); err != nil {
 		t.Fatalf("staging the source: %v", err)
 	}
 	// Its copy, block for block, as a clone's replicas are filled.
@@ -253,7 +246,7 @@ func TestXFSCopyStagesBesideItsSource(t *testing.T) {
 	if out, err := exec.Command("cp", "--sparse=always", source, clone).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v: %s", err, out)
 	}
-	if err := stage("clone", loop(clone)); err != nil {
+	if err := stage("clone", loopDevice(t, clone)); err != nil {
 		t.Fatalf("staging the clone beside its source: %v", err)
 	}
 }
