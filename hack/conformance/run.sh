@@ -71,7 +71,9 @@ run_sets() {
   done < <(conformance_sets)
   [ ${#junits[@]} -gt 0 ] || die "no set named ${want[*]} (parallel, serial, features)"
   say "all sets: $((SECONDS - t0)) s"
-  (cd "$repo" && go run ./hack/conformance/suite report --skips "$skiplist" --driver "$driver_name" "${junits[@]}") |
+  local subset=()
+  [ -z "${CONFORMANCE_SUBSET:-}" ] || subset=(--subset "$CONFORMANCE_SUBSET")
+  (cd "$repo" && go run ./hack/conformance/suite report --skips "$skiplist" "${subset[@]}" --driver "$driver_name" "${junits[@]}") |
     tee "$report/summary.txt"
   return "${PIPESTATUS[0]}"
 }

@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -68,6 +69,7 @@ func run(args []string, out io.Writer) error {
 	case "report":
 		fs := flag.NewFlagSet("report", flag.ContinueOnError)
 		skipsFile := fs.String("skips", "", "the skip list the run used")
+		subsetFile := fs.String("subset", "", "the subset the run was narrowed to (suite focus): each entry must name a spec")
 		driver := fs.String("driver", "csi.crdipc.io", "the test driver's name: specs of other drivers are not counted")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
@@ -82,6 +84,13 @@ func run(args []string, out io.Writer) error {
 		r, err := readReports(fs.Args(), *driver, skips)
 		if err != nil {
 			return err
+		}
+		if *subsetFile != "" {
+			subset, err := readSkips(*subsetFile)
+			if err != nil {
+				return err
+			}
+			r.checkSubset(subset)
 		}
 		r.print(out)
 		return r.verdict()
@@ -123,7 +132,9 @@ type report struct {
 	passed, failed         []string
 	suiteSkipped           map[string][]string // reason → specs
 	listSkipped, notChosen []string
+	names                  []string // every spec of the driver the reports hold
 	unmatchedSkips         []skip
+	unmatchedSubset        []skip
 	seconds                float64
 }
 
@@ -153,6 +164,7 @@ func readReports(files []string, driver string, skips []skip) (*report, error) {
 					continue
 				}
 				r.seconds += tc.Time
+				r.names = append(r.names, tc.Name)
 				listed := -1
 				for i, sk := range skips {
 					if strings.Contains(tc.Name, sk.Spec) {
@@ -171,7 +183,10 @@ func readReports(files []string, driver string, skips []skip) (*report, error) {
 					reason := strings.TrimPrefix(tc.Skipped.Message, runtimeSkipPrefix)
 					r.suiteSkipped[reason] = append(r.suiteSkipped[reason], tc.Name)
 				case listed >= 0:
-					r.listSkipped = append(r.listSkipped, tc.Name)
+					// Each set's report lists every spec: count a name once.
+					if !slices.Contains(r.listSkipped, tc.Name) {
+						r.listSkipped = append(r.listSkipped, tc.Name)
+					}
 				default:
 					r.notChosen = append(r.notChosen, tc.Name)
 				}
@@ -184,6 +199,16 @@ func readReports(files []string, driver string, skips []skip) (*report, error) {
 		}
 	}
 	return r, nil
+}
+
+// checkSubset records the entries of subset that name no spec: a renamed spec would
+// otherwise drop out of the subset unnoticed.
+func (r *report) checkSubset(subset []skip) {
+	for _, e := range subset {
+		if !slices.ContainsFunc(r.names, func(n string) bool { return strings.Contains(n, e.Spec) }) {
+			r.unmatchedSubset = append(r.unmatchedSubset, e)
+		}
+	}
 }
 
 func (r *report) skippedBySuite() int {
@@ -212,6 +237,9 @@ func (r *report) print(out io.Writer) {
 	for _, s := range r.unmatchedSkips {
 		fmt.Fprintf(out, "STALE SKIP (matched no spec): %s\n", s.Spec)
 	}
+	for _, s := range r.unmatchedSubset {
+		fmt.Fprintf(out, "STALE SUBSET ENTRY (matched no spec): %s\n", s.Spec)
+	}
 }
 
 func (r *report) verdict() error {
@@ -220,6 +248,8 @@ func (r *report) verdict() error {
 		return fmt.Errorf("%d specs failed", len(r.failed))
 	case len(r.unmatchedSkips) > 0:
 		return fmt.Errorf("%d entries of the skip list matched no spec", len(r.unmatchedSkips))
+	case len(r.unmatchedSubset) > 0:
+		return fmt.Errorf("%d entries of the subset matched no spec", len(r.unmatchedSubset))
 	case len(r.passed) == 0:
 		return errors.New("no spec of the driver ran")
 	}

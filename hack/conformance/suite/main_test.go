@@ -95,3 +95,15 @@ func TestFocusIsOneAlternation(t *testing.T) {
 		t.Errorf("focus printed %q, want %q", out.String(), want)
 	}
 }
+
+func TestReportStaleSubsetEntry(t *testing.T) {
+	subset := write(t, "ci.yaml", `- spec: "a spec the suite renamed"
+  reason: whatever
+`)
+	passing := strings.Replace(junit, `status="failed" time="6"><failure type="failed">[FAILED] timed out waiting for the condition&#xA;more</failure>`, `status="passed" time="6">`, 1)
+	var out bytes.Buffer
+	err := run([]string{"report", "--subset", subset, write(t, "junit_01.xml", passing)}, &out)
+	if err == nil || !strings.Contains(err.Error(), "entries of the subset matched no spec") {
+		t.Fatalf("err = %v, want a stale subset entry:\n%s", err, out.String())
+	}
+}
