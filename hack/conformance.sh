@@ -58,20 +58,9 @@ usage() {
   exit 2
 }
 
-# The k8s.io/kubernetes version the repository pins, and the cache directory of
-# hack/realnode.sh deps for it (its k8s_version and cache_dir).
-k8s_version() {
-  local v
-  v=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v1\./ && $3 != "=>" {print $2; exit}' "$repo/go.mod")
-  [ -n "$v" ] || die "no k8s.io/kubernetes v1.x require line in $repo/go.mod"
-  echo "$v"
-}
-
-cache_dir() {
-  [ -z "${REALNODE_CACHE:-}" ] || { echo "$REALNODE_CACHE" && return; }
-  command -v go >/dev/null 2>&1 || die "go is not in PATH"
-  echo "${XDG_CACHE_HOME:-$HOME/.cache}/crdipc/realnode/$(k8s_version)-$(go env GOVERSION)"
-}
+# k8s_version, cache_dir: hack/realnode.sh's, whose cache deps builds into too.
+# shellcheck source=hack/lib/cache.sh
+. "$repo/hack/lib/cache.sh"
 
 # umoci and skopeo pack the images, the static busybox fills them (Debian packages; the
 # glibc-dns-testing image's are Essential or Priority required on Debian).

@@ -85,20 +85,9 @@ usage() {
 }
 
 # --- versions and the cache ----------------------------------------------------------------
-# The k8s.io/kubernetes version the repository pins (its require line).
-k8s_version() {
-  local v
-  v=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v1\./ && $3 != "=>" {print $2; exit}' "$repo/go.mod")
-  [ -n "$v" ] || die "no k8s.io/kubernetes v1.x require line in $repo/go.mod"
-  echo "$v"
-}
-
-# Binaries depend on both the Kubernetes and the Go version: the key holds both.
-cache_dir() {
-  [ -z "${REALNODE_CACHE:-}" ] || { echo "$REALNODE_CACHE" && return; }
-  command -v go >/dev/null 2>&1 || die "go is not in PATH (needed to find the kubelet's cache)"
-  echo "${XDG_CACHE_HOME:-$HOME/.cache}/crdipc/realnode/$(k8s_version)-$(go env GOVERSION)"
-}
+# k8s_version, cache_dir.
+# shellcheck source=hack/lib/cache.sh
+. "$repo/hack/lib/cache.sh"
 
 # --- deps ------------------------------------------------------------------------------------
 pkg_installed() {
