@@ -21,14 +21,13 @@ type Conn struct {
 	addr string
 	nc   net.Conn
 
-	out    chan *call
+	w      *frameWriter[*call]
 	nextID atomic.Uint64
 
 	mu      sync.Mutex
 	pending map[uint64]*call
-	err     error // why the connection ended; set before done is closed
+	err     error // why the connection ended
 
-	done chan struct{}
 	once sync.Once
 	wg   sync.WaitGroup
 }
@@ -75,12 +74,10 @@ func Dial(ctx context.Context, addr string, tlsConf *tls.Config) (*Conn, error) 
 	c := &Conn{
 		addr:    addr,
 		nc:      nc,
-		out:     make(chan *call, 64),
 		pending: map[uint64]*call{},
-		done:    make(chan struct{}),
 	}
-	c.wg.Add(2)
-	go c.writeLoop()
+	c.w = newFrameWriter(nc, writeCall, func(cl *call) { putBuf(cl.buf) }, c.fail)
+	c.wg.Add(1)
 	go c.readLoop()
 	// In TLS 1.3 the server checks the client certificate after the client considers the
 	// handshake done; a round trip surfaces its verdict.
@@ -110,7 +107,7 @@ func (c *Conn) fail(reason error) {
 		pending := c.pending
 		c.pending = nil
 		c.mu.Unlock()
-		close(c.done)
+		c.w.close(c.err)
 		c.nc.Close()
 		for _, cl := range pending {
 			cl.res <- result{err: c.err}
@@ -137,6 +134,10 @@ func (c *Conn) start(ctx context.Context, cl *call) error {
 	cl.h.id = c.nextID.Add(1)
 	cl.h.idLen = uint16(len(cl.replica))
 	cl.res = make(chan result, 1)
+	if err := ctx.Err(); err != nil {
+		putBuf(cl.buf)
+		return err
+	}
 	c.mu.Lock()
 	if c.pending == nil {
 		c.mu.Unlock()
@@ -145,17 +146,15 @@ func (c *Conn) start(ctx context.Context, cl *call) error {
 	}
 	c.pending[cl.h.id] = cl
 	c.mu.Unlock()
-	select {
-	case c.out <- cl:
-		return nil
-	case <-ctx.Done():
+	deadline, _ := ctx.Deadline()
+	if err := c.w.send(deadline, cl); err != nil {
 		c.abandon(cl)
-		putBuf(cl.buf)
-		return ctx.Err()
-	case <-c.done:
-		putBuf(cl.buf)
-		return c.closedErr()
+		if cerr := c.closedErr(); cerr != nil {
+			return cerr
+		}
+		return fmt.Errorf("connection to replica server %s: %w: %w", c.addr, ErrClosed, err)
 	}
+	return nil
 }
 
 func (c *Conn) wait(ctx context.Context, cl *call) (result, error) {
@@ -184,48 +183,19 @@ func (c *Conn) abandon(cl *call) {
 	c.mu.Unlock()
 }
 
-func (c *Conn) writeLoop() {
-	defer c.wg.Done()
-	bw := bufio.NewWriterSize(c.nc, 64<<10)
+// writeCall encodes cl's request frame into bw and returns its payload buffer to the pool.
+func writeCall(bw *bufio.Writer, cl *call) error {
 	var hb [4 + reqHeaderLen]byte
-	write := func(cl *call) error {
-		cl.h.encode(hb[:], reqHeaderLen+len(cl.replica)+len(cl.payload))
-		_, err := bw.Write(hb[:])
-		if err == nil {
-			_, err = bw.WriteString(cl.replica)
-		}
-		if err == nil {
-			_, err = bw.Write(cl.payload)
-		}
-		putBuf(cl.buf)
-		return err
+	cl.h.encode(hb[:], reqHeaderLen+len(cl.replica)+len(cl.payload))
+	_, err := bw.Write(hb[:])
+	if err == nil {
+		_, err = bw.WriteString(cl.replica)
 	}
-	for {
-		var cl *call
-		select {
-		case cl = <-c.out:
-		case <-c.done:
-			return
-		}
-		err := write(cl)
-		// Batch whatever is queued into one flush.
-	drain:
-		for err == nil {
-			select {
-			case cl = <-c.out:
-				err = write(cl)
-			default:
-				break drain
-			}
-		}
-		if err == nil {
-			err = bw.Flush()
-		}
-		if err != nil {
-			c.fail(err)
-			return
-		}
+	if err == nil {
+		_, err = bw.Write(cl.payload)
 	}
+	putBuf(cl.buf)
+	return err
 }
 
 func (c *Conn) readLoop() {
@@ -337,27 +307,65 @@ func (r *Client) ReadAt(ctx context.Context, p []byte, off int64) error {
 	})
 }
 
+// PendingWrite is a write sent by StartWriteAt and not yet waited for.
+type PendingWrite struct {
+	r  *Client
+	ps []piece
+	// err is the first failure to send a piece; the pieces sent before it are still
+	// waited for, since they may be applied.
+	err error
+}
+
+// StartWriteAt sends a write as WriteAt does and returns without waiting for its outcome,
+// which Wait reports. One goroutine can so have a write in flight to several replicas at
+// once without a goroutine for each.
+func (r *Client) StartWriteAt(ctx context.Context, p []byte, off int64, rev uint64) *PendingWrite {
+	ps, err := r.start(ctx, len(p), func(i, n int) *call {
+		buf := getBuf(n)
+		copy(*buf, p[i:i+n])
+		return &call{h: reqHeader{op: opWrite, offset: off + int64(i), arg: rev}, replica: r.id, payload: *buf, buf: buf}
+	})
+	return &PendingWrite{r: r, ps: ps, err: err}
+}
+
+// Wait waits for the write and reports its outcome; ctx bounds the wait.
+func (w *PendingWrite) Wait(ctx context.Context) error {
+	return w.r.wait(ctx, w.ps, w.err, nil)
+}
+
 // split runs a request of n bytes as pieces of at most MaxPayload, all in flight at once.
 func (r *Client) split(ctx context.Context, n int, mk func(i, n int) *call, got func(i, n int, res result) error) error {
+	ps, err := r.start(ctx, n, mk)
+	return r.wait(ctx, ps, err, got)
+}
+
+// piece is one request of a split one: bytes [i, i+n) of it.
+type piece struct {
+	i, n int
+	cl   *call
+}
+
+// start sends the pieces of a request of n bytes, made by mk, and returns those sent and
+// the error that stopped it sending more.
+func (r *Client) start(ctx context.Context, n int, mk func(i, n int) *call) ([]piece, error) {
 	if len(r.id) == 0 || len(r.id) > maxIDLen {
-		return fmt.Errorf("replica id %q: %w", r.id, ErrInvalid)
+		return nil, fmt.Errorf("replica id %q: %w", r.id, ErrInvalid)
 	}
-	type piece struct {
-		i, n int
-		cl   *call
-	}
-	var pieces [1]piece
-	ps := pieces[:0]
-	var firstErr error
+	ps := make([]piece, 0, (n+MaxPayload-1)/MaxPayload+1)
 	for i := 0; i < n || (n == 0 && i == 0); i += MaxPayload {
 		m := min(MaxPayload, n-i)
 		cl := mk(i, m)
 		if err := r.c.start(ctx, cl); err != nil {
-			firstErr = err
-			break
+			return ps, err
 		}
 		ps = append(ps, piece{i, m, cl})
 	}
+	return ps, nil
+}
+
+// wait waits for every piece sent, handing each response to got, and returns the first
+// error: firstErr (the sending's), else a piece's.
+func (r *Client) wait(ctx context.Context, ps []piece, firstErr error, got func(i, n int, res result) error) error {
 	for _, p := range ps {
 		res, err := r.c.wait(ctx, p.cl)
 		if err == nil && got != nil {

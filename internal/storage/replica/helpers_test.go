@@ -58,6 +58,7 @@ type testNode struct {
 	cancel context.CancelFunc
 	done   chan error
 	tweak  func(*Server)
+	wrap   func(net.Listener) net.Listener // wraps the listener, if set
 }
 
 func newTestNode(t testing.TB, pki *testPKI, name string) *testNode {
@@ -110,6 +111,9 @@ func (n *testNode) start() {
 		n.t.Fatal(err)
 	}
 	n.addr = l.Addr().String()
+	if n.wrap != nil {
+		l = n.wrap(l)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	n.done = make(chan error, 1)

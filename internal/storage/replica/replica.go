@@ -247,6 +247,31 @@ func (r *replica) writeAt(p []byte, off int64, rev uint64) error {
 		return err
 	}
 	r.applyMu.RLock()
+	return r.writeLocked(p, off, rev)
+}
+
+// tryWriteAt is writeAt unless a snapshot or the rebuild copier holds the replica's writes
+// back: then it does nothing and returns errWouldWait, and the caller writes from a
+// goroutine of its own, so that its other requests (reads go on under a snapshot) are not
+// held back behind this one.
+func (r *replica) tryWriteAt(p []byte, off int64, rev uint64) error {
+	if off%SectorSize != 0 || len(p)%SectorSize != 0 {
+		return fmt.Errorf("write [%d, +%d) not aligned to %d bytes: %w", off, len(p), SectorSize, ErrInvalid)
+	}
+	if err := r.checkRange(off, int64(len(p))); err != nil {
+		return err
+	}
+	if !r.applyMu.TryRLock() {
+		return errWouldWait
+	}
+	return r.writeLocked(p, off, rev)
+}
+
+// errWouldWait: tryWriteAt would have had to wait for applyMu.
+var errWouldWait = errors.New("write would wait")
+
+// writeLocked applies a write under applyMu held for reading, which it releases.
+func (r *replica) writeLocked(p []byte, off int64, rev uint64) error {
 	if fs := r.fresh; fs != nil {
 		r.freshMu.Lock()
 		fs.mark(off, int64(len(p)))

@@ -302,15 +302,17 @@ func (s *Server) release(r *replica) {
 	}
 }
 
-// serverConn is one client connection. A reader loop decodes requests and runs each in its
-// own goroutine (bounded by sem); responses go through out to a single writer goroutine,
-// which batches them into the buffered TLS stream.
+// serverConn is one client connection. A reader loop decodes requests. A small write it
+// applies itself (no goroutine hand-off, which costs more than the write), and it answers
+// every write read from one burst of the stream in one flush; any other request runs in a
+// goroutine of its own (bounded by sem), which sends its response itself. Responses go out
+// through w, which batches whatever is queued into one TLS record.
 type serverConn struct {
 	s    *Server
 	nc   net.Conn
 	peer string // the common name of the client's certificate, once the handshake is done
 
-	out  chan outFrame
+	w    *frameWriter[outFrame]
 	done chan struct{}
 	once sync.Once
 	sem  chan struct{}
@@ -330,20 +332,26 @@ type outFrame struct {
 // stops reading, which pushes back on the client through TCP.
 const maxConnRequests = 64
 
+// maxInlineWrite is the largest write the reader loop applies itself. A larger one runs in
+// a goroutine, so that copying it into the page cache overlaps reading the next request.
+const maxInlineWrite = 64 << 10
+
 func newServerConn(s *Server, nc net.Conn) *serverConn {
-	return &serverConn{
+	c := &serverConn{
 		s:        s,
 		nc:       nc,
-		out:      make(chan outFrame, maxConnRequests),
 		done:     make(chan struct{}),
 		sem:      make(chan struct{}, maxConnRequests),
 		replicas: map[string]*replica{},
 	}
+	c.w = newFrameWriter(nc, writeOutFrame, func(f outFrame) { putBuf(f.buf) }, func(error) { c.shutdown() })
+	return c
 }
 
 func (c *serverConn) shutdown() {
 	c.once.Do(func() {
 		close(c.done)
+		c.w.close(net.ErrClosed)
 		c.nc.Close()
 	})
 }
@@ -365,18 +373,12 @@ func (c *serverConn) serve() {
 	log = log.WithValues("peerName", peer)
 	log.V(1).Info("connection accepted")
 
-	wdone := make(chan struct{})
-	go func() {
-		defer close(wdone)
-		c.writeLoop()
-	}()
 	err := c.readLoop()
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 		log.Info("replica connection failed", "err", err.Error())
 	}
 	c.shutdown()
 	c.hwg.Wait()
-	<-wdone
 	// A writer session ends with its connection; Dirty stays set, as the writer did not
 	// close it cleanly.
 	c.mu.Lock()
@@ -401,7 +403,15 @@ func (c *serverConn) readLoop() error {
 	br := bufio.NewReaderSize(c.nc, 64<<10)
 	var hb [4 + reqHeaderLen]byte
 	idb := make([]byte, maxIDLen)
+	// Responses of the writes applied here, sent once no further request is buffered (the
+	// next read could wait), so that a burst of writes is answered in one flush.
+	var answered []outFrame
 	for {
+		if len(answered) > 0 && !frameBuffered(br) {
+			c.send(answered...)
+			clear(answered)
+			answered = answered[:0]
+		}
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
 			return err
 		}
@@ -436,6 +446,12 @@ func (c *serverConn) readLoop() error {
 				return err
 			}
 		}
+		if h.op == opWrite && n <= maxInlineWrite {
+			if f, ok := c.handleInline(h, id, buf); ok {
+				answered = append(answered, f)
+				continue
+			}
+		}
 		select {
 		case c.sem <- struct{}{}:
 		case <-c.done:
@@ -453,55 +469,31 @@ func (c *serverConn) readLoop() error {
 	}
 }
 
-func (c *serverConn) send(f outFrame) {
-	select {
-	case c.out <- f:
-	case <-c.done:
-		putBuf(f.buf)
+// frameBuffered reports whether br holds a whole request frame, so that reading it cannot
+// wait on the connection.
+func frameBuffered(br *bufio.Reader) bool {
+	if br.Buffered() < 4 {
+		return false
 	}
+	b, _ := br.Peek(4)
+	return br.Buffered() >= 4+int(binary.BigEndian.Uint32(b))
 }
 
-func (c *serverConn) writeLoop() {
-	bw := bufio.NewWriterSize(c.nc, 64<<10)
+// send queues responses; once the connection has ended they are dropped.
+func (c *serverConn) send(fs ...outFrame) {
+	_ = c.w.send(time.Time{}, fs...)
+}
+
+// writeOutFrame encodes f into bw and returns its payload buffer to the pool.
+func writeOutFrame(bw *bufio.Writer, f outFrame) error {
 	var hb [4 + respHeaderLen]byte
-	write := func(f outFrame) error {
-		f.h.encode(hb[:], respHeaderLen+len(f.payload))
-		_, err := bw.Write(hb[:])
-		if err == nil {
-			_, err = bw.Write(f.payload)
-		}
-		putBuf(f.buf)
-		return err
+	f.h.encode(hb[:], respHeaderLen+len(f.payload))
+	_, err := bw.Write(hb[:])
+	if err == nil {
+		_, err = bw.Write(f.payload)
 	}
-	for {
-		var f outFrame
-		select {
-		case f = <-c.out:
-		case <-c.done:
-			return
-		}
-		if err := write(f); err != nil {
-			c.shutdown()
-			return
-		}
-		// Batch whatever is queued into one flush.
-	drain:
-		for {
-			select {
-			case f = <-c.out:
-				if err := write(f); err != nil {
-					c.shutdown()
-					return
-				}
-			default:
-				break drain
-			}
-		}
-		if err := bw.Flush(); err != nil {
-			c.shutdown()
-			return
-		}
-	}
+	putBuf(f.buf)
+	return err
 }
 
 func errorFrame(id uint64, err error) outFrame {
@@ -540,6 +532,43 @@ func (c *serverConn) authorize(id string) error {
 	}
 	if err := c.s.o.Authorize(c.peer, id); err != nil {
 		return fmt.Errorf("%s may not use replica %s on node %s: %v: %w", c.peer, id, c.s.o.Node, err, ErrForbidden)
+	}
+	return nil
+}
+
+// handleInline applies write request h in the reader loop and returns its response, or
+// reports !ok when the write would wait (a snapshot or the rebuild copier holds the replica's
+// writes back): buf is then untouched, for handle to run in a goroutine.
+func (c *serverConn) handleInline(h reqHeader, id string, buf *[]byte) (f outFrame, ok bool) {
+	var payload []byte
+	if buf != nil {
+		payload = *buf
+	}
+	r, err := c.replica(id)
+	if err != nil {
+		putBuf(buf)
+		return errorFrame(h.id, err), true
+	}
+	if err = c.writeChecks(r); err == nil {
+		if err = r.tryWriteAt(payload, h.offset, h.arg); errors.Is(err, errWouldWait) {
+			return outFrame{}, false
+		}
+		c.s.noteSpace(r.id, err)
+	}
+	putBuf(buf)
+	if err != nil {
+		return errorFrame(h.id, fmt.Errorf("replica %s on node %s: %w", id, c.s.o.Node, err)), true
+	}
+	return outFrame{h: respHeader{id: h.id}}, true
+}
+
+// writeChecks are what a write needs of r and of this connection besides its data.
+func (c *serverConn) writeChecks(r *replica) error {
+	if r.snap {
+		return fmt.Errorf("snapshot %s is read-only: %w", r.id, ErrInvalid)
+	}
+	if r.owner.Load() != c {
+		return ErrNoSession
 	}
 	return nil
 }
@@ -585,8 +614,8 @@ func (c *serverConn) do(r *replica, h reqHeader, payload []byte) (outFrame, erro
 	}
 	switch h.op {
 	case opWrite:
-		if r.owner.Load() != c {
-			return outFrame{}, ErrNoSession
+		if err := c.writeChecks(r); err != nil {
+			return outFrame{}, err
 		}
 		return outFrame{}, r.writeAt(payload, h.offset, h.arg)
 

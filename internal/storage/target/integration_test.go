@@ -35,8 +35,9 @@ type node struct {
 	addr   string
 	cancel context.CancelFunc
 	done   chan error
-	opts   func(*replica.ServerOptions) // adjusts the server's options, if set
-	srv    *replica.Server              // while started
+	opts   func(*replica.ServerOptions)    // adjusts the server's options, if set
+	wrap   func(net.Listener) net.Listener // wraps the server's listener, if set
+	srv    *replica.Server                 // while started
 }
 
 func (n *node) path(id string) string {
@@ -95,6 +96,9 @@ func (n *node) start() {
 		n.t.Fatal(err)
 	}
 	n.addr = l.Addr().String()
+	if n.wrap != nil {
+		l = n.wrap(l)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel, n.done = cancel, make(chan error, 1)
 	go func() { n.done <- srv.Serve(ctx, l) }()
@@ -145,6 +149,11 @@ type cluster struct {
 // newCluster starts three replica servers, each with an empty replica of itSize; opts, if
 // given, adjusts every server's options.
 func newCluster(t testing.TB, opts ...func(*replica.ServerOptions)) *cluster {
+	return newClusterWrapped(t, nil, opts...)
+}
+
+// newClusterWrapped is newCluster with every server's listener wrapped by wrap.
+func newClusterWrapped(t testing.TB, wrap func(net.Listener) net.Listener, opts ...func(*replica.ServerOptions)) *cluster {
 	ca, err := replica.NewCA()
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +164,7 @@ func newCluster(t testing.TB, opts ...func(*replica.ServerOptions)) *cluster {
 	}
 	c := &cluster{t: t, client: replica.ClientTLSConfig(ca.Pool(), cert), exp: make([]byte, itSize)}
 	for i := range 3 {
-		n := &node{t: t, name: fmt.Sprintf("node-%d", i), dir: t.TempDir(), ca: ca}
+		n := &node{t: t, name: fmt.Sprintf("node-%d", i), dir: t.TempDir(), ca: ca, wrap: wrap}
 		n.opts = func(so *replica.ServerOptions) {
 			for _, o := range opts {
 				o(so)
