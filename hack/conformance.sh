@@ -61,6 +61,9 @@ usage() {
 # k8s_version, cache_dir: hack/realnode.sh's, whose cache deps builds into too.
 # shellcheck source=hack/lib/cache.sh
 . "$repo/hack/lib/cache.sh"
+# k8s_module, k8s_go: a module of the pinned versions to build Kubernetes' binaries in.
+# shellcheck source=hack/lib/k8smodule.sh
+. "$repo/hack/lib/k8smodule.sh"
 
 # umoci and skopeo pack the images, the static busybox fills them (Debian packages; the
 # glibc-dns-testing image's are Essential or Priority required on Debian).

@@ -88,6 +88,9 @@ usage() {
 # k8s_version, cache_dir.
 # shellcheck source=hack/lib/cache.sh
 . "$repo/hack/lib/cache.sh"
+# k8s_module, k8s_go: a module of the pinned versions to build Kubernetes' binaries in.
+# shellcheck source=hack/lib/k8smodule.sh
+. "$repo/hack/lib/k8smodule.sh"
 
 # --- deps ------------------------------------------------------------------------------------
 pkg_installed() {

@@ -11,32 +11,6 @@
 # Every go build here compiles k8s.io/kubernetes packages (minutes, GBs of memory): callers on
 # a shared machine hold the heavy lock (flock /tmp/crdipc-heavy.lock) around deps.
 
-# k8s_module DIR: a module in DIR with the repository's go.mod and go.sum and an empty main
-# package, where `go ... -mod=mod` adds what the repository's own module lacks for packages
-# only the suite imports, without touching the checkout (as build_binaries does for the
-# kubelet). Replacements by a relative path (third_party/) are made absolute: they would
-# point into DIR otherwise.
-k8s_module() {
-  local dir=$1 old new
-  cp "$repo/go.mod" "$repo/go.sum" "$dir/"
-  printf 'package main\n\nfunc main() {}\n' >"$dir/main.go"
-  while read -r old new; do
-    (cd "$dir" && go mod edit -replace "$old=$(realpath -m "$repo/$new")")
-  done < <(awk '
-    { sub(/^[ \t]*replace[ \t]+/, "") }
-    $0 ~ /=>[ \t]+\.\.?\// {
-      n = split($0, f, /[ \t]+/)
-      for (i = 1; i <= n; i++) if (f[i] == "=>") { print (i == 3 ? f[1] "@" f[2] : f[1]), f[i + 1]; break }
-    }' "$repo/go.mod")
-}
-
-# k8s_go DIR ARG...: go in the module k8s_module made.
-k8s_go() {
-  local dir=$1
-  shift
-  (cd "$dir" && GOWORK=off GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod" go "$@")
-}
-
 # The directory of the pinned k8s.io/kubernetes in the module cache (test/utils/image's
 # manifest, agnhost's VERSION and files).
 k8s_module_dir() {

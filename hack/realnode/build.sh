@@ -14,8 +14,8 @@ readonly btcd_tar=btcd-${btcd_module#*@}.tar
 
 # Builds kubelet and kube-proxy from the module cache. The repository's own module cannot
 # build them as is (missing go.sum entries for packages only they import), and must not be
-# changed: copy go.mod + go.sum next to an empty main package and let go add what is missing
-# there (-mod=mod). Same versions as the repository, and a warm build cache is shared with it.
+# changed: they are built in a module k8s_module makes (hack/lib/k8smodule.sh). Same versions
+# as the repository, and a warm build cache is shared with it.
 build_binaries() {
   local cache=$1 ver=$2
   if [ -x "$cache/kubelet" ] && [ -x "$cache/kube-proxy" ]; then
@@ -27,17 +27,16 @@ build_binaries() {
   tmp=$(mktemp -d)
   # shellcheck disable=SC2064 # expand now: tmp is local
   trap "rm -rf '$tmp'" EXIT
-  cp "$repo/go.mod" "$repo/go.sum" "$tmp/"
-  printf 'package main\n\nfunc main() {}\n' >"$tmp/main.go"
+  k8s_module "$tmp"
   major=${ver#v}
   major=${major%%.*}
   minor=${ver#v*.}
   minor=${minor%%.*}
   say "building kubelet, kube-proxy $ver (minutes on a cold build cache, ~2.5 GB of memory)"
   # A module build reports v0.0.0-master+$Format:%H$ (the node's kubeletVersion) without these.
-  (cd "$tmp" && GOWORK=off GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod" go build \
+  k8s_go "$tmp" build \
     -ldflags "-X $pkg.gitVersion=$ver -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean" \
-    -o "$tmp/out/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
+    -o "$tmp/out/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
   mkdir -p "$cache"
   mv "$tmp/out/kube-proxy" "$cache/kube-proxy"
   mv "$tmp/out/kubelet" "$cache/kubelet"
