@@ -2,8 +2,10 @@ package replica
 
 import (
 	"math/rand/v2"
+	"os"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func benchWrites(b *testing.B, blockSize int, random bool) {
@@ -44,6 +46,10 @@ func benchWrites(b *testing.B, blockSize int, random bool) {
 func BenchmarkWriteSequential1MiB(b *testing.B) { benchWrites(b, 1<<20, false) }
 func BenchmarkWriteRandom4KiB(b *testing.B)     { benchWrites(b, 4<<10, true) }
 
+// BenchmarkRead1MiB reads a replica (in the page cache) 1 MiB at a time, 16 in flight, over
+// the link a target uses, and reports it against a floor of the same run: the same reads of
+// the same file with pread, what a reader of the replica's file itself would do
+// (floor-MB/s, and link/floor, the share of it the link keeps).
 func BenchmarkRead1MiB(b *testing.B) {
 	const size = 64 << 20
 	pki := newTestPKI(b)
@@ -53,17 +59,36 @@ func BenchmarkRead1MiB(b *testing.B) {
 	n.start()
 	ctx := ctxT(b)
 	r := n.dial(b).Replica("ns/r")
-	var seq atomic.Int64
-	b.SetBytes(1 << 20)
-	b.SetParallelism(8)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		buf := make([]byte, 1<<20)
-		for pb.Next() {
-			if err := r.ReadAt(ctx, buf, (seq.Add(1)%64)<<20); err != nil {
-				b.Error(err)
-				return
+	f, err := os.Open(n.path("ns/r"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	read := func(b *testing.B, readAt func([]byte, int64) error) time.Duration {
+		var seq atomic.Int64
+		b.SetParallelism(8)
+		start := time.Now()
+		b.RunParallel(func(pb *testing.PB) {
+			buf := make([]byte, 1<<20)
+			for pb.Next() {
+				if err := readAt(buf, (seq.Add(1)%64)<<20); err != nil {
+					b.Error(err)
+					return
+				}
 			}
-		}
+		})
+		return time.Since(start)
+	}
+	floor := read(b, func(p []byte, off int64) error {
+		_, err := f.ReadAt(p, off)
+		return err
 	})
+	floorMBs := float64(b.N) * (1 << 20) / 1e6 / floor.Seconds()
+	b.SetBytes(1 << 20)
+	b.ResetTimer()
+	link := read(b, func(p []byte, off int64) error { return r.ReadAt(ctx, p, off) })
+	b.StopTimer()
+	linkMBs := float64(b.N) * (1 << 20) / 1e6 / link.Seconds()
+	b.ReportMetric(floorMBs, "floor-MB/s")
+	b.ReportMetric(linkMBs/floorMBs, "link/floor")
 }
