@@ -334,6 +334,8 @@ const maxConnRequests = 64
 
 // maxInlineWrite is the largest write the reader loop applies itself. A larger one runs in
 // a goroutine, so that copying it into the page cache overlaps reading the next request.
+// While the kernel throttles a writer (too much dirty memory) an inline write holds the
+// connection's next requests too, reads included; the volume's disk is then busy anyway.
 const maxInlineWrite = 64 << 10
 
 func newServerConn(s *Server, nc net.Conn) *serverConn {
@@ -451,6 +453,12 @@ func (c *serverConn) readLoop() error {
 				answered = append(answered, f)
 				continue
 			}
+		}
+		if len(answered) > 0 {
+			// Not held while this request waits for a free handler.
+			c.send(answered...)
+			clear(answered)
+			answered = answered[:0]
 		}
 		select {
 		case c.sem <- struct{}{}:
