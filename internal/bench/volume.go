@@ -87,7 +87,7 @@ var DefaultVolumeOptions = VolumeOptions{
 // a write can have is the local file's figure ÷ ReplicationFactor, and the write goals are
 // ratios to that; a read is served by one replica.
 const (
-	SeqReadGoal        = 0.60 // of the local file's sequential read
+	SeqReadGoal        = 0.80 // of the local file's sequential read (issue 50; 0.6 before)
 	SeqWriteGoal       = 0.80 // of the local file's sequential write ÷ replicas
 	RandWriteGoal      = 0.50 // of the local file's 4 KiB random-write IOPS ÷ replicas
 	RebuildGoalMiBPerS = 100  // allocated data copied per second

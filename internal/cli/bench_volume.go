@@ -39,7 +39,7 @@ are ratios to the local file's figure ÷ --replicas, what a write can have.
 
   seq write    1 MiB writes, --seq-iodepth in flight, --seq-size, end_fsync
                (the final fsync counts): goal ≥ 0.8 of local ÷ replicas
-  seq read     the same file read back, from the disk: goal ≥ 0.6 of local
+  seq read     the same file read back, from the disk: goal ≥ 0.8 of local
   rand write   4 KiB writes over --rand-size, --rand-iodepth in flight, for
                --rand-runtime: IOPS, goal ≥ 0.5 of local ÷ replicas
   rebuild      a second volume (--rebuild-size) gets --rebuild-data bytes
