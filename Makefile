@@ -105,7 +105,7 @@ CONFORMANCE_SETS ?=
 CONFORMANCE_SUBSET ?=
 CONFORMANCE_REPORT ?= $(CURDIR)/conformance-report
 .PHONY: conformance
-conformance: image ## Run Kubernetes' storage e2e suite against crdipc on three real nodes (root; ~1 h; reports in conformance-report/).
+conformance: image ## Run Kubernetes' storage e2e suite against crdipc on three real nodes (root; ~40 min, ~55 min with a cold build cache; reports in conformance-report/).
 	CONFORMANCE_SUBSET="$(CONFORMANCE_SUBSET)" hack/conformance.sh all --report-dir $(CONFORMANCE_REPORT) $(CONFORMANCE_SETS)
 
 .PHONY: bench
