@@ -172,8 +172,10 @@ func TestNetworkConnectsScalesAndDeletes(t *testing.T) {
 		t.Errorf("statefulset not owned by the network: %v", sts.OwnerReferences)
 	}
 
+	// A patch, not an update: the operator writes the network's status meanwhile.
+	before := client.MergeFrom(n.DeepCopy())
 	n.Spec.Nodes = 2
-	if err := w.env.Client.Update(ctx, n); err != nil {
+	if err := w.env.Client.Patch(ctx, n, before); err != nil {
 		t.Fatal(err)
 	}
 	actx, cancel2 := context.WithTimeout(ctx, 60*time.Second)

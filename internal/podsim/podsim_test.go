@@ -154,8 +154,10 @@ func TestScheduling(t *testing.T) {
 	if err := s.c.Get(ctx, client.ObjectKey{Name: s.node("b")}, &node); err != nil {
 		t.Fatal(err)
 	}
+	// A patch, not an update: the node's heartbeat writes it meanwhile.
+	before := client.MergeFrom(node.DeepCopy())
 	node.Labels["disk"] = "ssd"
-	if err := s.c.Update(ctx, &node); err != nil {
+	if err := s.c.Patch(ctx, &node, before); err != nil {
 		t.Fatal(err)
 	}
 	// The label update requeues the pod, after kube-scheduler's back-off (1 s, doubling

@@ -151,8 +151,10 @@ func TestRestoreOnlyIntoTheBackupsNamespace(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(store), store); err != nil {
 		t.Fatal(err)
 	}
+	// A patch, not an update: the operator writes the store's status meanwhile.
+	before := client.MergeFrom(store.DeepCopy())
 	store.Spec.AllowedNamespaces = []string{mine}
-	if err := env.Client.Update(ctx, store); err != nil {
+	if err := env.Client.Patch(ctx, store, before); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 120*time.Second, "claim "+pvc.Name+" Bound once allowed", func(ctx context.Context) (bool, error) {

@@ -181,8 +181,10 @@ func TestBackupStoreFindsTheBackupsInItsBucket(t *testing.T) {
 	if err := c.c.Get(t.Context(), client.ObjectKeyFromObject(store), store); err != nil {
 		t.Fatal(err)
 	}
+	// A patch, not an update: the operator writes the store's status meanwhile.
+	before := client.MergeFrom(store.DeepCopy())
 	store.Spec.Retention = &storagev1alpha1.BackupRetention{KeepLast: ptr.To[int32](1)}
-	if err := c.c.Update(t.Context(), store); err != nil {
+	if err := c.c.Patch(t.Context(), store, before); err != nil {
 		t.Fatal(err)
 	}
 	wait.Eventually(t, 30*time.Second, "the older backup deleted by the retention policy, from the bucket and the cluster", func(ctx context.Context) (bool, error) {
@@ -440,8 +442,10 @@ func TestBackupOfAnotherNamespaceIsRefused(t *testing.T) {
 		if err := c.c.Get(t.Context(), client.ObjectKeyFromObject(store), store); err != nil {
 			t.Fatal(err)
 		}
+		// A patch, not an update: the operator writes the store's status meanwhile.
+		before := client.MergeFrom(store.DeepCopy())
 		store.Spec.AllowedNamespaces = namespaces
-		if err := c.c.Update(t.Context(), store); err != nil {
+		if err := c.c.Patch(t.Context(), store, before); err != nil {
 			t.Fatal(err)
 		}
 	}
