@@ -19,6 +19,7 @@ import (
 	"github.com/crdipc/crdipc/internal/bench"
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/mountinfo"
+	"github.com/crdipc/crdipc/internal/services"
 )
 
 func newBenchVolumeCommand() *cobra.Command {
@@ -152,7 +153,8 @@ func (bytesFlag) Type() string { return "quantity" }
 // under root (on the disk of the local-file baseline), and the CSI driver serving node-1 on
 // a socket under root.
 func startVolumeServices(ctx context.Context, cfg *rest.Config, nodes int, root string) (stop func(), endpoint string, err error) {
-	stopStorage, err := startStorage(ctx, cfg, nodes, filepath.Join(root, "nodes"))
+	storageDir := filepath.Join(root, "nodes")
+	stopStorage, err := startStorage(ctx, cfg, nodes, storageDir)
 	if err != nil {
 		return nil, "", err
 	}
@@ -163,7 +165,10 @@ func startVolumeServices(ctx context.Context, cfg *rest.Config, nodes int, root 
 	}
 	// A registry of its own: the driver's metrics are not served here.
 	// Staging and target paths are under root too: it is the kubelet root.
-	d, err := driver.New(driver.Options{Config: cfg, NodeID: "node-1", TargetDir: filepath.Join(root, "targets"), KubeletRoot: root, Registerer: prometheus.NewRegistry()})
+	// node-1's target reaches the replica on node-1 as a node plugin does: over its pool
+	// agent's local socket.
+	d, err := driver.New(driver.Options{Config: cfg, NodeID: "node-1", TargetDir: filepath.Join(root, "targets"), KubeletRoot: root, Registerer: prometheus.NewRegistry(),
+		LocalReplicaSocket: services.LocalReplicaSocket(storageDir, "node-1")})
 	if err != nil {
 		stopStorage()
 		return nil, "", err

@@ -77,6 +77,7 @@ func (s *csiDriverService) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.o.NodeID, "node-id", "", "node this instance serves for the Node service (empty: controller only)")
 	fs.StringVar(&s.o.TargetDir, "target-dir", "/var/lib/crdipc/csi/targets", "where the Node service mounts the FUSE files of the volumes it stages (one directory per volume)")
 	fs.StringVar(&s.o.FDHolder, "fd-holder", "", "socket of crdipc fd-holder on this node, which keeps the staged volumes' FUSE connections while this process restarts, so that their I/O pauses instead of failing (empty: none; a restart fails every volume's I/O on the node). With it, a node plugin started while another serves the node (a DaemonSet's surge pod) asks that one to hand the volumes over, on handover.sock next to --endpoint")
+	fs.StringVar(&s.o.LocalReplicaSocket, "local-replica-socket", "", "socket of this node's pool agent (its --local-socket, /var/lib/crdipc/local/replica.sock by default): the Node service's targets reach the replica on their own node there, without TLS, and over TLS when it cannot be used (empty: always over TLS)")
 	fs.StringVar(&s.o.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "the kubelet's root directory (--root-dir): the Node service stages, publishes and unpublishes only paths inside it")
 	fs.StringSliceVar(&s.o.ExtraRoots, "extra-root", nil, "more directories the Node service's paths may lie in besides --kubelet-root (e.g. "+os.TempDir()+" for csi-sanity's default paths)")
 	fs.StringVar(&s.o.Namespace, "namespace", install.SystemNamespace, "namespace of the CStorVolumes the driver creates")
@@ -93,7 +94,7 @@ func (s *csiDriverService) Setup(mgr manager.Manager, env Env) error {
 		// this socket's Node calls too (a tool that dials one socket meets a whole driver).
 		// No kubelet to register with.
 		o.NodeID, o.TargetDir, httpAddr = "", filepath.Join(env.Local.DataDir, "csi", "targets"), "0"
-		o.FDHolder = "" // serves no node
+		o.FDHolder, o.LocalReplicaSocket = "", "" // serves no node
 		registrationDir, kubeletPath = "", ""
 		endpoint = filepath.Join(env.Local.DataDir, "csi", "csi.sock")
 		if env.Local.Nodes > 0 {

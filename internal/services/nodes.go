@@ -77,6 +77,7 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 	count, root, csiDir, extra := s.count, s.root, s.csiDir, s.csiExtraRoots
 	csiCfg := env.Config
 	var csiNodeCfg func(node string) (*rest.Config, error)
+	var localReplicaSocket func(node string) string
 	var err error
 	switch {
 	case env.Local != nil:
@@ -84,6 +85,9 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 		// A development cluster on this machine: the CSI sanity suite's default paths
 		// ($TMPDIR/csi-mount, $TMPDIR/csi-staging) work against up's socket as they are.
 		extra = []string{os.TempDir()}
+		// Each node's plugin reaches the replica on its node as on a real node: over the
+		// socket of the node's pool agent (up runs one per node, pool-agent).
+		localReplicaSocket = func(node string) string { return LocalReplicaSocket(env.Local.DataDir, node) }
 		if csiCfg, err = env.Local.Config("csi-node"); err != nil {
 			return err
 		}
@@ -109,7 +113,7 @@ func (s *nodesService) Setup(mgr manager.Manager, env Env) error {
 	if err := simnode.Add(mgr, simnode.Options{Nodes: count, Kubelet: asNode}); err != nil {
 		return err
 	}
-	if s.csi, err = nodeservice.New(nodeservice.Options{Config: rest.CopyConfig(csiCfg), NodeConfig: csiNodeCfg, Dir: csiDir, KubeletRoot: root, ExtraRoots: extra}); err != nil {
+	if s.csi, err = nodeservice.New(nodeservice.Options{Config: rest.CopyConfig(csiCfg), NodeConfig: csiNodeCfg, Dir: csiDir, KubeletRoot: root, ExtraRoots: extra, LocalReplicaSocket: localReplicaSocket}); err != nil {
 		return err
 	}
 	// Every node's plugin serves from the start, as a DaemonSet's pod would, not only once

@@ -109,6 +109,7 @@ func (s *poolAgentService) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.o.Node, "node", "", "the node this agent serves (default: $NODE_NAME)")
 	fs.StringVar(&s.o.Root, "root", "/var/lib/crdipc", "directory for the node's pools")
 	fs.StringVar(&s.o.DataAddr, "data-addr", ":9500", "address of the replica data service ('' disables it: nothing can read or rebuild this node's replicas)")
+	fs.StringVar(&s.o.LocalSocket, "local-socket", "", "Unix socket on which the replica data service also serves this node's CSI plugin, without TLS, in a directory of its own made 0700 (the plugin's --local-replica-socket; default <root>/local/replica.sock; 'none': not served)")
 	fs.StringVar(&s.o.DataAdvertiseHost, "data-advertise-address", "", "address peers dial for --data-addr when it names no host (default: $POD_IP)")
 	fs.DurationVar(&s.o.Resync, "resync", s.o.Resync, "how often every pool and replica is checked against the disk")
 	fs.StringVar(&s.o.Identity, "identity", "", "name of this agent in the node Lease (default: hostname_uuid)")
@@ -124,12 +125,21 @@ func (s *poolAgentService) AddFlags(fs *pflag.FlagSet) {
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools;cstorvolumereplicas,verbs=get;list;watch
 // +kubebuilder:rbac:groups=storage.crdipc.io,resources=cstorpools/status;cstorvolumereplicas/status,verbs=update
 
+// agentsRoot holds the pool agents' roots in up, one per simulated node: <data-dir>/nodes/<node>.
+func agentsRoot(dataDir string) string { return filepath.Join(dataDir, "nodes") }
+
+// LocalReplicaSocket is where node's pool agent in up (with data directory dataDir) serves
+// the replicas to the node's CSI plugin (driver.Options.LocalReplicaSocket).
+func LocalReplicaSocket(dataDir, node string) string {
+	return agent.LocalSocket(filepath.Join(agentsRoot(dataDir), node))
+}
+
 func (s *poolAgentService) Setup(mgr manager.Manager, env Env) error {
 	o := s.o
 	o.TracerProvider = env.TracerProvider("pool-agent")
 	if env.Local != nil {
 		// One agent per simulated node, each with the node's pools under the data dir.
-		root := filepath.Join(env.Local.DataDir, "nodes")
+		root := agentsRoot(env.Local.DataDir)
 		o.MetricsAddr, o.HealthAddr = "0", "0"
 		// What starts an agent for each node is the cluster's part (a DaemonSet controller
 		// and the kubelet): it watches Nodes with the nodes' credentials, on a manager of its

@@ -19,6 +19,7 @@ import (
 
 	"github.com/crdipc/crdipc/config/crd"
 	"github.com/crdipc/crdipc/internal/install"
+	"github.com/crdipc/crdipc/internal/storage/agent"
 )
 
 // TestManifests checks that the manifests shipped for a real cluster (config/storage,
@@ -343,6 +344,7 @@ func checkDefault(t *testing.T, docs [][]byte) {
 	}
 	if o, ok := objects["DaemonSet crdipc-system/crdipc-csi-node"]; ok {
 		checkCSINode(t, o, objects["DaemonSet crdipc-system/crdipc-fd-holder"])
+		checkLocalReplicaSocket(t, o, objects["DaemonSet crdipc-system/crdipc-pool-agent"])
 	}
 	checkHolderPrivate(t, objects)
 	ns, ok := objects["Namespace "+install.SystemNamespace]
@@ -405,6 +407,46 @@ func checkCSINode(t *testing.T, o, holder defaultObject) {
 	}
 	if host := hostPath(sock); host == "" || host != told || !strings.HasPrefix(host, kubeletRoot+"/plugins/") {
 		t.Errorf("crdipc-csi-node: the CSI socket %s is %q on the host and the kubelet is told %s: want one path under %s/plugins", sock, host, told, kubeletRoot)
+	}
+}
+
+// checkLocalReplicaSocket: the node plugin's --local-replica-socket is, on the host, where the
+// pool agent serves its local socket (its --local-socket, by default <root>/local/replica.sock),
+// and of the agent's directory the plugin mounts that socket's directory only.
+func checkLocalReplicaSocket(t *testing.T, csiNode, poolAgent defaultObject) {
+	t.Helper()
+	args := func(c corev1.Container) map[string]string {
+		flags := map[string]string{}
+		for _, a := range c.Args {
+			if name, value, ok := strings.Cut(a, "="); ok && strings.HasPrefix(name, "--") {
+				flags[name] = value
+			}
+		}
+		return flags
+	}
+	pa := poolAgent.Spec.Template.Spec
+	if len(pa.Containers) != 1 {
+		t.Errorf("crdipc-pool-agent: %d containers, want 1", len(pa.Containers))
+		return
+	}
+	af := args(pa.Containers[0])
+	served := af["--local-socket"]
+	if served == "" {
+		served = agent.LocalSocket(af["--root"])
+	}
+	want := hostPathOf(pa.Volumes, pa.Containers[0], served)
+	pod := csiNode.Spec.Template.Spec
+	i := slices.IndexFunc(pod.Containers, func(c corev1.Container) bool { return c.Name == "csi-driver" })
+	if i < 0 {
+		return // checkCSINode says so
+	}
+	c := pod.Containers[i]
+	flag := args(c)["--local-replica-socket"]
+	if got := hostPathOf(pod.Volumes, c, flag); flag == "" || want == "" || got != want {
+		t.Errorf("crdipc-csi-node: --local-replica-socket=%q is %q on the host; the pool agent serves its local socket at %q there", flag, got, want)
+	}
+	if m := mountOf(c, flag); m != nil && m.MountPath != filepath.Dir(flag) {
+		t.Errorf("crdipc-csi-node mounts %s for its local replica socket: want that socket's directory only, not the pool agent's data", m.MountPath)
 	}
 }
 

@@ -99,6 +99,11 @@ type Options struct {
 	// DaemonSet's maxSurge; handover.go). Used with FDHolder; empty: a successor waits for
 	// its predecessor to exit.
 	HandoverDir string
+	// LocalReplicaSocket is the socket on which this node's pool agent serves its replicas
+	// to this node's targets without TLS (the agent's --local-socket, by default
+	// /var/lib/crdipc/local/replica.sock): a target reaches the replica on its own node
+	// there, and over TLS when it cannot (empty: always over TLS).
+	LocalReplicaSocket string
 	// TargetDir holds the FUSE mounts of the volume targets this node runs (one directory
 	// per staged volume); default /var/lib/crdipc/csi/targets.
 	TargetDir string

@@ -21,6 +21,7 @@ import (
 type metrics struct {
 	operations *prometheus.HistogramVec
 	takeovers  prometheus.Counter
+	localLinks *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -37,6 +38,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "crdipc_csi_volume_takeovers_total",
 		Help: "Staged volumes this node plugin served again after an earlier process of it stopped or died, their FUSE connection kept by the fd holder.",
 	}))
+	if err != nil {
+		return nil, err
+	}
+	m.localLinks, err = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "crdipc_csi_local_replica_connections_total",
+		Help: "Connections the targets of this node plugin opened to the replica on their own node, by link: socket (the pool agent's local socket, no TLS) or tls (the socket could not be used; the plugin logs why).",
+	}, []string{"link"}))
 	if err != nil {
 		return nil, err
 	}

@@ -220,13 +220,27 @@ func servable(vol *storagev1alpha1.CStorVolume) int64 {
 }
 
 // members are the replicas of vol that report a data endpoint (checkReplicas has passed).
+// The one on this node is reached over the pool agent's local socket, if there is one.
 func (d *Driver) members(vol *storagev1alpha1.CStorVolume, tlsConf *tls.Config) []target.Member {
 	var ms []target.Member
 	for _, r := range vol.Status.Replicas {
 		if r.Endpoint == "" {
 			continue
 		}
-		ms = append(ms, target.RemoteMember(storagev1alpha1.ReplicaDataID(vol.Namespace, r.Name), r.Endpoint, tlsConf, r.Node == d.o.NodeID))
+		id := storagev1alpha1.ReplicaDataID(vol.Namespace, r.Name)
+		if r.Node != d.o.NodeID || d.o.LocalReplicaSocket == "" {
+			ms = append(ms, target.RemoteMember(id, r.Endpoint, tlsConf, r.Node == d.o.NodeID))
+			continue
+		}
+		ms = append(ms, target.LocalMember(id, r.Endpoint, tlsConf, target.LocalLink{
+			Socket: d.o.LocalReplicaSocket, Node: d.o.NodeID, Dialed: func(localErr error) {
+				if localErr != nil {
+					d.metrics.localLinks.WithLabelValues("tls").Inc()
+					d.log.Info("reaching the replica on this node over TLS: its local socket cannot be used", "volume", vol.Name, "replica", r.Name, "reason", localErr.Error())
+					return
+				}
+				d.metrics.localLinks.WithLabelValues("socket").Inc()
+			}}))
 	}
 	return ms
 }

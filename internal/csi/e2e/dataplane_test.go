@@ -20,12 +20,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
 	"github.com/crdipc/crdipc/internal/csi/driver"
 	"github.com/crdipc/crdipc/internal/csi/sidecar"
 	"github.com/crdipc/crdipc/internal/install"
 	"github.com/crdipc/crdipc/internal/testenv"
+	"github.com/crdipc/crdipc/internal/testenv/metrics"
 )
 
 // nodePlugin is a CSI driver instance serving the Node service of one node, as the node
@@ -62,7 +64,8 @@ func (w *world) startNodePluginServing(t *testing.T, node string, opt func(*driv
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(sock) })
 	endpoint := "unix://" + filepath.Join(sock, "csi.sock")
-	o := driver.Options{Config: impersonate(w.env.Config, driverSA), DataConfig: boundTo(node), NodeID: node, TargetDir: filepath.Join(w.root, "targets", node), KubeletRoot: os.TempDir()}
+	o := driver.Options{Config: impersonate(w.env.Config, driverSA), DataConfig: boundTo(node), NodeID: node, TargetDir: filepath.Join(w.root, "targets", node), KubeletRoot: os.TempDir(),
+		LocalReplicaSocket: w.cluster.LocalReplicaSocket(node)}
 	if opt != nil {
 		opt(&o)
 	}
@@ -194,6 +197,11 @@ func (w *world) testDataPlane(t *testing.T) {
 		}
 	}
 	write(10)
+	// node-1's target reached the replica on its node over the pool agent's local socket
+	// (the world's node-1 driver reports to controller-runtime's registry).
+	if n, _ := metrics.Gather(t, ctrlmetrics.Registry).Sample("crdipc_csi_local_replica_connections_total", map[string]string{"link": "socket"}); n < 1 {
+		t.Errorf("node-1's target opened %v connections to its node's replica over the local socket, want at least 1", n)
+	}
 
 	// Lose a replica's node (not node-1's, whose target writes): the volume is Degraded,
 	// with consistencyFactor replicas still Healthy, and writes go on.

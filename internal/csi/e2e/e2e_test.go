@@ -72,6 +72,8 @@ type world struct {
 	sidecarHealth string
 
 	stopDriver func()
+	// cluster runs the nodes' pool agents.
+	cluster *storagecluster.Cluster
 }
 
 // TestCSI runs the scenarios in order on one world: they share nodes (a node joins in the
@@ -109,7 +111,7 @@ func newWorld(t *testing.T) *world {
 	env.AsServiceAccount(t, "csi-sidecar")
 
 	// Storage: the operator and 2 simulated nodes with a file pool each.
-	storagecluster.Start(t, storagecluster.Options{Nodes: 2})
+	w.cluster = storagecluster.Start(t, storagecluster.Options{Nodes: 2})
 	testenv.LiftNotReadyTaint(w.t, w.c, "node-1", "node-2")
 	claim := &storagev1alpha1.StoragePoolClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: "csi"},
@@ -166,7 +168,8 @@ func newWorld(t *testing.T) *world {
 // startDriver runs the driver as its ServiceAccount on w.socket, serving node-1.
 func (w *world) startDriver() {
 	// The scenarios stage and publish in temporary directories: the kubelet root is theirs.
-	d, err := driver.New(driver.Options{Config: impersonate(w.env.Config, driverSA), DataConfig: boundTo("node-1"), NodeID: "node-1", TargetDir: filepath.Join(w.root, "targets", "node-1"), KubeletRoot: os.TempDir()})
+	d, err := driver.New(driver.Options{Config: impersonate(w.env.Config, driverSA), DataConfig: boundTo("node-1"), NodeID: "node-1", TargetDir: filepath.Join(w.root, "targets", "node-1"), KubeletRoot: os.TempDir(),
+		LocalReplicaSocket: w.cluster.LocalReplicaSocket("node-1")})
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -37,6 +37,18 @@ import (
 // gRPC server fails (it releases the volume before it frees the serving lock).
 // No write fails, each new plugin reports the takeover, every record is on the volume, and
 // unstaging through the last plugin leaves the holder empty.
+// holdsReplica reports whether node holds a replica of volume id.
+func (w *world) holdsReplica(t *testing.T, id, node string) bool {
+	t.Helper()
+	for _, r := range w.volume(t, id).Status.Replicas {
+		if r.Node == node {
+			return true
+		}
+	}
+	t.Logf("volume %s has no replica on %s: its local link is not checked", id, node)
+	return false
+}
+
 func (w *world) testNodePluginTakeover(t *testing.T) {
 	testenv.RequireMounts(t)
 	ctx := context.Background()
@@ -137,6 +149,15 @@ func (w *world) testNodePluginTakeover(t *testing.T) {
 		p, stop = start()
 		acked(before + 50)
 		tookOver(round)
+		if w.holdsReplica(t, id, node) {
+			// The new process reached the replica on its node over the local socket only.
+			got := metrics.Gather(t, reg)
+			sock, _ := got.Sample("crdipc_csi_local_replica_connections_total", map[string]string{"link": "socket"})
+			overTLS, _ := got.Sample("crdipc_csi_local_replica_connections_total", map[string]string{"link": "tls"})
+			if sock < 1 || overTLS != 0 {
+				t.Errorf("round %d: the new plugin reached %s's replica %v times over the local socket and %v over TLS, want only the socket", round, node, sock, overTLS)
+			}
+		}
 	}
 	// The surge: the old plugin runs until the new one has the volume.
 	before := wr.Acked()

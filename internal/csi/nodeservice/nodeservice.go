@@ -48,6 +48,9 @@ type Options struct {
 	KubeletRoot string
 	// ExtraRoots are more directories the drivers stage and publish in (driver.Options).
 	ExtraRoots []string
+	// LocalReplicaSocket, when set, gives node's driver the socket of the node's pool agent
+	// (driver.Options.LocalReplicaSocket).
+	LocalReplicaSocket func(node string) string
 	// Drivers are instances that serve a node already, such as the controller instance
 	// of up, which serves node-1: the Set serves them on the node's socket as they are,
 	// so one process never runs two targets of one volume for one node.
@@ -112,6 +115,9 @@ func (s *Set) Client(nodeName string) (csi.NodeClient, error) {
 	if d == nil {
 		var err error
 		o := driver.Options{Config: s.o.Config, NodeID: nodeName, TargetDir: filepath.Join(s.o.Dir, "targets", nodeName), KubeletRoot: s.o.KubeletRoot, ExtraRoots: s.o.ExtraRoots}
+		if s.o.LocalReplicaSocket != nil {
+			o.LocalReplicaSocket = s.o.LocalReplicaSocket(nodeName)
+		}
 		if s.o.NodeConfig != nil {
 			o.DataConfig = func() (*rest.Config, error) { return s.o.NodeConfig(nodeName) }
 		}

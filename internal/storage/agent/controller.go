@@ -71,6 +71,11 @@ type Options struct {
 	// service, the replicas are files nobody else can reach. A host-less address (":9500")
 	// needs DataAdvertiseHost, the address peers dial.
 	DataAddr, DataAdvertiseHost string
+	// LocalSocket is where the data service also serves the CSI node plugin of this node,
+	// over a Unix socket without TLS (replica.ServerOptions.LocalSocket): the target's link
+	// to the replica on its own node. Default LocalSocket(Root); "none": not served (the
+	// target reaches it over TLS, as it does when the socket cannot be used).
+	LocalSocket string
 	// CatchUpTimeout bounds how long the agent's readiness (/readyz) waits, from taking the
 	// node Lease, for the node's replicas that targets write to be caught up; default 10m.
 	CatchUpTimeout time.Duration
@@ -239,7 +244,7 @@ func (a *Agent) newManager(log logr.Logger) (manager.Manager, *dataServer, error
 		if err != nil {
 			return nil, nil, fmt.Errorf("replica data service: %w", err)
 		}
-		data, err = newDataServer(a.o.Node, a.o.DataAddr, a.o.DataAdvertiseHost, install.SystemNamespace, mgr.GetClient(), mgr.GetAPIReader(), kube, a.backend, log)
+		data, err = newDataServer(a.o.Node, a.o.DataAddr, a.o.DataAdvertiseHost, a.localSocket(), install.SystemNamespace, mgr.GetClient(), mgr.GetAPIReader(), kube, a.backend, log)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -268,6 +273,21 @@ func (a *Agent) newManager(log logr.Logger) (manager.Manager, *dataServer, error
 }
 
 // backend returns the backend for a pool of the named kind.
+// LocalSocket is where the agent with root serves the node's CSI plugin by default
+// (Options.LocalSocket): in a directory of its own under root, which the plugin mounts.
+func LocalSocket(root string) string { return filepath.Join(root, "local", "replica.sock") }
+
+// localSocket is Options.LocalSocket with its default: empty for "none".
+func (a *Agent) localSocket() string {
+	switch a.o.LocalSocket {
+	case "":
+		return LocalSocket(a.o.Root)
+	case "none":
+		return ""
+	}
+	return a.o.LocalSocket
+}
+
 func (a *Agent) backend(name storagev1alpha1.Backend) (backend.Backend, error) {
 	if name == "" {
 		name = storagev1alpha1.BackendFile

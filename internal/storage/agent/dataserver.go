@@ -36,15 +36,17 @@ import (
 // manager is built, so the endpoint the replicas report is known before any of them is
 // reconciled.
 type dataServer struct {
-	node      string
-	ln        net.Listener
-	endpoint  string
-	namespace string
-	cache     client.Reader        // the agent's cache: its own node's replicas and pools
-	kube      kubernetes.Interface // requests the node's certificate
-	live      client.Reader        // the API server: volumes are not cached
-	backends  func(storagev1alpha1.Backend) (backend.Backend, error)
-	log       logr.Logger
+	node     string
+	ln       net.Listener
+	endpoint string
+	// localSocket is where the node's CSI plugin reaches the replicas (Options.LocalSocket).
+	localSocket string
+	namespace   string
+	cache       client.Reader        // the agent's cache: its own node's replicas and pools
+	kube        kubernetes.Interface // requests the node's certificate
+	live        client.Reader        // the API server: volumes are not cached
+	backends    func(storagev1alpha1.Backend) (backend.Backend, error)
+	log         logr.Logger
 
 	mu        sync.Mutex
 	ready     chan struct{} // closed once clientTLS is set
@@ -72,8 +74,9 @@ func (d *dataServer) setCurrent(uid types.UID) {
 }
 
 // newDataServer binds addr. A listen address with no host (":9500") is advertised with
-// advertiseHost, which is then required.
-func newDataServer(node, addr, advertiseHost, namespace string, cache, live client.Reader, kube kubernetes.Interface, backends func(storagev1alpha1.Backend) (backend.Backend, error), log logr.Logger) (*dataServer, error) {
+// advertiseHost, which is then required. localSocket, if not empty, is where it also serves
+// the node's CSI plugin (Options.LocalSocket).
+func newDataServer(node, addr, advertiseHost, localSocket, namespace string, cache, live client.Reader, kube kubernetes.Interface, backends func(storagev1alpha1.Backend) (backend.Backend, error), log logr.Logger) (*dataServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("replica data service: %w", err)
@@ -87,7 +90,7 @@ func newDataServer(node, addr, advertiseHost, namespace string, cache, live clie
 		host = advertiseHost
 	}
 	return &dataServer{
-		node: node, ln: ln, endpoint: net.JoinHostPort(host, port), namespace: namespace,
+		node: node, ln: ln, endpoint: net.JoinHostPort(host, port), localSocket: localSocket, namespace: namespace,
 		cache: cache, live: live, kube: kube, backends: backends, log: log.WithName("replica-data"),
 		ready: make(chan struct{}), conns: map[string]*replica.Conn{},
 	}, nil
@@ -114,7 +117,10 @@ func (d *dataServer) Start(ctx context.Context) error {
 	d.clientTLS = clientTLS
 	close(d.ready)
 	d.mu.Unlock()
-	srv := replica.NewServer(replica.ServerOptions{Node: d.node, Lookup: d.lookup, Authorize: d.authorize, TLS: serverTLS, ClientTLS: clientTLS, Logger: d.log})
+	srv := replica.NewServer(replica.ServerOptions{Node: d.node, Lookup: d.lookup, Authorize: d.authorize, TLS: serverTLS, ClientTLS: clientTLS, Logger: d.log,
+		// Only the node's CSI plugin mounts the socket's directory: a connection there is
+		// its target, which Authorize lets use the volumes published to this node.
+		LocalSocket: d.localSocket, LocalPeer: dataca.CommonName(dataca.RoleCSINode, d.node)})
 	d.mu.Lock()
 	d.srv = srv
 	d.mu.Unlock()

@@ -29,7 +29,8 @@ type SupervisorOptions struct {
 	// Root holds each node's agent root, Root/<node>.
 	Root string
 	// Agent is the template for every agent; Node, Root, Identity and DataAddr are set
-	// per node.
+	// per node, and LocalSocket is each node's default (LocalSocket(Root/<node>)) unless
+	// the template says "none".
 	Agent Options
 	// NoData runs the agents without their replica data services.
 	NoData bool
@@ -158,6 +159,9 @@ func (s *Supervisor) startAgent(node string) error {
 	o := s.o.Agent
 	o.Node = node
 	o.Root = filepath.Join(s.o.Root, node)
+	if o.LocalSocket != "none" {
+		o.LocalSocket = "" // each node's own, under its root
+	}
 	if !s.o.NoData {
 		if s.dataIPs == nil {
 			s.dataIPs = map[string]string{}

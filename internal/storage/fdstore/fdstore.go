@@ -2,22 +2,19 @@ package fdstore
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/subtle"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/crdipc/crdipc/internal/localsock"
 )
 
 // ErrNotFound is returned by Client.Get for a name the store does not hold.
@@ -50,64 +47,20 @@ func New(log *slog.Logger) *Store {
 // TokenFile is the name of the token file beside the store's socket: a client must present
 // what it holds (AUTH) before any request, which only a process that can read the socket's
 // directory can.
-const TokenFile = "token"
+const TokenFile = localsock.TokenFile
 
 // Listen opens the store's socket at path, replacing a stale socket file of an earlier
 // process. The directory is created if missing and made 0700 either way (a hostPath
 // directory is created 0755), and a new token is written into it (TokenFile, 0600):
 // the socket's directory is what says who may use the store.
 func Listen(path string) (*net.UnixListener, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("fd store: %w", err)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("fd store: %w", err)
-	}
-	if err := writeToken(dir); err != nil {
-		return nil, fmt.Errorf("fd store: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("fd store: removing a stale socket: %w", err)
-	}
-	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	l, err := localsock.Listen("unixpacket", path)
 	if err != nil {
 		return nil, fmt.Errorf("fd store: %w", err)
 	}
-	return l, nil
-}
-
-// writeToken replaces dir's token with a new random one, atomically: a client reading it
-// meanwhile gets the old or the new one, never a part.
-func writeToken(dir string) error {
-	b := make([]byte, 32)
-	if _, err := rand.Read(b); err != nil {
-		return fmt.Errorf("token: %w", err)
-	}
-	f, err := os.CreateTemp(dir, "."+TokenFile+"-")
-	if err != nil {
-		return fmt.Errorf("token: %w", err)
-	}
-	_, err = f.WriteString(hex.EncodeToString(b))
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), filepath.Join(dir, TokenFile))
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return fmt.Errorf("token: %w", err)
-	}
-	return nil
-}
-
-func readToken(dir string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(dir, TokenFile))
-	if err != nil {
-		return "", err
-	}
-	return strings.TrimSpace(string(b)), nil
+	// Closed by Serve as a plain listener: removing the socket file then is as before.
+	l.SetUnlinkOnClose(true)
+	return l.UnixListener, nil
 }
 
 // Serve answers requests on l, a socket Listen opened, until ctx ends; then it closes l.
@@ -115,7 +68,7 @@ func readToken(dir string) (string, error) {
 // socket's directory, from a process of the store's own user (SO_PEERCRED); any other is
 // refused and closed.
 func (s *Store) Serve(ctx context.Context, l *net.UnixListener) error {
-	token, err := readToken(filepath.Dir(l.Addr().String()))
+	token, err := localsock.Token(l.Addr().String())
 	if err != nil {
 		l.Close()
 		return fmt.Errorf("fd store: the socket's token (was the socket opened by Listen?): %w", err)
@@ -208,40 +161,14 @@ func (s *Store) admit(c *net.UnixConn, buf, oob []byte, token string) error {
 			unix.Close(fd)
 		}
 	}
-	cred, err := peerCred(c)
-	if err != nil {
-		return refuse("%v", err)
-	}
-	if want := uint32(os.Geteuid()); cred.Uid != want {
-		return refuse("peer pid %d has uid %d, not the store's %d", cred.Pid, cred.Uid, want)
-	}
-	got, ok := strings.CutPrefix(string(buf[:n]), "AUTH ")
-	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
-		return refuse("peer pid %d did not present the token of the socket's directory", cred.Pid)
+	presented, _ := strings.CutPrefix(string(buf[:n]), "AUTH ")
+	if err := localsock.Check(c, presented, token); err != nil {
+		return refuse("%w", err)
 	}
 	if _, _, err := c.WriteMsgUnix([]byte("OK"), nil, nil); err != nil {
-		return fmt.Errorf("peer pid %d: %w", cred.Pid, err)
+		return err
 	}
 	return nil
-}
-
-// peerCred is the connecting process's credentials, as the kernel recorded them at connect.
-func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return nil, fmt.Errorf("peer credentials: %w", err)
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, fmt.Errorf("peer credentials: %w", err)
-	}
-	if cerr != nil {
-		return nil, fmt.Errorf("peer credentials: %w", cerr)
-	}
-	return cred, nil
 }
 
 // handle answers one request; fds are the descriptors it came with, which handle owns.
@@ -385,7 +312,7 @@ func (c Client) do(req string, fd int) (string, int, error) {
 		timeout = 5 * time.Second
 	}
 	path := c.Path
-	token, err := readToken(filepath.Dir(path))
+	token, err := localsock.Token(path)
 	if err != nil {
 		return "", -1, fmt.Errorf("fd store at %s: its token: %w", path, err)
 	}

@@ -47,18 +47,30 @@ func BenchmarkWriteSequential1MiB(b *testing.B) { benchWrites(b, 1<<20, false) }
 func BenchmarkWriteRandom4KiB(b *testing.B)     { benchWrites(b, 4<<10, true) }
 
 // BenchmarkRead1MiB reads a replica (in the page cache) 1 MiB at a time, 16 in flight, over
-// the link a target uses, and reports it against a floor of the same run: the same reads of
-// the same file with pread, what a reader of the replica's file itself would do
-// (floor-MB/s, and link/floor, the share of it the link keeps).
+// each link a target uses (TLS; the local socket, for the replica on the target's node),
+// and reports it against a floor of the same run: the same reads of the same file with
+// pread, what a reader of the replica's file itself would do (floor-MB/s, and link/floor,
+// the share of it the link keeps).
 func BenchmarkRead1MiB(b *testing.B) {
+	for _, link := range []string{"tls", "local"} {
+		b.Run("link="+link, func(b *testing.B) { benchRead1MiB(b, link == "local") })
+	}
+}
+
+func benchRead1MiB(b *testing.B, local bool) {
 	const size = 64 << 20
 	pki := newTestPKI(b)
 	n := newTestNode(b, pki, "node-a")
+	n.local = local
 	n.create("ns/r", size)
 	fillFile(b, n.path("ns/r"), 1, Extent{0, size})
 	n.start()
 	ctx := ctxT(b)
-	r := n.dial(b).Replica("ns/r")
+	conn := n.dial
+	if local {
+		conn = n.dialLocal
+	}
+	r := conn(b).Replica("ns/r")
 	f, err := os.Open(n.path("ns/r"))
 	if err != nil {
 		b.Fatal(err)

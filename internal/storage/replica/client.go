@@ -12,9 +12,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/crdipc/crdipc/internal/localsock"
 )
 
-// Conn is one pipelined, mutually authenticated connection to a replica server. Any number
+// Conn is one pipelined, mutually authenticated connection to a replica server (over TLS,
+// or over the node's local socket, DialLocal). Any number
 // of goroutines may use it at once; their requests share the connection and complete in
 // whatever order the server finishes them.
 type Conn struct {
@@ -71,6 +74,33 @@ func Dial(ctx context.Context, addr string, tlsConf *tls.Config) (*Conn, error) 
 	if err != nil {
 		return nil, fmt.Errorf("dialing replica server %s: %w", addr, err)
 	}
+	c := newConn(addr, nc)
+	// In TLS 1.3 the server checks the client certificate after the client considers the
+	// handshake done; a round trip surfaces its verdict.
+	if _, err := c.roundTrip(ctx, &call{h: reqHeader{op: opPing}}); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("replica server %s refused the connection: %w", addr, err)
+	}
+	return c, nil
+}
+
+// DialLocal connects to the replica server of this node on its local socket at path
+// (ServerOptions.LocalSocket), without TLS, presenting the token beside the socket. node is
+// the node whose server the caller means: a socket that answers for another is refused.
+func DialLocal(ctx context.Context, path, node string) (*Conn, error) {
+	uc, hello, err := localsock.Dial(ctx, path)
+	if err != nil {
+		return nil, fmt.Errorf("dialing the local replica server: %w", err)
+	}
+	if hello != node {
+		uc.Close()
+		return nil, fmt.Errorf("the replica server on the local socket %s serves node %q, not %q", path, hello, node)
+	}
+	// Admitted: the server answered the handshake, so no ping is needed to learn its verdict.
+	return newConn("unix:"+path, uc), nil
+}
+
+func newConn(addr string, nc net.Conn) *Conn {
 	c := &Conn{
 		addr:    addr,
 		nc:      nc,
@@ -79,13 +109,7 @@ func Dial(ctx context.Context, addr string, tlsConf *tls.Config) (*Conn, error) 
 	c.w = newFrameWriter(nc, writeCall, func(cl *call) { putBuf(cl.buf) }, c.fail)
 	c.wg.Add(1)
 	go c.readLoop()
-	// In TLS 1.3 the server checks the client certificate after the client considers the
-	// handshake done; a round trip surfaces its verdict.
-	if _, err := c.roundTrip(ctx, &call{h: reqHeader{op: opPing}}); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("replica server %s refused the connection: %w", addr, err)
-	}
-	return c, nil
+	return c
 }
 
 // Close closes the connection; calls in flight fail with ErrClosed. A writer session held

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
 
 var loopback = net.ParseIP("127.0.0.1")
@@ -59,6 +61,23 @@ type testNode struct {
 	done   chan error
 	tweak  func(*Server)
 	wrap   func(net.Listener) net.Listener // wraps the listener, if set
+	local  bool                            // also serve the local socket (localPath)
+}
+
+// localPath is where the node serves its local socket when local is set.
+func (n *testNode) localPath() string { return filepath.Join(n.dir, "local", "replica.sock") }
+
+// dialLocal connects over the node's local socket.
+func (n *testNode) dialLocal(t testing.TB) *Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := DialLocal(ctx, n.localPath(), n.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 func newTestNode(t testing.TB, pki *testPKI, name string) *testNode {
@@ -103,6 +122,9 @@ func (n *testNode) start() {
 		},
 		TLS: ServerTLSConfig(n.pki.ca.Pool(), cert),
 	})
+	if n.local {
+		n.srv.o.LocalSocket, n.srv.o.LocalPeer = n.localPath(), "csi-node:"+n.name
+	}
 	if n.tweak != nil {
 		n.tweak(n.srv)
 	}
@@ -119,6 +141,13 @@ func (n *testNode) start() {
 	n.done = make(chan error, 1)
 	go func() { n.done <- n.srv.Serve(ctx, l) }()
 	n.t.Cleanup(n.stop)
+	if n.local {
+		// Serve opens the local socket as it starts: wait for it, as a target would retry.
+		wait.Eventually(n.t, 10*time.Second, "the local socket", func(context.Context) (bool, error) {
+			_, err := os.Stat(n.localPath())
+			return err == nil, nil
+		})
+	}
 }
 
 // stop ends Serve and waits for it; a stopped node can start again on the same files.

@@ -27,30 +27,110 @@ import (
 // run, the three 4 KiB pwrites a write needs and nothing else; cpu/floor is their ratio.
 // reads/write and writes/write count the servers' socket system calls per write: fewer
 // than one each means requests and replies shared their TLS records and system calls.
+//
+// link=tls reaches all three replicas over TLS; link=local reaches the first, the replica on
+// the target's node, over its server's local socket, as a node plugin does (LocalMember).
+// With link=local the socket calls counted are the two TLS servers' only.
 func BenchmarkEngineRandomWrite4KiB(b *testing.B) {
-	for _, inflight := range []int{1, 4, 16} {
-		b.Run(fmt.Sprintf("inflight=%d", inflight), func(b *testing.B) {
-			var calls sockCalls
-			c := newClusterWrapped(b, calls.wrap)
+	for _, link := range []string{"tls", "local"} {
+		for _, inflight := range []int{1, 4, 16} {
+			b.Run(fmt.Sprintf("link=%s/inflight=%d", link, inflight), func(b *testing.B) {
+				var calls sockCalls
+				c := newClusterWrapped(b, calls.wrap, link == "local")
+				c.startEngine()
+				floor := floorOfWrites(b, inflight)
+				b.SetBytes(4096)
+				buf := make([]byte, 4096)
+				before := calls.snapshot()
+				b.ResetTimer()
+				cpu := inFlight(b, inflight, b.N, func(rng *rand.Rand) error {
+					_, err := c.e.WriteAt(buf, rng.Int64N(itSize/4096)*4096)
+					return err
+				})
+				b.StopTimer()
+				after := calls.snapshot()
+				perWrite := float64(cpu.Microseconds()) / float64(b.N)
+				b.ReportMetric(perWrite, "cpu-µs/write")
+				b.ReportMetric(floor, "floor-µs/write")
+				b.ReportMetric(perWrite/floor, "cpu/floor")
+				b.ReportMetric(float64(after.reads-before.reads)/float64(b.N), "reads/write")
+				b.ReportMetric(float64(after.writes-before.writes)/float64(b.N), "writes/write")
+				c.checkLink(b, link == "local")
+			})
+		}
+	}
+}
+
+// BenchmarkEngineRead1MiB reads the volume 1 MiB at a time, 16 in flight, through the
+// engine, which reads the replica on its own node (member 0): over TLS (link=tls) or over
+// the local socket (link=local). floor-MB/s is pread of the same replica file in the same
+// run, and link/floor the share of it the engine keeps.
+func BenchmarkEngineRead1MiB(b *testing.B) {
+	for _, link := range []string{"tls", "local"} {
+		b.Run("link="+link, func(b *testing.B) {
+			c := newClusterWrapped(b, nil, link == "local")
 			c.startEngine()
-			floor := floorOfWrites(b, inflight)
-			b.SetBytes(4096)
-			buf := make([]byte, 4096)
-			before := calls.snapshot()
+			data := make([]byte, itSize)
+			for i := range data {
+				data[i] = byte(i * 7)
+			}
+			if _, err := c.e.WriteAt(data, 0); err != nil {
+				b.Fatal(err)
+			}
+			f, err := os.Open(c.nodes[0].path(c.ids[0]))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer f.Close()
+			const block = 1 << 20
+			read := func(n int, readAt func([]byte, int64) error) time.Duration {
+				var seq atomic.Int64
+				start := time.Now()
+				var wg sync.WaitGroup
+				var left atomic.Int64
+				left.Store(int64(n))
+				for range 16 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						buf := make([]byte, block)
+						for left.Add(-1) >= 0 {
+							if err := readAt(buf, (seq.Add(1)%(itSize/block))*block); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				return time.Since(start)
+			}
+			floor := read(max(b.N, 1000), func(p []byte, off int64) error {
+				_, err := f.ReadAt(p, off)
+				return err
+			})
+			floorMBs := float64(max(b.N, 1000)) * block / 1e6 / floor.Seconds()
+			b.SetBytes(block)
 			b.ResetTimer()
-			cpu := inFlight(b, inflight, b.N, func(rng *rand.Rand) error {
-				_, err := c.e.WriteAt(buf, rng.Int64N(itSize/4096)*4096)
+			took := read(b.N, func(p []byte, off int64) error {
+				_, err := c.e.ReadAt(p, off)
 				return err
 			})
 			b.StopTimer()
-			after := calls.snapshot()
-			perWrite := float64(cpu.Microseconds()) / float64(b.N)
-			b.ReportMetric(perWrite, "cpu-µs/write")
-			b.ReportMetric(floor, "floor-µs/write")
-			b.ReportMetric(perWrite/floor, "cpu/floor")
-			b.ReportMetric(float64(after.reads-before.reads)/float64(b.N), "reads/write")
-			b.ReportMetric(float64(after.writes-before.writes)/float64(b.N), "writes/write")
+			mbs := float64(b.N) * block / 1e6 / took.Seconds()
+			b.ReportMetric(floorMBs, "floor-MB/s")
+			b.ReportMetric(mbs/floorMBs, "link/floor")
+			c.checkLink(b, link == "local")
 		})
+	}
+}
+
+// checkLink fails b unless member 0 was reached over its local socket (local) or never
+// (TLS alone): a benchmark of the local link that fell back to TLS measures the wrong thing.
+func (c *cluster) checkLink(b *testing.B, local bool) {
+	b.Helper()
+	if l, t := c.localDials.Load(), c.tlsDials.Load(); local && (l == 0 || t != 0) || !local && l != 0 {
+		b.Fatalf("member 0 dialed %d times over its local socket and %d over TLS", l, t)
 	}
 }
 

@@ -266,7 +266,10 @@ func runKillTrial(t *testing.T, seed uint64) chaosStats {
 	stopWriters()
 	kt.stats.acked, kt.stats.failed = kt.acks.Load(), kt.fails.Load()
 	kt.verify()
-	t.Logf("%s in %v", kt.stats, time.Since(start).Round(time.Millisecond))
+	t.Logf("%s in %v; node-0's replica reached %d times over its local socket, %d over TLS", kt.stats, time.Since(start).Round(time.Millisecond), kt.c.localDials.Load(), kt.c.tlsDials.Load())
+	if kt.c.localDials.Load() == 0 {
+		t.Error("the target never reached the replica on its node over the local socket")
+	}
 	return kt.stats
 }
 

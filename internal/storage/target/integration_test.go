@@ -37,8 +37,12 @@ type node struct {
 	done   chan error
 	opts   func(*replica.ServerOptions)    // adjusts the server's options, if set
 	wrap   func(net.Listener) net.Listener // wraps the server's listener, if set
+	local  bool                            // also serves its local socket (localSocket)
 	srv    *replica.Server                 // while started
 }
+
+// localSocket is where the node serves its local socket when local is set.
+func (n *node) localSocket() string { return filepath.Join(n.dir, "replica.sock") }
 
 func (n *node) path(id string) string {
 	ns, name, _ := strings.Cut(id, "/")
@@ -81,6 +85,9 @@ func (n *node) start() {
 			return replica.Location{Data: n.path(id)}, nil
 		},
 		TLS: replica.ServerTLSConfig(n.ca.Pool(), cert),
+	}
+	if n.local {
+		o.LocalSocket, o.LocalPeer = n.localSocket(), "target"
 	}
 	if n.opts != nil {
 		n.opts(&o)
@@ -141,19 +148,24 @@ type cluster struct {
 	ids     []string
 	client  *tls.Config
 	members []Member
-	exp     []byte
-	e       *Engine
-	h       *harness // for waitStates
+	// localDials and tlsDials count the connections to member 0, the replica on the
+	// target's node, over its local socket and over TLS.
+	localDials, tlsDials atomic.Int64
+	exp                  []byte
+	e                    *Engine
+	h                    *harness // for waitStates
 }
 
 // newCluster starts three replica servers, each with an empty replica of itSize; opts, if
-// given, adjusts every server's options.
+// given, adjusts every server's options. Member 0 is the replica on the target's node,
+// reached over its server's local socket as a node plugin reaches it.
 func newCluster(t testing.TB, opts ...func(*replica.ServerOptions)) *cluster {
-	return newClusterWrapped(t, nil, opts...)
+	return newClusterWrapped(t, nil, true, opts...)
 }
 
-// newClusterWrapped is newCluster with every server's listener wrapped by wrap.
-func newClusterWrapped(t testing.TB, wrap func(net.Listener) net.Listener, opts ...func(*replica.ServerOptions)) *cluster {
+// newClusterWrapped is newCluster with every server's listener wrapped by wrap, and member
+// 0 reached over TLS like the others unless local.
+func newClusterWrapped(t testing.TB, wrap func(net.Listener) net.Listener, local bool, opts ...func(*replica.ServerOptions)) *cluster {
 	ca, err := replica.NewCA()
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +176,7 @@ func newClusterWrapped(t testing.TB, wrap func(net.Listener) net.Listener, opts 
 	}
 	c := &cluster{t: t, client: replica.ClientTLSConfig(ca.Pool(), cert), exp: make([]byte, itSize)}
 	for i := range 3 {
-		n := &node{t: t, name: fmt.Sprintf("node-%d", i), dir: t.TempDir(), ca: ca, wrap: wrap}
+		n := &node{t: t, name: fmt.Sprintf("node-%d", i), dir: t.TempDir(), ca: ca, wrap: wrap, local: local && i == 0}
 		n.opts = func(so *replica.ServerOptions) {
 			for _, o := range opts {
 				o(so)
@@ -175,7 +187,22 @@ func newClusterWrapped(t testing.TB, wrap func(net.Listener) net.Listener, opts 
 		n.start()
 		t.Cleanup(n.stop)
 		c.nodes, c.ids = append(c.nodes, n), append(c.ids, id)
-		c.members = append(c.members, RemoteMember(id, n.addr, c.client, i == 0))
+		if !n.local {
+			c.members = append(c.members, RemoteMember(id, n.addr, c.client, i == 0))
+			continue
+		}
+		c.members = append(c.members, LocalMember(id, n.addr, c.client, LocalLink{Socket: n.localSocket(), Node: n.name, Dialed: func(localErr error) {
+			if localErr != nil {
+				c.tlsDials.Add(1)
+				return
+			}
+			c.localDials.Add(1)
+		}}))
+		// Serve opens its local socket as it starts; the engine's first dial should find it.
+		wait.Eventually(t, 10*time.Second, "node-0's local socket", func(context.Context) (bool, error) {
+			_, err := os.Stat(n.localSocket())
+			return err == nil, nil
+		})
 	}
 	return c
 }

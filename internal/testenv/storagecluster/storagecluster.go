@@ -49,6 +49,12 @@ type Cluster struct {
 	Supervisor *agent.Supervisor
 }
 
+// LocalReplicaSocket is where node's pool agent serves its replicas to the node's CSI
+// plugin (driver.Options.LocalReplicaSocket), as on a real node.
+func (c *Cluster) LocalReplicaSocket(node string) string {
+	return agent.LocalSocket(filepath.Join(c.Root, node))
+}
+
 // Start runs the operator, o.Nodes simulated nodes and their pool agents until the test
 // ends, and returns once every node's agent holds its node Lease. At the end, after the
 // manager has stopped, the Nodes node-1 … node-N are deleted, so the next test of the
