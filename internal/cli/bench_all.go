@@ -168,7 +168,7 @@ func startBenchStorage(ctx context.Context, cfg *rest.Config, nodes int, dir str
 	var stop func()
 	endpoint := ""
 	if withDriver {
-		stop, endpoint, err = startVolumeServices(ctx, cfg, nodes, work)
+		stop, endpoint, err = startVolumeServices(ctx, cfg, nodes, work, nil)
 	} else {
 		stop, err = startStorage(ctx, cfg, nodes, filepath.Join(work, "nodes"))
 	}

@@ -89,7 +89,7 @@ up to 3x, so one run against another says nothing.`,
 				defer removeUnmounted(cmd.ErrOrStderr(), work)
 				o.Dir = work
 				if target.kubeconfig == "" {
-					stop, endpoint, err := startVolumeServices(ctx, cfg, nodes, work)
+					stop, endpoint, err := startVolumeServices(ctx, cfg, nodes, work, cmd.ErrOrStderr())
 					if err != nil {
 						return nil, err
 					}
@@ -151,8 +151,9 @@ func (bytesFlag) Type() string { return "quantity" }
 
 // startVolumeServices runs in this process what bench storage runs, with the nodes' pools
 // under root (on the disk of the local-file baseline), and the CSI driver serving node-1 on
-// a socket under root.
-func startVolumeServices(ctx context.Context, cfg *rest.Config, nodes int, root string) (stop func(), endpoint string, err error) {
+// a socket under root. stop tells report (if not nil) how node-1's target reached the
+// replica on its node: the link a run measured.
+func startVolumeServices(ctx context.Context, cfg *rest.Config, nodes int, root string, report io.Writer) (stop func(), endpoint string, err error) {
 	storageDir := filepath.Join(root, "nodes")
 	stopStorage, err := startStorage(ctx, cfg, nodes, storageDir)
 	if err != nil {
@@ -167,7 +168,8 @@ func startVolumeServices(ctx context.Context, cfg *rest.Config, nodes int, root 
 	// Staging and target paths are under root too: it is the kubelet root.
 	// node-1's target reaches the replica on node-1 as a node plugin does: over its pool
 	// agent's local socket.
-	d, err := driver.New(driver.Options{Config: cfg, NodeID: "node-1", TargetDir: filepath.Join(root, "targets"), KubeletRoot: root, Registerer: prometheus.NewRegistry(),
+	reg := prometheus.NewRegistry()
+	d, err := driver.New(driver.Options{Config: cfg, NodeID: "node-1", TargetDir: filepath.Join(root, "targets"), KubeletRoot: root, Registerer: reg,
 		LocalReplicaSocket: services.LocalReplicaSocket(storageDir, "node-1")})
 	if err != nil {
 		stopStorage()
@@ -185,6 +187,24 @@ func startVolumeServices(ctx context.Context, cfg *rest.Config, nodes int, root 
 		cancel()
 		<-done
 		stopStorage()
+		if report != nil {
+			links := map[string]float64{}
+			if mfs, err := reg.Gather(); err == nil {
+				for _, mf := range mfs {
+					if mf.GetName() != "crdipc_csi_local_replica_connections_total" {
+						continue
+					}
+					for _, m := range mf.GetMetric() {
+						for _, l := range m.GetLabel() {
+							if l.GetName() == "link" {
+								links[l.GetValue()] += m.GetCounter().GetValue()
+							}
+						}
+					}
+				}
+			}
+			fmt.Fprintf(report, "bench: node-1's target reached the replica on its node %v times over the local socket, %v over TLS\n", links["socket"], links["tls"])
+		}
 	}, endpoint, nil
 }
 
