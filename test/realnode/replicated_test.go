@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // fioArgs is the data checker: fio writes the file in 64 KiB blocks, each with a crc32c
@@ -63,6 +68,19 @@ spec:
 		return n >= 8<<20, fmt.Sprintf("%d bytes allocated", n)
 	})
 	phase("3-replica volume, fio writing from real-1")
+	// real-1's target reaches the replica on real-1 over the pool agent's local socket
+	// (config/csi/node.yaml mounts it). The plugin's earlier volumes may have fallen back
+	// to TLS while an agent restarted: those are logged, not failed.
+	c.poll(t, time.Minute, "real-1's node plugin counting connections over its local replica socket", func() (bool, string) {
+		links, err := c.localReplicaLinks(a.name)
+		if err != nil {
+			return false, err.Error()
+		}
+		return links["socket"] >= 1, fmt.Sprintf("crdipc_csi_local_replica_connections_total by link: %v", links)
+	})
+	if links, err := c.localReplicaLinks(a.name); err == nil {
+		t.Logf("real-1's node plugin reached the replica on its node: %v", links)
+	}
 	// docs/deploy.md's harness block loses real-2 with this very command.
 	kill := "hack/realnode.sh kill --dir " + b.dir()
 	if doc := c.doc.commandCode(t, "hack/realnode.sh kill"); doc != kill {
@@ -353,4 +371,34 @@ func (c *cluster) testDataPathIdentities(t *testing.T, nodes ...realNode) {
 			t.Errorf("daemonset %s mounts the Secret(s) %s", name, secrets)
 		}
 	}
+}
+
+// localReplicaLinks is crdipc_csi_local_replica_connections_total by link, from the /metrics
+// of the CSI node plugin on node.
+func (c *cluster) localReplicaLinks(node string) (map[string]float64, error) {
+	ip, err := exec.Command("kubectl", "--kubeconfig", c.kubeconfig, "-n", "crdipc-system", "get", "pods", "-l", "app.kubernetes.io/name=crdipc-csi-node",
+		"--field-selector", "spec.nodeName="+node, "-o", "jsonpath={.items[0].status.podIP}").Output()
+	if err != nil || len(ip) == 0 {
+		return nil, fmt.Errorf("the node plugin's pod IP on %s: %q, %v", node, ip, err)
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	res, err := client.Get("http://" + net.JoinHostPort(string(ip), "9808") + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(res.Body)
+	if err != nil {
+		return nil, err
+	}
+	links := map[string]float64{}
+	for _, m := range mfs["crdipc_csi_local_replica_connections_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "link" {
+				links[l.GetValue()] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return links, nil
 }

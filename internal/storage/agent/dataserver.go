@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	storagev1alpha1 "github.com/crdipc/crdipc/api/storage/v1alpha1"
+	"github.com/crdipc/crdipc/internal/localsock"
 	"github.com/crdipc/crdipc/internal/storage/backend"
 	"github.com/crdipc/crdipc/internal/storage/dataca"
 	"github.com/crdipc/crdipc/internal/storage/replica"
@@ -103,12 +104,24 @@ func (d *dataServer) NeedLeaderElection() bool { return true }
 // advertises), serves until ctx ends and renews the certificate meanwhile.
 func (d *dataServer) Start(ctx context.Context) error {
 	defer d.closeConns()
+	// The local socket first: from here on the node plugin's dials there wait to be served
+	// (as those to the TCP listener do) instead of finding no socket and taking TLS.
+	var local *localsock.Listener
+	if d.localSocket != "" {
+		var err error
+		if local, err = localsock.Listen("unix", d.localSocket); err != nil {
+			d.log.Error(err, "not serving replicas on the local socket: the node plugin reaches them over TLS", "socket", d.localSocket)
+		}
+	}
 	host, _, _ := net.SplitHostPort(d.endpoint)
 	id, err := dataca.Obtain(ctx, d.kube, dataca.Request{
 		Role: dataca.RoleNode, Node: d.node, IPs: []net.IP{net.ParseIP(host)}, Namespace: d.namespace, Logger: d.log,
 	})
 	if err != nil {
 		d.ln.Close()
+		if local != nil {
+			local.Close()
+		}
 		return nil // ctx ended
 	}
 	go id.Run(ctx)
@@ -120,7 +133,7 @@ func (d *dataServer) Start(ctx context.Context) error {
 	srv := replica.NewServer(replica.ServerOptions{Node: d.node, Lookup: d.lookup, Authorize: d.authorize, TLS: serverTLS, ClientTLS: clientTLS, Logger: d.log,
 		// Only the node's CSI plugin mounts the socket's directory: a connection there is
 		// its target, which Authorize lets use the volumes published to this node.
-		LocalSocket: d.localSocket, LocalPeer: dataca.CommonName(dataca.RoleCSINode, d.node)})
+		Local: local, LocalPeer: dataca.CommonName(dataca.RoleCSINode, d.node)})
 	d.mu.Lock()
 	d.srv = srv
 	d.mu.Unlock()

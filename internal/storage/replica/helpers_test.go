@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/crdipc/crdipc/internal/testenv/wait"
+	"github.com/crdipc/crdipc/internal/localsock"
 )
 
 var loopback = net.ParseIP("127.0.0.1")
@@ -123,7 +123,11 @@ func (n *testNode) start() {
 		TLS: ServerTLSConfig(n.pki.ca.Pool(), cert),
 	})
 	if n.local {
-		n.srv.o.LocalSocket, n.srv.o.LocalPeer = n.localPath(), "csi-node:"+n.name
+		ll, err := localsock.Listen("unix", n.localPath())
+		if err != nil {
+			n.t.Fatal(err)
+		}
+		n.srv.o.Local, n.srv.o.LocalPeer = ll, "csi-node:"+n.name
 	}
 	if n.tweak != nil {
 		n.tweak(n.srv)
@@ -141,13 +145,6 @@ func (n *testNode) start() {
 	n.done = make(chan error, 1)
 	go func() { n.done <- n.srv.Serve(ctx, l) }()
 	n.t.Cleanup(n.stop)
-	if n.local {
-		// Serve opens the local socket as it starts: wait for it, as a target would retry.
-		wait.Eventually(n.t, 10*time.Second, "the local socket", func(context.Context) (bool, error) {
-			_, err := os.Stat(n.localPath())
-			return err == nil, nil
-		})
-	}
 }
 
 // stop ends Serve and waits for it; a stopped node can start again on the same files.

@@ -164,21 +164,3 @@ func TestLocalSocketEndsWithServe(t *testing.T) {
 		t.Fatalf("open over the new socket: %+v, %v (the dropped session leaves the replica dirty)", info, err)
 	}
 }
-
-// TestServeWithoutTheLocalSocket: a local socket Serve cannot open (here a path longer than
-// a Unix socket may have) leaves the TLS listener serving: the target falls back to it.
-func TestServeWithoutTheLocalSocket(t *testing.T) {
-	pki := newTestPKI(t)
-	n := newTestNode(t, pki, "node-a")
-	n.create("ns/r1", 1<<20)
-	long := n.dir + "/" + strings.Repeat("x", 120) + "/replica.sock"
-	n.tweak = func(s *Server) { s.o.LocalSocket, s.o.LocalPeer = long, "csi-node:node-a" }
-	n.start()
-	ctx := ctxT(t)
-	if _, err := n.dial(t).Replica("ns/r1").Info(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := DialLocal(ctx, long, "node-a"); err == nil {
-		t.Fatal("dialed a local socket that cannot exist")
-	}
-}

@@ -39,17 +39,17 @@ type ServerOptions struct {
 	// ClientTLS is used to dial rebuild sources. Nil: TLS's certificate, trusting TLS's
 	// ClientCAs (certificates from CA.Issue serve both roles).
 	ClientTLS *tls.Config
-	// LocalSocket, when set, is where Serve also serves the target on this node: a Unix
-	// stream socket without TLS in a directory that only the node's privileged components
-	// mount (localsock.Listen makes it 0700 and writes the token a client must present,
-	// from a process of the server's own user). A 1 MiB read costs a third of what it does
-	// over TLS on loopback (BenchmarkRead1MiB), and the peer is named by the kernel rather
-	// than by a certificate. Everything else is as on Serve's listener: sessions, fencing,
-	// rebuilds, snapshots. If Serve cannot listen there it logs why and serves TLS alone
-	// (the target then dials TLS too).
-	LocalSocket string
-	// LocalPeer is who a connection on LocalSocket is to Authorize: the common name of
-	// this node's CSI plugin, the only client that mounts the socket's directory.
+	// Local, when set, is where Serve also serves the target on this node: a Unix stream
+	// socket without TLS that localsock.Listen opened in a directory only the node's
+	// privileged components mount (0700, with the token a client must present, from a
+	// process of the server's own user). A 1 MiB read costs a third of what it does over
+	// TLS on loopback (BenchmarkRead1MiB), and the peer is named by the kernel rather than
+	// by a certificate. Everything else is as on Serve's listener: sessions, fencing,
+	// rebuilds, snapshots. Serve closes it when it returns. Opened before Serve runs (as
+	// the TCP listener is), it queues connections meanwhile rather than refusing them.
+	Local *localsock.Listener
+	// LocalPeer is who a connection on Local is to Authorize: the common name of this
+	// node's CSI plugin, the only client that mounts the socket's directory.
 	LocalPeer string
 	// Logger; the zero value discards.
 	Logger logr.Logger
@@ -168,16 +168,11 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
 	s.log.Info("serving replicas", "addr", l.Addr().String())
-	if s.o.LocalSocket != "" {
-		ll, err := localsock.Listen("unix", s.o.LocalSocket)
-		if err != nil {
-			s.log.Error(err, "not serving replicas on the local socket: the target on this node reaches them over TLS", "socket", s.o.LocalSocket)
-		} else {
-			s.log.Info("serving replicas to this node's target", "socket", s.o.LocalSocket)
-			go s.acceptLocal(ll)
-			// Closed before Serve returns, so that its socket file is gone by then.
-			defer ll.Close()
-		}
+	if ll := s.o.Local; ll != nil {
+		s.log.Info("serving replicas to this node's target", "socket", ll.Addr().String())
+		go s.acceptLocal(ll)
+		// Closed before Serve returns, so that its socket file is gone by then.
+		defer ll.Close()
 	}
 	var err error
 	for {

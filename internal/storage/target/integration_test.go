@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crdipc/crdipc/internal/localsock"
 	"github.com/crdipc/crdipc/internal/storage/replica"
 	"github.com/crdipc/crdipc/internal/testenv/wait"
 )
@@ -87,7 +88,11 @@ func (n *node) start() {
 		TLS: replica.ServerTLSConfig(n.ca.Pool(), cert),
 	}
 	if n.local {
-		o.LocalSocket, o.LocalPeer = n.localSocket(), "target"
+		ll, err := localsock.Listen("unix", n.localSocket())
+		if err != nil {
+			n.t.Fatal(err)
+		}
+		o.Local, o.LocalPeer = ll, "target"
 	}
 	if n.opts != nil {
 		n.opts(&o)
@@ -198,11 +203,6 @@ func newClusterWrapped(t testing.TB, wrap func(net.Listener) net.Listener, local
 			}
 			c.localDials.Add(1)
 		}}))
-		// Serve opens its local socket as it starts; the engine's first dial should find it.
-		wait.Eventually(t, 10*time.Second, "node-0's local socket", func(context.Context) (bool, error) {
-			_, err := os.Stat(n.localSocket())
-			return err == nil, nil
-		})
 	}
 	return c
 }
