@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/crdipc/crdipc/internal/unixsocket"
 )
 
 // TokenFile is the name of the token file beside a socket.
@@ -26,13 +28,13 @@ const maxPath = len(unix.RawSockaddrUnix{}.Path) - 1
 // maxLine bounds a handshake line: "AUTH " and 64 hex digits, or an answer.
 const maxLine = 512
 
-// Listener is a socket Listen opened.
+// Listener is a socket Listen opened. Its Close removes the socket file only while it is
+// still its own (unixsocket): a successor (the next agent of a rollout) may have bound its
+// own there meanwhile.
 type Listener struct {
-	*net.UnixListener
+	*unixsocket.Listener
 	// Token is what a client must present.
 	Token string
-	path  string
-	file  os.FileInfo // the socket file as bound
 }
 
 // Listen opens a socket of network ("unix" or "unixpacket") at path, replacing a stale
@@ -54,32 +56,11 @@ func Listen(network, path string) (*Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("removing a stale socket: %w", err)
-	}
-	l, err := net.ListenUnix(network, &net.UnixAddr{Name: path, Net: network})
+	l, err := unixsocket.ListenNetwork(network, path)
 	if err != nil {
 		return nil, err
 	}
-	// Close removes the file only if it is still this socket's (below), not whatever path
-	// names then: a successor (the next agent of a rollout) may have bound its own there.
-	l.SetUnlinkOnClose(false)
-	fi, err := os.Lstat(path)
-	if err != nil {
-		l.Close()
-		return nil, err
-	}
-	return &Listener{UnixListener: l, Token: token, path: path, file: fi}, nil
-}
-
-// Close closes the listener and removes its socket file, unless another listener has
-// replaced it meanwhile.
-func (l *Listener) Close() error {
-	err := l.UnixListener.Close()
-	if fi, serr := os.Lstat(l.path); serr == nil && os.SameFile(fi, l.file) {
-		os.Remove(l.path)
-	}
-	return err
+	return &Listener{Listener: l, Token: token}, nil
 }
 
 // writeToken replaces dir's token with a new random one, atomically: a client reading it

@@ -119,31 +119,6 @@ func TestListenNarrowsTheDirectoryAndReplacesAStaleSocket(t *testing.T) {
 	}
 }
 
-// TestCloseLeavesASuccessorsSocket: a listener closed after another one took its path (the
-// agent of a rollout that stops after its successor started) leaves the successor's socket.
-func TestCloseLeavesASuccessorsSocket(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "s.sock")
-	old, err := Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	successor, err := Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve(t, successor, "new")
-	old.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, hello, err := Dial(ctx, path); err != nil || hello != "new" {
-		t.Fatalf("the successor's socket after its predecessor closed: %q, %v", hello, err)
-	}
-	successor.Close()
-	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("the socket file after its own listener closed: %v", err)
-	}
-}
-
 // TestRefusesOtherUsers: a process of another user is refused even when it can reach the
 // socket and read the token (SO_PEERCRED).
 func TestRefusesOtherUsers(t *testing.T) {

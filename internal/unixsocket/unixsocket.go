@@ -28,11 +28,14 @@ type Listener struct {
 // not stop cleanly, or by a predecessor that still runs and is to be replaced. Binding
 // needs the name free, and a watcher of the directory (the kubelet's plugin watcher) sees
 // the new socket created. The directory must exist.
-func Listen(path string) (*Listener, error) {
+func Listen(path string) (*Listener, error) { return ListenNetwork("unix", path) }
+
+// ListenNetwork is Listen for network "unix" (a stream socket) or "unixpacket".
+func ListenNetwork(network, path string) (*Listener, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing stale socket: %w", err)
 	}
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	l, err := net.ListenUnix(network, &net.UnixAddr{Name: path, Net: network})
 	if err != nil {
 		return nil, err
 	}
