@@ -188,22 +188,25 @@ func startVolumeServices(ctx context.Context, cfg *rest.Config, nodes int, root 
 		<-done
 		stopStorage()
 		if report != nil {
-			links := map[string]float64{}
+			links := map[string]map[string]float64{"link": {}, "reads": {}}
 			if mfs, err := reg.Gather(); err == nil {
 				for _, mf := range mfs {
-					if mf.GetName() != "crdipc_csi_local_replica_connections_total" {
+					switch mf.GetName() {
+					case "crdipc_csi_local_replica_connections_total", "crdipc_csi_local_replica_sessions_total":
+					default:
 						continue
 					}
 					for _, m := range mf.GetMetric() {
 						for _, l := range m.GetLabel() {
-							if l.GetName() == "link" {
-								links[l.GetValue()] += m.GetCounter().GetValue()
+							if by := links[l.GetName()]; by != nil {
+								by[l.GetValue()] += m.GetCounter().GetValue()
 							}
 						}
 					}
 				}
 			}
-			fmt.Fprintf(report, "bench: node-1's target reached the replica on its node %v times over the local socket, %v over TLS\n", links["socket"], links["tls"])
+			fmt.Fprintf(report, "bench: node-1's target reached the replica on its node %v times over the local socket, %v over TLS; it read it through its file in %v sessions, over the socket in %v\n",
+				links["link"]["socket"], links["link"]["tls"], links["reads"]["file"], links["reads"]["socket"])
 		}
 	}, endpoint, nil
 }

@@ -217,3 +217,27 @@ func readLine(c net.Conn) (string, error) {
 	}
 	return "", fmt.Errorf("a handshake line longer than %d bytes", maxLine)
 }
+
+// Rights returns the descriptors of the SCM_RIGHTS messages in oob, the control data of a
+// message read from a Unix socket, each made close-on-exec.
+func Rights(oob []byte) ([]int, error) {
+	if len(oob) == 0 {
+		return nil, nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("control message: %w", err)
+	}
+	var fds []int
+	for i := range msgs {
+		got, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			continue
+		}
+		for _, fd := range got {
+			unix.CloseOnExec(fd)
+		}
+		fds = append(fds, got...)
+	}
+	return fds, nil
+}

@@ -69,14 +69,15 @@ spec:
 	})
 	phase("3-replica volume, fio writing from real-1")
 	// real-1's target reaches the replica on real-1 over the pool agent's local socket
-	// (config/csi/node.yaml mounts it). The plugin's earlier volumes may have fallen back
-	// to TLS while an agent restarted: those are logged, not failed.
-	c.poll(t, time.Minute, "real-1's node plugin counting connections over its local replica socket", func() (bool, string) {
+	// (config/csi/node.yaml mounts it), and reads it through the descriptor of its file the
+	// agent hands over that socket. The plugin's earlier volumes may have fallen back to TLS
+	// while an agent restarted: those are logged, not failed.
+	c.poll(t, time.Minute, "real-1's node plugin counting connections over its local replica socket and sessions reading its file", func() (bool, string) {
 		links, err := c.localReplicaLinks(a.name)
 		if err != nil {
 			return false, err.Error()
 		}
-		return links["socket"] >= 1, fmt.Sprintf("crdipc_csi_local_replica_connections_total by link: %v", links)
+		return links["link:socket"] >= 1 && links["reads:file"] >= 1, fmt.Sprintf("the local replica's connections by link and sessions by reads: %v", links)
 	})
 	if links, err := c.localReplicaLinks(a.name); err == nil {
 		t.Logf("real-1's node plugin reached the replica on its node: %v", links)
@@ -373,8 +374,9 @@ func (c *cluster) testDataPathIdentities(t *testing.T, nodes ...realNode) {
 	}
 }
 
-// localReplicaLinks is crdipc_csi_local_replica_connections_total by link, from the /metrics
-// of the CSI node plugin on node.
+// localReplicaLinks is crdipc_csi_local_replica_connections_total by link and
+// crdipc_csi_local_replica_sessions_total by reads ("link:socket", "reads:file", …), from the
+// /metrics of the CSI node plugin on node.
 func (c *cluster) localReplicaLinks(node string) (map[string]float64, error) {
 	ip, err := exec.Command("kubectl", "--kubeconfig", c.kubeconfig, "-n", "crdipc-system", "get", "pods", "-l", "app.kubernetes.io/name=crdipc-csi-node",
 		"--field-selector", "spec.nodeName="+node, "-o", "jsonpath={.items[0].status.podIP}").Output()
@@ -393,10 +395,12 @@ func (c *cluster) localReplicaLinks(node string) (map[string]float64, error) {
 		return nil, err
 	}
 	links := map[string]float64{}
-	for _, m := range mfs["crdipc_csi_local_replica_connections_total"].GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "link" {
-				links[l.GetValue()] += m.GetCounter().GetValue()
+	for _, name := range []string{"crdipc_csi_local_replica_connections_total", "crdipc_csi_local_replica_sessions_total"} {
+		for _, m := range mfs[name].GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "link" || l.GetName() == "reads" {
+					links[l.GetName()+":"+l.GetValue()] += m.GetCounter().GetValue()
+				}
 			}
 		}
 	}

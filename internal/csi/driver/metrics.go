@@ -22,6 +22,7 @@ type metrics struct {
 	operations *prometheus.HistogramVec
 	takeovers  prometheus.Counter
 	localLinks *prometheus.CounterVec
+	localReads *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -45,6 +46,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "crdipc_csi_local_replica_connections_total",
 		Help: "Connections the targets of this node plugin opened to the replica on their own node, by link: socket (the pool agent's local socket, no TLS) or tls (the socket could not be used; the plugin logs why).",
 	}, []string{"link"}))
+	if err != nil {
+		return nil, err
+	}
+	m.localReads, err = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "crdipc_csi_local_replica_sessions_total",
+		Help: "Writer sessions the targets of this node plugin opened over the local socket on the replica on their own node, by how they read it: file (a read-only descriptor of the replica's file the pool agent handed over, one pread a read) or socket (the agent could not hand it; the plugin logs why).",
+	}, []string{"reads"}))
 	if err != nil {
 		return nil, err
 	}

@@ -240,6 +240,13 @@ func (d *Driver) members(vol *storagev1alpha1.CStorVolume, tlsConf *tls.Config) 
 					return
 				}
 				d.metrics.localLinks.WithLabelValues("socket").Inc()
+			}, Reading: func(fileErr error) {
+				if fileErr != nil {
+					d.metrics.localReads.WithLabelValues("socket").Inc()
+					d.log.Info("reading the replica on this node over its socket: the pool agent did not hand out its file", "volume", vol.Name, "replica", r.Name, "reason", fileErr.Error())
+					return
+				}
+				d.metrics.localReads.WithLabelValues("file").Inc()
 			}}))
 	}
 	return ms

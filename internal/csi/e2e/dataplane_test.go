@@ -202,6 +202,14 @@ func (w *world) testDataPlane(t *testing.T) {
 	if n, _ := metrics.Gather(t, ctrlmetrics.Registry).Sample("crdipc_csi_local_replica_connections_total", map[string]string{"link": "socket"}); n < 1 {
 		t.Errorf("node-1's target opened %v connections to its node's replica over the local socket, want at least 1", n)
 	}
+	// ... and read it through a descriptor of its file, never over the socket.
+	reads := metrics.Gather(t, ctrlmetrics.Registry)
+	if n, _ := reads.Sample("crdipc_csi_local_replica_sessions_total", map[string]string{"reads": "file"}); n < 1 {
+		t.Errorf("node-1's target read its node's replica through its file in %v sessions, want at least 1", n)
+	}
+	if n, _ := reads.Sample("crdipc_csi_local_replica_sessions_total", map[string]string{"reads": "socket"}); n != 0 {
+		t.Errorf("node-1's target read its node's replica over the socket in %v sessions, want 0 (the pool agent hands out the file)", n)
+	}
 
 	// Lose a replica's node (not node-1's, whose target writes): the volume is Degraded,
 	// with consistencyFactor replicas still Healthy, and writes go on.

@@ -120,7 +120,7 @@ func (s *Store) serveConn(c *net.UnixConn, token string) {
 		if err != nil || n == 0 {
 			return // the client went away
 		}
-		fds, err := rights(oob[:oobn])
+		fds, err := localsock.Rights(oob[:oobn])
 		reply, replyFD := "", -1
 		if err != nil {
 			reply = "ERR " + err.Error()
@@ -156,7 +156,7 @@ func (s *Store) admit(c *net.UnixConn, buf, oob []byte, token string) error {
 	if err != nil {
 		return err
 	}
-	if fds, _ := rights(oob[:oobn]); len(fds) > 0 {
+	if fds, _ := localsock.Rights(oob[:oobn]); len(fds) > 0 {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
@@ -245,28 +245,6 @@ func ValidName(name string) error {
 	return nil
 }
 
-func rights(oob []byte) ([]int, error) {
-	if len(oob) == 0 {
-		return nil, nil
-	}
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil, fmt.Errorf("control message: %w", err)
-	}
-	var fds []int
-	for i := range msgs {
-		got, err := unix.ParseUnixRights(&msgs[i])
-		if err != nil {
-			continue
-		}
-		for _, fd := range got {
-			unix.CloseOnExec(fd)
-		}
-		fds = append(fds, got...)
-	}
-	return fds, nil
-}
-
 // DefaultSocket is where config/csi's fd holder listens on the node: in a directory of its
 // own that only the holder and the CSI node plugin mount. (The holder of the commits before
 // listened in the pool agent's /var/lib/crdipc; no release had it: 0.2.0 has no holder.)
@@ -346,7 +324,7 @@ func (c Client) do(req string, fd int) (string, int, error) {
 	if err != nil {
 		return "", -1, fmt.Errorf("fd store at %s: %w", path, err)
 	}
-	fds, err := rights(roob[:oobn])
+	fds, err := localsock.Rights(roob[:oobn])
 	if err != nil {
 		return "", -1, fmt.Errorf("fd store at %s: %w", path, err)
 	}

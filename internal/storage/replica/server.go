@@ -467,6 +467,7 @@ func (c *serverConn) readLoop() error {
 	// Responses of the writes applied here, sent once no further request is buffered (the
 	// next read could wait), so that a burst of writes is answered in one flush.
 	var answered []outFrame
+	first := true // no request was read before this one
 	for {
 		if len(answered) > 0 && !frameBuffered(br) {
 			c.send(answered...)
@@ -507,6 +508,12 @@ func (c *serverConn) readLoop() error {
 				return err
 			}
 		}
+		if h.op == opFile && first && c.localToken != "" {
+			putBuf(buf)
+			// The connection ends with the answer: see sendFile.
+			return c.sendFile(h, id)
+		}
+		first = false
 		if h.op == opWrite && n <= maxInlineWrite {
 			if f, ok := c.handleInline(h, id, buf); ok {
 				answered = append(answered, f)
@@ -767,6 +774,13 @@ func (c *serverConn) do(r *replica, h reqHeader, payload []byte) (outFrame, erro
 			return outFrame{}, err
 		}
 		return outFrame{payload: data}, nil
+
+	case opFile:
+		// sendFile answers it where it may be asked.
+		if c.localToken == "" {
+			return outFrame{}, fmt.Errorf("a replica's file is handed out only on the local socket: %w", ErrForbidden)
+		}
+		return outFrame{}, fmt.Errorf("a replica's file is asked for as a connection's only request: %w", ErrInvalid)
 
 	case opRebuild:
 		addr, srcID, err := decodeRebuild(payload)

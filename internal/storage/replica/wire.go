@@ -31,6 +31,9 @@ const (
 	// Snapshots: the payload is the snapshot's name.
 	opSnapshot       uint8 = 10
 	opDeleteSnapshot uint8 = 11
+	// opFile asks, as the only request of a local-socket connection, for a read-only
+	// descriptor of the replica's data file (OpenLocalFile).
+	opFile uint8 = 12
 )
 
 // Request frame: u32 length of what follows, then reqHeaderLen bytes

@@ -28,15 +28,15 @@ import (
 // reads/write and writes/write count the servers' socket system calls per write: fewer
 // than one each means requests and replies shared their TLS records and system calls.
 //
-// link=tls reaches all three replicas over TLS; link=local reaches the first, the replica on
+// link=tls reaches all three replicas over TLS; link=file reaches the first, the replica on
 // the target's node, over its server's local socket, as a node plugin does (LocalMember).
-// With link=local the socket calls counted are the two TLS servers' only.
+// With link=file the socket calls counted are the two TLS servers' only.
 func BenchmarkEngineRandomWrite4KiB(b *testing.B) {
-	for _, link := range []string{"tls", "local"} {
+	for _, link := range []link{linkTLS, linkFile} {
 		for _, inflight := range []int{1, 4, 16} {
 			b.Run(fmt.Sprintf("link=%s/inflight=%d", link, inflight), func(b *testing.B) {
 				var calls sockCalls
-				c := newClusterWrapped(b, calls.wrap, link == "local")
+				c := newClusterWrapped(b, calls.wrap, link)
 				c.startEngine()
 				floor := floorOfWrites(b, inflight)
 				b.SetBytes(4096)
@@ -55,20 +55,21 @@ func BenchmarkEngineRandomWrite4KiB(b *testing.B) {
 				b.ReportMetric(perWrite/floor, "cpu/floor")
 				b.ReportMetric(float64(after.reads-before.reads)/float64(b.N), "reads/write")
 				b.ReportMetric(float64(after.writes-before.writes)/float64(b.N), "writes/write")
-				c.checkLink(b, link == "local")
+				c.checkLink(b, link)
 			})
 		}
 	}
 }
 
 // BenchmarkEngineRead1MiB reads the volume 1 MiB at a time, 16 in flight, through the
-// engine, which reads the replica on its own node (member 0): over TLS (link=tls) or over
-// the local socket (link=local). floor-MB/s is pread of the same replica file in the same
-// run, and link/floor the share of it the engine keeps.
+// engine, which reads the replica on its own node (member 0): over TLS (link=tls), over the
+// local socket (link=socket), or through a descriptor of the replica's file that the server
+// handed over that socket (link=file, as a node plugin reads). floor-MB/s is pread of the
+// same replica file in the same run, and link/floor the share of it the engine keeps.
 func BenchmarkEngineRead1MiB(b *testing.B) {
-	for _, link := range []string{"tls", "local"} {
-		b.Run("link="+link, func(b *testing.B) {
-			c := newClusterWrapped(b, nil, link == "local")
+	for _, link := range []link{linkTLS, linkSocket, linkFile} {
+		b.Run("link="+link.String(), func(b *testing.B) {
+			c := newClusterWrapped(b, nil, link)
 			c.startEngine()
 			data := make([]byte, itSize)
 			for i := range data {
@@ -120,17 +121,21 @@ func BenchmarkEngineRead1MiB(b *testing.B) {
 			mbs := float64(b.N) * block / 1e6 / took.Seconds()
 			b.ReportMetric(floorMBs, "floor-MB/s")
 			b.ReportMetric(mbs/floorMBs, "link/floor")
-			c.checkLink(b, link == "local")
+			c.checkLink(b, link)
 		})
 	}
 }
 
-// checkLink fails b unless member 0 was reached over its local socket (local) or never
-// (TLS alone): a benchmark of the local link that fell back to TLS measures the wrong thing.
-func (c *cluster) checkLink(b *testing.B, local bool) {
+// checkLink fails b unless member 0 was reached as l says: a benchmark of the local link
+// that fell back to TLS, or of the file that read over the socket, measures the wrong thing.
+func (c *cluster) checkLink(b *testing.B, l link) {
 	b.Helper()
-	if l, t := c.localDials.Load(), c.tlsDials.Load(); local && (l == 0 || t != 0) || !local && l != 0 {
-		b.Fatalf("member 0 dialed %d times over its local socket and %d over TLS", l, t)
+	local, tls, files := c.localDials.Load(), c.tlsDials.Load(), c.fileOpens.Load()
+	if l != linkTLS && (local == 0 || tls != 0) || l == linkTLS && local != 0 {
+		b.Fatalf("member 0 dialed %d times over its local socket and %d over TLS", local, tls)
+	}
+	if (l == linkFile) != (files > 0) {
+		b.Fatalf("member 0 read through its file in %d sessions, link=%s", files, l)
 	}
 }
 

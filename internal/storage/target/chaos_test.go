@@ -266,9 +266,12 @@ func runKillTrial(t *testing.T, seed uint64) chaosStats {
 	stopWriters()
 	kt.stats.acked, kt.stats.failed = kt.acks.Load(), kt.fails.Load()
 	kt.verify()
-	t.Logf("%s in %v; node-0's replica reached %d times over its local socket, %d over TLS", kt.stats, time.Since(start).Round(time.Millisecond), kt.c.localDials.Load(), kt.c.tlsDials.Load())
+	t.Logf("%s in %v; node-0's replica reached %d times over its local socket, %d over TLS, read through its file in %d sessions", kt.stats, time.Since(start).Round(time.Millisecond), kt.c.localDials.Load(), kt.c.tlsDials.Load(), kt.c.fileOpens.Load())
 	if kt.c.localDials.Load() == 0 {
 		t.Error("the target never reached the replica on its node over the local socket")
+	}
+	if kt.c.fileOpens.Load() == 0 {
+		t.Error("the target never read the replica on its node through its file")
 	}
 	return kt.stats
 }
@@ -753,8 +756,12 @@ func TestCrashDuringRebuildsThenNodesRestart(t *testing.T) {
 // The same in a running engine: after a crash its source is the only healthy replica while
 // the two others rebuild from it; the source's node restarts (the copiers fail). No replica
 // is healthy and only one is complete: the engine must take it back as the source.
+//
+// Member 0's reads go over its socket here: the engine is to notice the stopped source on a
+// read, and a read through the replica's file still succeeds while its server is down (the
+// file holds every write acknowledged, and the next write faults the replica).
 func TestSourceRestartsWhileTheOthersRebuild(t *testing.T) {
-	c := newCluster(t, func(o *replica.ServerOptions) {
+	c := newClusterWrapped(t, nil, linkSocket, func(o *replica.ServerOptions) {
 		o.RebuildChunk = 4 << 10
 		o.RebuildParallel = 1
 	})

@@ -156,21 +156,35 @@ type cluster struct {
 	// localDials and tlsDials count the connections to member 0, the replica on the
 	// target's node, over its local socket and over TLS.
 	localDials, tlsDials atomic.Int64
-	exp                  []byte
-	e                    *Engine
-	h                    *harness // for waitStates
+	// fileOpens counts the writer sessions on member 0 after which the engine reads its
+	// replica through a descriptor of the file (LocalLink.Reading).
+	fileOpens atomic.Int64
+	exp       []byte
+	e         *Engine
+	h         *harness // for waitStates
 }
 
 // newCluster starts three replica servers, each with an empty replica of itSize; opts, if
 // given, adjusts every server's options. Member 0 is the replica on the target's node,
 // reached over its server's local socket as a node plugin reaches it.
 func newCluster(t testing.TB, opts ...func(*replica.ServerOptions)) *cluster {
-	return newClusterWrapped(t, nil, true, opts...)
+	return newClusterWrapped(t, nil, linkFile, opts...)
 }
 
+// link is how the engine reaches member 0, the replica on its node.
+type link int
+
+const (
+	linkTLS    link = iota // like the others
+	linkSocket             // over its server's local socket, reads too (LocalLink.ReadOverSocket)
+	linkFile               // over the socket, reads through the replica's file, as a node plugin does
+)
+
+func (l link) String() string { return [...]string{"tls", "socket", "file"}[l] }
+
 // newClusterWrapped is newCluster with every server's listener wrapped by wrap, and member
-// 0 reached over TLS like the others unless local.
-func newClusterWrapped(t testing.TB, wrap func(net.Listener) net.Listener, local bool, opts ...func(*replica.ServerOptions)) *cluster {
+// 0 reached as l says.
+func newClusterWrapped(t testing.TB, wrap func(net.Listener) net.Listener, l link, opts ...func(*replica.ServerOptions)) *cluster {
 	ca, err := replica.NewCA()
 	if err != nil {
 		t.Fatal(err)
@@ -181,7 +195,7 @@ func newClusterWrapped(t testing.TB, wrap func(net.Listener) net.Listener, local
 	}
 	c := &cluster{t: t, client: replica.ClientTLSConfig(ca.Pool(), cert), exp: make([]byte, itSize)}
 	for i := range 3 {
-		n := &node{t: t, name: fmt.Sprintf("node-%d", i), dir: t.TempDir(), ca: ca, wrap: wrap, local: local && i == 0}
+		n := &node{t: t, name: fmt.Sprintf("node-%d", i), dir: t.TempDir(), ca: ca, wrap: wrap, local: l != linkTLS && i == 0}
 		n.opts = func(so *replica.ServerOptions) {
 			for _, o := range opts {
 				o(so)
@@ -196,12 +210,17 @@ func newClusterWrapped(t testing.TB, wrap func(net.Listener) net.Listener, local
 			c.members = append(c.members, RemoteMember(id, n.addr, c.client, i == 0))
 			continue
 		}
-		c.members = append(c.members, LocalMember(id, n.addr, c.client, LocalLink{Socket: n.localSocket(), Node: n.name, Dialed: func(localErr error) {
+		c.members = append(c.members, LocalMember(id, n.addr, c.client, LocalLink{Socket: n.localSocket(), Node: n.name, ReadOverSocket: l == linkSocket, Dialed: func(localErr error) {
 			if localErr != nil {
 				c.tlsDials.Add(1)
 				return
 			}
 			c.localDials.Add(1)
+		}, Reading: func(fileErr error) {
+			// A server killed between the session's Open and this request refuses it.
+			if fileErr == nil {
+				c.fileOpens.Add(1)
+			}
 		}}))
 	}
 	return c

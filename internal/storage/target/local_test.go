@@ -13,7 +13,7 @@ import (
 // its server's local socket cannot be used — there is none, or the one there answers for
 // another node — and the reason is reported; over the socket when it can.
 func TestLocalMemberFallsBackToTLS(t *testing.T) {
-	c := newClusterWrapped(t, nil, false)
+	c := newClusterWrapped(t, nil, linkTLS)
 	n := c.nodes[0]
 	other, err := localsock.Listen("unix", n.dir+"/other.sock")
 	if err != nil {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
+	"os"
+	"sync/atomic"
 
 	"github.com/crdipc/crdipc/internal/storage/replica"
 )
@@ -86,13 +89,23 @@ type LocalLink struct {
 	// Dialed, when set, is told of each connection LocalMember opens: over the socket
 	// (localErr nil), or over TLS because the socket could not be used (localErr why).
 	Dialed func(localErr error)
+	// Reading, when set, is told at each writer session opened over the socket whether the
+	// replica is read through a descriptor of its file (fileErr nil) or over the socket
+	// (fileErr why).
+	Reading func(fileErr error)
+	// ReadOverSocket keeps reads on the socket, as a server that cannot hand out the file
+	// would: benchmarks compare the two.
+	ReadOverSocket bool
 }
 
 // LocalMember is RemoteMember for the replica on the target's own node (Local is true):
 // each (re)connection goes over the node's local socket, and over TLS to addr only when
 // the socket cannot be used (an agent that serves none, or one not yet listening). Both
 // reach the same server, which serves the replica alike on either; the socket saves TLS's
-// cipher and loopback TCP on every request (replica.BenchmarkRead1MiB).
+// cipher and loopback TCP on every request (replica.BenchmarkRead1MiB). Once its writer
+// session is open over the socket the replica is read through a read-only descriptor of its
+// file (replica.OpenLocalFile), one pread instead of a request and a reply, and written
+// through the server as before.
 func LocalMember(id, addr string, tlsConf *tls.Config, link LocalLink) Member {
 	m := RemoteMember(id, addr, tlsConf, true)
 	overTLS := m.Dial
@@ -102,7 +115,11 @@ func LocalMember(id, addr string, tlsConf *tls.Config, link LocalLink) Member {
 			if link.Dialed != nil {
 				link.Dialed(nil)
 			}
-			return remote{Client: conn.Replica(id), conn: conn}, nil
+			r := remote{Client: conn.Replica(id), conn: conn}
+			if link.ReadOverSocket {
+				return r, nil
+			}
+			return &fileReader{remote: r, link: link}, nil
 		}
 		r, err := overTLS(ctx)
 		if err != nil {
@@ -114,4 +131,61 @@ func LocalMember(id, addr string, tlsConf *tls.Config, link LocalLink) Member {
 		return r, nil
 	}
 	return m
+}
+
+// fileReader is the local replica read through a read-only descriptor of its data file
+// once its writer session is open, and written, like every other, through its server.
+//
+// The descriptor is asked for after Open: while this connection's session holds the
+// replica, the server hands out the file that session writes (the same replica object),
+// even if the replica's name was deleted and made again meanwhile. The engine reads the
+// replica only while it is healthy in that session, so every write acknowledged before a
+// read was applied to the file's page cache, which the descriptor shares. A pread takes no
+// deadline: a stuck local disk stalls it, as it would stall the server's.
+type fileReader struct {
+	remote
+	link LocalLink
+	f    atomic.Pointer[os.File]
+}
+
+var _ Replica = (*fileReader)(nil)
+
+func (r *fileReader) Open(ctx context.Context) (Info, error) {
+	in, err := r.remote.Open(ctx)
+	if err != nil || r.f.Load() != nil {
+		return in, err
+	}
+	// A server without opFile leaves reads on the socket.
+	f, ferr := replica.OpenLocalFile(ctx, r.link.Socket, r.link.Node, r.ID())
+	if r.link.Reading != nil {
+		r.link.Reading(ferr)
+	}
+	if ferr == nil && !r.f.CompareAndSwap(nil, f) {
+		f.Close()
+	}
+	return in, nil
+}
+
+func (r *fileReader) ReadAt(ctx context.Context, p []byte, off int64) error {
+	f := r.f.Load()
+	if f == nil {
+		return r.remote.ReadAt(ctx, p, off)
+	}
+	n, err := f.ReadAt(p, off)
+	if err == io.EOF {
+		// Past the file's end is a hole: the replica server reads it as zeros too.
+		clear(p[n:])
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading replica %s's file: %w", r.ID(), err)
+	}
+	return nil
+}
+
+func (r *fileReader) Close() error {
+	if f := r.f.Swap(nil); f != nil {
+		f.Close()
+	}
+	return r.remote.Close()
 }
