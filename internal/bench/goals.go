@@ -219,11 +219,31 @@ func jobFigure(j FioRatio) string {
 	return j.Name
 }
 
-// Goals of the volume data path: each fio job with a goal, and the rebuild rate.
+// cpuGoal is the goal on the CPU per request of job j, if it has one: the volume's over
+// the local file's, both the machine's whole CPU (FioResult.CPUPerOpMicros).
+func (j FioRatio) cpuGoal() (Goal, bool) {
+	if j.CPUGoal <= 0 {
+		return Goal{}, false
+	}
+	return ratioGoal(NameVolume, fmt.Sprintf("CPU per %s / local file's", jobRequest(j)), j.Volume.CPUPerOpMicros, j.Local.CPUPerOpMicros, AtMost, j.CPUGoal), true
+}
+
+// jobRequest names one request of a job, for its CPU goal.
+func jobRequest(j FioRatio) string {
+	if j.Name == "randWrite" {
+		return "4 KiB rand write"
+	}
+	return j.Name + " request"
+}
+
+// Goals of the volume data path: each fio job's goals, and the rebuild rate.
 func (v *Volume) Goals() []Goal {
 	var goals []Goal
 	for _, j := range v.Jobs {
 		if g, ok := j.goal(); ok {
+			goals = append(goals, g)
+		}
+		if g, ok := j.cpuGoal(); ok {
 			goals = append(goals, g)
 		}
 	}

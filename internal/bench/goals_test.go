@@ -114,7 +114,7 @@ func TestVolumeGoals(t *testing.T) {
 	v := &Volume{ReplicationFactor: 3, Jobs: []FioRatio{
 		{Name: "seqWrite", Metric: "MiB/s", Volume: FioResult{MiBPerSec: 90}, Local: FioResult{MiBPerSec: 300}, Divisor: 3, Goal: SeqWriteGoal},
 		{Name: "seqRead", Metric: "MiB/s", Volume: FioResult{MiBPerSec: 150}, Local: FioResult{MiBPerSec: 300}, Divisor: 1, Goal: SeqReadGoal},
-		{Name: "randWrite", Metric: "IOPS", Volume: FioResult{IOPS: 400, MiBPerSec: 999}, Local: FioResult{IOPS: 3000}, Divisor: 3, Goal: RandWriteGoal},
+		{Name: "randWrite", Metric: "IOPS", Volume: FioResult{IOPS: 400, MiBPerSec: 999, CPUPerOpMicros: 150}, Local: FioResult{IOPS: 3000, CPUPerOpMicros: 20}, Divisor: 3, Goal: RandWriteGoal, CPUGoal: RandWriteCPUGoal},
 		{Name: "other", Metric: "MiB/s", Volume: FioResult{MiBPerSec: 1}, Local: FioResult{MiBPerSec: 1}},
 	}, Rebuild: Rebuild{MiBPerSec: 99, Seconds: 1}}
 	goals := v.Goals()
@@ -126,6 +126,7 @@ func TestVolumeGoals(t *testing.T) {
 		{"seq write / (local file ÷ 3 replicas)", 0.9, true},
 		{"seq read / local file", 0.5, false},
 		{"4 KiB rand write IOPS / (local file ÷ 3 replicas)", 0.4, false},
+		{"CPU per 4 KiB rand write / local file's", 7.5, false},
 		{"replica rebuild", 99, false},
 	}
 	if len(goals) != len(want) {
@@ -137,8 +138,17 @@ func TestVolumeGoals(t *testing.T) {
 		}
 	}
 	v.Rebuild = Rebuild{}
-	if g := v.Goals()[3]; g.Met || g.Unmeasured == "" {
+	if g := v.Goals()[4]; g.Met || g.Unmeasured == "" {
 		t.Errorf("rebuild not timed: %+v, want missed, saying why", g)
+	}
+	// The CPU goal is an upper bound; a side without a CPU figure leaves it unmeasured.
+	v.Jobs[2].Volume.CPUPerOpMicros = 140
+	if g := v.Goals()[3]; !g.Met || math.Abs(g.Value-7) > 1e-9 {
+		t.Errorf("CPU 140 µs against the local file's 20: %+v, want 7× and met", g)
+	}
+	v.Jobs[2].Local.CPUPerOpMicros = 0
+	if g := v.Goals()[3]; g.Met || g.Unmeasured == "" {
+		t.Errorf("no local CPU figure: %+v, want missed, saying why", g)
 	}
 }
 

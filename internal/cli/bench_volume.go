@@ -42,7 +42,8 @@ are ratios to the local file's figure ÷ --replicas, what a write can have.
                (the final fsync counts): goal ≥ 0.8 of local ÷ replicas
   seq read     the same file read back, from the disk: goal ≥ 0.8 of local
   rand write   4 KiB writes over --rand-size, --rand-iodepth in flight, for
-               --rand-runtime: IOPS, goal ≥ 0.5 of local ÷ replicas
+               --rand-runtime: IOPS, goal ≥ 0.5 of local ÷ replicas; and the
+               CPU per write, goal ≤ 7.2 × the local file's
   rebuild      a second volume (--rebuild-size) gets --rebuild-data bytes
                written to its block device and is unstaged; then one replica is
                rebuilt from another: allocated MiB copied per second (goal ≥ 100)
@@ -59,6 +60,12 @@ device held in memory: the ceiling of the layers every volume goes through,
 with no replica behind them. Goals are reported ("met" or "missed"), not
 enforced.
 
+The CPU of a request is the whole machine's busy time (/proc/stat: user, system,
+interrupts; not idle, I/O wait or steal) while fio ran the job, over the job's
+requests: fio, the kernel's file system, loop and FUSE layers, the volume target
+and the replica servers alike. It is the data path's cost on a machine that runs
+nothing else; with --kubeconfig, replicas on other machines are not in it.
+
 Without --kubeconfig, bench starts an embedded control plane plus, in this
 process, the operator, --nodes simulated nodes with their agents and the CSI
 driver serving node-1, with the pools and the local file under --dir. With
@@ -69,7 +76,8 @@ should be on the disk of that node's pools. Needs fio (apt-get install fio),
 
 With --binary, bench compares two builds instead: it runs "bench volume" of this
 binary and of --binary in turn, --runs times each, with the same flags, and
-prints each job's median volume/local ratio for both and their quotient. It
+prints each job's median volume/local ratio (and CPU per request over the local
+file's, where both builds measure it) for both and their quotient. It
 fails if a median is more than 10 % below the other build's (and names those
 more than 10 % above): on a shared machine single runs of one build differ by
 up to 3x, so one run against another says nothing.`,
@@ -250,7 +258,7 @@ func printVolume(out io.Writer, v *bench.Volume) {
 	if v.CachesDropped {
 		mode += ", caches dropped"
 	}
-	fmt.Fprintf(tw, "volume (RF %d, %s, %s; fio %s, %s)\tvolume\tlocal file\tratio\trounds\tceiling\tvolume/ceiling\t\n",
+	fmt.Fprintf(tw, "volume (RF %d, %s, %s; fio %s, %s)\tvolume\tlocal file\tratio\trounds\tceiling\tvolume/ceiling\tCPU µs/request: volume\tlocal\tratio\t\n",
 		v.ReplicationFactor, v.FsType, resource.NewQuantity(v.VolumeBytes, resource.BinarySI), v.Engine, mode)
 	for _, j := range v.Jobs {
 		value := func(r bench.FioResult) string {
@@ -267,15 +275,20 @@ func printVolume(out io.Writer, v *bench.Volume) {
 		if j.Ceiling != nil {
 			ceiling, vsCeiling = value(*j.Ceiling), fmt.Sprintf("%.2f", j.CeilingRatio)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t\n", j.Description, value(j.Volume), value(j.Local), j.Ratio,
-			strings.Join(rounds, " "), ceiling, vsCeiling)
+		cpu := "\t\t"
+		if j.CPURatio > 0 {
+			cpu = fmt.Sprintf("%.0f\t%.0f\t%.1f", j.Volume.CPUPerOpMicros, j.Local.CPUPerOpMicros, j.CPURatio)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t\n", j.Description, value(j.Volume), value(j.Local), j.Ratio,
+			strings.Join(rounds, " "), ceiling, vsCeiling, cpu)
 	}
 	r := v.Rebuild
-	fmt.Fprintf(tw, "rebuild, %.0f of %.0f MiB allocated (MiB/s)\t%.1f\t\t\t\n",
+	fmt.Fprintf(tw, "rebuild, %.0f of %.0f MiB allocated (MiB/s)\t%.1f\t\t\t\t\t\t\t\t\t\n",
 		float64(r.AllocatedBytes)/(1<<20), float64(r.VolumeBytes)/(1<<20), r.MiBPerSec)
 	tw.Flush()
 	fmt.Fprintln(out, "(ratio: the median of the rounds' volume/local, each round running both sides in turn;")
-	fmt.Fprintln(out, " ceiling: the same job on crdipc's FUSE and loop export of a device in memory, no replicas)")
+	fmt.Fprintln(out, " ceiling: the same job on crdipc's FUSE and loop export of a device in memory, no replicas;")
+	fmt.Fprintln(out, " CPU µs/request: the whole machine's busy CPU while the job ran, over its requests, in the median round)")
 	fmt.Fprintln(out)
 	printGoals(out, v.Goals(), false)
 }

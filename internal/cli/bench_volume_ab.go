@@ -72,13 +72,14 @@ func runVolumeAB(cmd *cobra.Command, other string, runs int) error {
 }
 
 // printVolumeAB prints the A/B table and fails when a job's median is slower than the
-// other build's by more than abTolerance; one faster by more is named, not failed.
+// other build's by more than abTolerance, or its CPU per request (× the local file's)
+// higher by more; one better by more is named, not failed.
 func printVolumeAB(out io.Writer, self, other string, a, b []*bench.Volume) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "job (median volume/local ratio of %d runs each)\tthis\tother\tthis/other\truns (this)\truns (other)\t\n", len(a))
 	var slower, faster []string
 	for _, j := range a[0].Jobs {
-		ra, rb := jobRatios(a, j.Name), jobRatios(b, j.Name)
+		ra, rb := jobValues(a, j.Name, ratioOf), jobValues(b, j.Name, ratioOf)
 		if len(rb) == 0 {
 			fmt.Fprintf(tw, "%s\t%.2f\t-\t-\t%s\t\t\n", j.Description, median(ra), fmtRatios(ra))
 			continue
@@ -92,6 +93,21 @@ func printVolumeAB(out io.Writer, self, other string, a, b []*bench.Volume) erro
 		}
 		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", j.Description, median(ra), median(rb), q, fmtRatios(ra), fmtRatios(rb))
 	}
+	// CPU per request, volume over local: lower is better. An older build may not measure it.
+	for _, j := range a[0].Jobs {
+		ca, cb := jobValues(a, j.Name, cpuRatioOf), jobValues(b, j.Name, cpuRatioOf)
+		if len(ca) == 0 || len(cb) == 0 {
+			continue
+		}
+		q := median(ca) / median(cb)
+		switch {
+		case q > 1+abTolerance:
+			slower = append(slower, fmt.Sprintf("%s CPU %.2f×", j.Name, q))
+		case q < 1-abTolerance:
+			faster = append(faster, fmt.Sprintf("%s CPU %.2f×", j.Name, q))
+		}
+		fmt.Fprintf(tw, "CPU per request of %s, × local's\t%.1f\t%.1f\t%.2f\t%s\t%s\t\n", j.Name, median(ca), median(cb), q, fmtRatios(ca), fmtRatios(cb))
+	}
 	tw.Flush()
 	fmt.Fprintf(out, "(this: %s; other: %s)\n", self, other)
 	if len(faster) > 0 {
@@ -104,16 +120,20 @@ func printVolumeAB(out io.Writer, self, other string, a, b []*bench.Volume) erro
 	return nil
 }
 
-func jobRatios(runs []*bench.Volume, name string) []float64 {
-	var rs []float64
+func ratioOf(j bench.FioRatio) float64    { return j.Ratio }
+func cpuRatioOf(j bench.FioRatio) float64 { return j.CPURatio }
+
+// jobValues is what of measures of job name in each run that has it (a value > 0).
+func jobValues(runs []*bench.Volume, name string, of func(bench.FioRatio) float64) []float64 {
+	var vs []float64
 	for _, v := range runs {
 		for _, j := range v.Jobs {
-			if j.Name == name {
-				rs = append(rs, j.Ratio)
+			if x := of(j); j.Name == name && x > 0 {
+				vs = append(vs, x)
 			}
 		}
 	}
-	return rs
+	return vs
 }
 
 func median(xs []float64) float64 {

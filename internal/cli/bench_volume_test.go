@@ -61,9 +61,12 @@ func TestBenchVolume(t *testing.T) {
 			t.Errorf("job %s measures %q, want %q", j.Name, j.Metric, want[j.Name])
 		}
 		for side, r := range map[string]bench.FioResult{"volume": j.Volume, "local": j.Local} {
-			if r.Bytes <= 0 || r.MiBPerSec <= 0 || r.IOPS <= 0 || r.ClatP50 <= 0 {
+			if r.Bytes <= 0 || r.MiBPerSec <= 0 || r.IOPS <= 0 || r.ClatP50 <= 0 || r.CPUSeconds <= 0 || r.CPUPerOpMicros <= 0 {
 				t.Errorf("job %s on the %s side: %+v, want every figure positive", j.Name, side, r)
 			}
+		}
+		if j.CPURatio <= 0 || math.Abs(j.CPURatio-j.Volume.CPUPerOpMicros/j.Local.CPUPerOpMicros) > 1e-9 {
+			t.Errorf("job %s: CPU ratio %v, want the volume's CPU per request over the local file's", j.Name, j.CPURatio)
 		}
 		if j.Ratio <= 0 {
 			t.Errorf("job %s: ratio %v", j.Name, j.Ratio)
@@ -105,7 +108,7 @@ func TestBenchVolume(t *testing.T) {
 // job; one more than 10 % above is named as faster and passes.
 func TestPrintVolumeAB(t *testing.T) {
 	run := func(seq, rand float64) *bench.Volume {
-		return &bench.Volume{Jobs: []bench.FioRatio{{Name: "seq-write", Description: "seq write", Ratio: seq}, {Name: "rand-write", Description: "rand write", Ratio: rand}}}
+		return &bench.Volume{Jobs: []bench.FioRatio{{Name: "seq-write", Description: "seq write", Ratio: seq}, {Name: "rand-write", Description: "rand write", Ratio: rand, CPURatio: 8}}}
 	}
 	this := []*bench.Volume{run(0.50, 0.30), run(0.40, 0.31), run(0.90, 0.29)}
 	other := []*bench.Volume{run(0.52, 0.20), run(0.48, 0.21), run(0.10, 0.19)}
@@ -120,5 +123,23 @@ func TestPrintVolumeAB(t *testing.T) {
 	}
 	if err := printVolumeAB(&out, "new", "old", this, this); err != nil {
 		t.Fatalf("a build against itself: %v", err)
+	}
+	// CPU per request: more is worse. A build that does not measure it is not compared.
+	cheaper := []*bench.Volume{run(0.50, 0.30), run(0.40, 0.31), run(0.90, 0.29)}
+	for _, v := range cheaper {
+		v.Jobs[1].CPURatio = 6
+	}
+	out.Reset()
+	if err := printVolumeAB(&out, "cheap", "dear", cheaper, this); err != nil || !strings.Contains(out.String(), "rand-write CPU 0.75×") {
+		t.Fatalf("6× against 8× the local file's CPU: %v, want rand-write CPU 0.75× named as better:\n%s", err, out.String())
+	}
+	if err := printVolumeAB(&out, "dear", "cheap", this, cheaper); err == nil || !strings.Contains(err.Error(), "rand-write CPU 1.33×") {
+		t.Fatalf("8× against 6×: %v, want rand-write CPU 1.33× failing", err)
+	}
+	old := []*bench.Volume{run(0.50, 0.30)}
+	old[0].Jobs[1].CPURatio = 0
+	out.Reset()
+	if err := printVolumeAB(&out, "new", "old", cheaper, old); err != nil || strings.Contains(out.String(), "CPU per request") {
+		t.Fatalf("against a build without CPU figures: %v, want no CPU row:\n%s", err, out.String())
 	}
 }
