@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -40,7 +41,21 @@ type call struct {
 	replica string
 	payload []byte
 	buf     *[]byte // pooled payload, returned by the writer once sent
-	res     chan result
+	// released, when not nil, says that payload is the caller's own buffer (not copied):
+	// it is closed once the frame writer is done with payload, written or dropped, and
+	// the caller may not reuse the buffer before (Client.wait sees to it).
+	released chan struct{}
+	res      chan result
+}
+
+// release hands the call's payload back once the frame writer is done with it: to the pool,
+// or, for a caller's buffer, to the caller.
+func (cl *call) release() {
+	if cl.released != nil {
+		close(cl.released)
+		return
+	}
+	putBuf(cl.buf)
 }
 
 type result struct {
@@ -106,7 +121,7 @@ func newConn(addr string, nc net.Conn) *Conn {
 		nc:      nc,
 		pending: map[uint64]*call{},
 	}
-	c.w = newFrameWriter(nc, writeCall, func(cl *call) { putBuf(cl.buf) }, c.fail)
+	c.w = newFrameWriter(nc, writeCall, (*call).release, c.fail)
 	c.wg.Add(1)
 	go c.readLoop()
 	return c
@@ -159,13 +174,13 @@ func (c *Conn) start(ctx context.Context, cl *call) error {
 	cl.h.idLen = uint16(len(cl.replica))
 	cl.res = make(chan result, 1)
 	if err := ctx.Err(); err != nil {
-		putBuf(cl.buf)
+		cl.release()
 		return err
 	}
 	c.mu.Lock()
 	if c.pending == nil {
 		c.mu.Unlock()
-		putBuf(cl.buf)
+		cl.release()
 		return c.closedErr()
 	}
 	c.pending[cl.h.id] = cl
@@ -207,7 +222,8 @@ func (c *Conn) abandon(cl *call) {
 	c.mu.Unlock()
 }
 
-// writeCall encodes cl's request frame into bw and returns its payload buffer to the pool.
+// writeCall encodes cl's request frame into bw and releases its payload: once bw.Write
+// returns, the bytes are in bw's buffer or on the connection.
 func writeCall(bw *bufio.Writer, cl *call) error {
 	var hb [4 + reqHeaderLen]byte
 	cl.h.encode(hb[:], reqHeaderLen+len(cl.replica)+len(cl.payload))
@@ -218,7 +234,7 @@ func writeCall(bw *bufio.Writer, cl *call) error {
 	if err == nil {
 		_, err = bw.Write(cl.payload)
 	}
-	putBuf(cl.buf)
+	cl.release()
 	return err
 }
 
@@ -311,11 +327,29 @@ func (r *Client) Open(ctx context.Context) (Info, error) { return r.info(ctx, op
 // Needs the writer session; off and len(p) must be multiples of SectorSize. Buffers larger
 // than MaxPayload go as several pipelined requests.
 func (r *Client) WriteAt(ctx context.Context, p []byte, off int64, rev uint64) error {
-	return r.split(ctx, len(p), func(i, n int) *call {
+	return r.split(ctx, len(p), r.writePiece(p, off, rev), nil)
+}
+
+// borrowMin is the least write payload sent from the caller's buffer rather than a copy of
+// it: below it, copying costs less than the channel that says when the buffer is free.
+const borrowMin = 64 << 10
+
+// writePiece makes the request of bytes [i, i+n) of a write of p at off. A piece of at
+// least borrowMin bytes is sent from p itself, saving a copy of every byte per replica;
+// wait returns only once the frame writer is done with it, so p is the caller's again when
+// the write returns, whatever its outcome.
+func (r *Client) writePiece(p []byte, off int64, rev uint64) func(i, n int) *call {
+	return func(i, n int) *call {
+		cl := &call{h: reqHeader{op: opWrite, offset: off + int64(i), arg: rev}, replica: r.id}
+		if n >= borrowMin {
+			cl.payload, cl.released = p[i:i+n], make(chan struct{})
+			return cl
+		}
 		buf := getBuf(n)
 		copy(*buf, p[i:i+n])
-		return &call{h: reqHeader{op: opWrite, offset: off + int64(i), arg: rev}, replica: r.id, payload: *buf, buf: buf}
-	}, nil)
+		cl.payload, cl.buf = *buf, buf
+		return cl
+	}
 }
 
 // ReadAt fills p from off; holes read as zeros. It reads all of p or fails.
@@ -344,11 +378,7 @@ type PendingWrite struct {
 // which Wait reports. One goroutine can so have a write in flight to several replicas at
 // once without a goroutine for each.
 func (r *Client) StartWriteAt(ctx context.Context, p []byte, off int64, rev uint64) *PendingWrite {
-	ps, err := r.start(ctx, len(p), func(i, n int) *call {
-		buf := getBuf(n)
-		copy(*buf, p[i:i+n])
-		return &call{h: reqHeader{op: opWrite, offset: off + int64(i), arg: rev}, replica: r.id, payload: *buf, buf: buf}
-	})
+	ps, err := r.start(ctx, len(p), r.writePiece(p, off, rev))
 	return &PendingWrite{r: r, ps: ps, err: err}
 }
 
@@ -367,6 +397,8 @@ func (r *Client) split(ctx context.Context, n int, mk func(i, n int) *call, got 
 type piece struct {
 	i, n int
 	cl   *call
+	// answered: the server's response to it came, so it was sent whole.
+	answered bool
 }
 
 // start sends the pieces of a request of n bytes, made by mk, and returns those sent and
@@ -382,22 +414,43 @@ func (r *Client) start(ctx context.Context, n int, mk func(i, n int) *call) ([]p
 		if err := r.c.start(ctx, cl); err != nil {
 			return ps, err
 		}
-		ps = append(ps, piece{i, m, cl})
+		ps = append(ps, piece{i: i, n: m, cl: cl})
 	}
 	return ps, nil
 }
 
 // wait waits for every piece sent, handing each response to got, and returns the first
-// error: firstErr (the sending's), else a piece's.
+// error: firstErr (the sending's), else a piece's. It returns only once the frame writer is
+// done with every piece sent from the caller's buffer.
 func (r *Client) wait(ctx context.Context, ps []piece, firstErr error, got func(i, n int, res result) error) error {
-	for _, p := range ps {
+	for k, p := range ps {
 		res, err := r.c.wait(ctx, p.cl)
+		var remote *RemoteError
+		ps[k].answered = err == nil || errors.As(err, &remote)
 		if err == nil && got != nil {
 			err = got(p.i, p.n, res)
 		}
 		putBuf(res.buf)
 		if err != nil && firstErr == nil {
 			firstErr = err
+		}
+	}
+	for _, p := range ps {
+		if p.cl.released == nil {
+			continue
+		}
+		select {
+		case <-p.cl.released:
+		default:
+			// An answered piece was sent: its writer is about to release it. One given up
+			// on (the context ended) may still be queued or being sent: the connection
+			// ends, which drops or breaks off the frame, rather than go on reading a
+			// buffer that is the caller's again. A write given up on faults its replica
+			// anyway.
+			if !p.answered {
+				r.c.fail(fmt.Errorf("a write of %d bytes was given up on while being sent: %w", p.n, firstErr))
+			}
+			<-p.cl.released
 		}
 	}
 	return firstErr
