@@ -76,11 +76,12 @@ should be on the disk of that node's pools. Needs fio (apt-get install fio),
 
 With --binary, bench compares two builds instead: it runs "bench volume" of this
 binary and of --binary in turn, --runs times each, with the same flags, and
-prints each job's median volume/local ratio (and CPU per request over the local
-file's, where both builds measure it) for both and their quotient. It
-fails if a median is more than 10 % below the other build's (and names those
-more than 10 % above): on a shared machine single runs of one build differ by
-up to 3x, so one run against another says nothing.`,
+prints each job's median volume/local ratio for both and their quotient, and the
+random write's CPU per request over the local file's where both builds measure
+it. It fails if a median ratio is more than 10 % below the other build's, or the
+CPU ratio more than 10 % above (and names those better by more than 10 %): on a
+shared machine single runs of one build differ by up to 3x, so one run against
+another says nothing.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if other != "" {

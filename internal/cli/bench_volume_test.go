@@ -108,7 +108,7 @@ func TestBenchVolume(t *testing.T) {
 // job; one more than 10 % above is named as faster and passes.
 func TestPrintVolumeAB(t *testing.T) {
 	run := func(seq, rand float64) *bench.Volume {
-		return &bench.Volume{Jobs: []bench.FioRatio{{Name: "seq-write", Description: "seq write", Ratio: seq}, {Name: "rand-write", Description: "rand write", Ratio: rand, CPURatio: 8}}}
+		return &bench.Volume{Jobs: []bench.FioRatio{{Name: "seq-write", Description: "seq write", Ratio: seq}, {Name: "rand-write", Description: "rand write", Ratio: rand, CPURatio: 8, CPUGoal: 7.2}}}
 	}
 	this := []*bench.Volume{run(0.50, 0.30), run(0.40, 0.31), run(0.90, 0.29)}
 	other := []*bench.Volume{run(0.52, 0.20), run(0.48, 0.21), run(0.10, 0.19)}
@@ -135,6 +135,20 @@ func TestPrintVolumeAB(t *testing.T) {
 	}
 	if err := printVolumeAB(&out, "dear", "cheap", this, cheaper); err == nil || !strings.Contains(err.Error(), "rand-write CPU 1.33×") {
 		t.Fatalf("8× against 6×: %v, want rand-write CPU 1.33× failing", err)
+	}
+	// A job without a CPU goal is not compared on CPU (a short job's is mostly fio's start).
+	for _, v := range cheaper {
+		v.Jobs[1].CPUGoal = 0
+	}
+	for _, v := range this {
+		v.Jobs[1].CPUGoal = 0
+	}
+	out.Reset()
+	if err := printVolumeAB(&out, "dear", "cheap", this, cheaper); err != nil || strings.Contains(out.String(), "CPU per request") {
+		t.Fatalf("8× against 6× for a job without a CPU goal: %v, want it not compared:\n%s", err, out.String())
+	}
+	for _, v := range cheaper {
+		v.Jobs[1].CPUGoal = 7.2
 	}
 	old := []*bench.Volume{run(0.50, 0.30)}
 	old[0].Jobs[1].CPURatio = 0

@@ -376,7 +376,8 @@ type PendingWrite struct {
 
 // StartWriteAt sends a write as WriteAt does and returns without waiting for its outcome,
 // which Wait reports. One goroutine can so have a write in flight to several replicas at
-// once without a goroutine for each.
+// once without a goroutine for each. p may be read until Wait returns: it must not change
+// before, and Wait must be called.
 func (r *Client) StartWriteAt(ctx context.Context, p []byte, off int64, rev uint64) *PendingWrite {
 	ps, err := r.start(ctx, len(p), r.writePiece(p, off, rev))
 	return &PendingWrite{r: r, ps: ps, err: err}
