@@ -5,9 +5,10 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // A large write is sent from the caller's buffer, not a copy of it; once WriteAt has
@@ -16,6 +17,10 @@ import (
 // sent, in a batch whose connection deadline is none because another frame of the batch has
 // none. WriteAt must then end the connection (the frame is broken off) before it returns,
 // rather than leave the writer sending from a buffer the caller is about to overwrite.
+//
+// The server side of the pipe reads only when the test lets it, so the schedule is the
+// same on any machine: W1 holds the writer while X and Y queue; then the batch [X, Y] goes
+// out until half of Y is read; then Y is given up on.
 func TestWriteGivenUpOnWhileBeingSentSendsNothingAfterwards(t *testing.T) {
 	a, b := net.Pipe()
 	defer b.Close()
@@ -23,52 +28,77 @@ func TestWriteGivenUpOnWhileBeingSentSendsNothingAfterwards(t *testing.T) {
 	defer conn.Close()
 	r := conn.Replica("ns/r")
 
-	// The server: reads 4 KiB every 2 ms, answers nothing, keeps what it got.
+	const w1Len, xLen, yLen = 256 << 10, 4 << 10, 1 << 20
+	// Frames: a header and the replica id ahead of each payload.
+	frame := func(n int) int { return 4 + reqHeaderLen + len("ns/r") + n }
+	started, resume1, half, resume2 := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
 	got := make(chan []byte, 1)
-	var read atomic.Int64
 	go func() {
 		var all bytes.Buffer
-		buf := make([]byte, 4<<10)
-		for {
-			n, err := b.Read(buf)
-			all.Write(buf[:n])
-			read.Add(int64(n))
-			if err != nil {
-				got <- all.Bytes()
-				return
+		readTo := func(limit int) error {
+			buf := make([]byte, 4<<10)
+			for limit < 0 || all.Len() < limit {
+				n := len(buf)
+				if limit >= 0 {
+					n = min(n, limit-all.Len())
+				}
+				n, err := b.Read(buf[:n])
+				all.Write(buf[:n])
+				if err != nil {
+					return err
+				}
 			}
-			time.Sleep(2 * time.Millisecond)
+			return nil
 		}
+		// The first byte of W1; then W1, X and half of Y; then the rest, up to the end.
+		if readTo(1) == nil {
+			close(started)
+			<-resume1
+			if readTo(frame(w1Len)+frame(xLen)+frame(yLen/2)) == nil {
+				close(half)
+				<-resume2
+				_ = readTo(-1)
+			}
+		}
+		got <- all.Bytes()
 	}()
-	poll := func(what string, cond func() bool) {
+	queued := func(n int) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10 s", what)
-			}
+		err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+			conn.w.mu.Lock()
+			defer conn.w.mu.Unlock()
+			return len(conn.w.queue) == n, nil
+		})
+		if err != nil {
+			t.Fatalf("waiting for %d frames queued: %v", n, err)
 		}
-	}
-	queued := func() int {
-		conn.w.mu.Lock()
-		defer conn.w.mu.Unlock()
-		return len(conn.w.queue)
 	}
 
-	// W1 (256 KiB, no deadline) holds the connection for about 128 ms; X (4 KiB, no
-	// deadline) and Y (1 MiB, 300 ms) queue behind it and then go as one batch with no
-	// connection deadline. Y takes about 512 ms to send: it is given up on half sent.
 	others := make(chan error, 2)
-	go func() { others <- r.WriteAt(context.Background(), bytes.Repeat([]byte{'A'}, 256<<10), 0, 1) }()
-	poll("W1 sent", func() bool { return read.Load() > 0 })
-	go func() { others <- r.WriteAt(context.Background(), bytes.Repeat([]byte{'X'}, 4<<10), 1<<20, 2) }()
-	poll("X queued", func() bool { return queued() == 1 })
-	y := bytes.Repeat([]byte{'C'}, 1<<20)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	if err := r.WriteAt(ctx, y, 2<<20, 3); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Y: %v, want its deadline exceeded", err)
+	go func() { others <- r.WriteAt(context.Background(), bytes.Repeat([]byte{'A'}, w1Len), 0, 1) }()
+	<-started
+	go func() { others <- r.WriteAt(context.Background(), bytes.Repeat([]byte{'X'}, xLen), 1<<20, 2) }()
+	queued(1)
+	y := bytes.Repeat([]byte{'C'}, yLen)
+	ctx, giveUp := context.WithCancel(context.Background())
+	defer giveUp()
+	yDone := make(chan error, 1)
+	go func() { yDone <- r.WriteAt(ctx, y, 2<<20, 3) }()
+	queued(2)
+	close(resume1)
+	<-half
+	giveUp()
+	select {
+	case err := <-yDone:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Y: %v, want it given up on", err)
+		}
+	case <-time.After(10 * time.Second):
+		// Waiting for a writer that the server does not read from: the connection must end.
+		t.Fatal("Y did not return once given up on while half sent")
 	}
 	copy(y, bytes.Repeat([]byte{'B'}, len(y))) // the caller's buffer again
+	close(resume2)
 	for range 2 {
 		select {
 		case err := <-others:
