@@ -152,7 +152,7 @@ Ctrl-C shuts everything down.`,
 	cmd.Flags().IntVar(&o.nodes, "nodes", 3, "simulated nodes, each with a pool agent and a file-backed pool root under --data-dir, running pods as processes")
 	cmd.Flags().StringVar(&o.services, "services", "all", "services to run, comma-separated, from: "+strings.Join(services.Names(), ", ")+"; 'none' runs the control plane alone")
 	cmd.Flags().StringVar(&o.disable, "disable", "", "services not to run, comma-separated (e.g. --disable=nodes,bitcoin-operator)")
-	cmd.Flags().IntVar(&o.port, "port", 0, "API server port on 127.0.0.1 (0: the previous run's port if free, else any free port)")
+	cmd.Flags().IntVar(&o.port, "port", 0, "API server port on 127.0.0.1 (0: the previous run's port if free, else a free one in 20000-29999, which the kernel hands to no other program while up is stopped)")
 	cmd.Flags().StringVar(&o.advertiseAddress, "advertise-address", "", "an IP address of this machine on which the API server also serves (same port) and which the `kubernetes` Service points to, so that real nodes and their pods reach it (e.g. the pod network's bridge address; docs/deploy.md); empty: loopback only")
 	mem.flag(cmd)
 	return cmd

@@ -447,36 +447,6 @@ func lockDataDir(dir string) (*os.File, error) {
 
 // listen binds the API server's port before the server starts, so no other
 // process can take it between choosing and serving.
-func listen(dir string, port int) (net.Listener, error) {
-	portFile := filepath.Join(dir, "port")
-	if port != 0 {
-		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			return nil, fmt.Errorf("listening on 127.0.0.1:%d: %w", port, err)
-		}
-		return ln, recordPort(portFile, ln)
-	}
-	if b, err := safefile.ReadFile(portFile); err == nil {
-		if ln, err := net.Listen("tcp", "127.0.0.1:"+strings.TrimSpace(string(b))); err == nil {
-			return ln, nil
-		}
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("listening on loopback: %w", err)
-	}
-	return ln, recordPort(portFile, ln)
-}
-
-func recordPort(path string, ln net.Listener) error {
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	if err := safefile.Write(path, []byte(port+"\n"), 0o600); err != nil {
-		ln.Close()
-		return fmt.Errorf("recording port: %w", err)
-	}
-	return nil
-}
-
 func writeKubeconfig(path, server, ca, cert, key, user string) error {
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["crdipc"] = &clientcmdapi.Cluster{Server: server, CertificateAuthority: ca}
