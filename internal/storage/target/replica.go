@@ -4,8 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
-	"os"
 	"sync/atomic"
 
 	"github.com/crdipc/crdipc/internal/storage/replica"
@@ -140,12 +138,13 @@ func LocalMember(id, addr string, tlsConf *tls.Config, link LocalLink) Member {
 // replica, the server hands out the file that session writes (the same replica object),
 // even if the replica's name was deleted and made again meanwhile. The engine reads the
 // replica only while it is healthy in that session, so every write acknowledged before a
-// read was applied to the file's page cache, which the descriptor shares. A pread takes no
+// read was applied to the file's page cache, which the descriptor shares (a large aligned
+// read bypasses it, after the kernel writes back its range: replicaFile). A pread takes no
 // deadline: a stuck local disk stalls it, as it would stall the server's.
 type fileReader struct {
 	remote
 	link LocalLink
-	f    atomic.Pointer[os.File]
+	f    atomic.Pointer[replicaFile]
 }
 
 var _ Replica = (*fileReader)(nil)
@@ -160,8 +159,10 @@ func (r *fileReader) Open(ctx context.Context) (Info, error) {
 	if r.link.Reading != nil {
 		r.link.Reading(ferr)
 	}
-	if ferr == nil && !r.f.CompareAndSwap(nil, f) {
-		f.Close()
+	if ferr == nil {
+		if rf := newReplicaFile(f); !r.f.CompareAndSwap(nil, rf) {
+			rf.Close()
+		}
 	}
 	return in, nil
 }
@@ -171,14 +172,8 @@ func (r *fileReader) ReadAt(ctx context.Context, p []byte, off int64) error {
 	if f == nil {
 		return r.remote.ReadAt(ctx, p, off)
 	}
-	n, err := f.ReadAt(p, off)
-	if err == io.EOF {
-		// Past the file's end is a hole: the replica server reads it as zeros too.
-		clear(p[n:])
-		err = nil
-	}
-	if err != nil {
-		return fmt.Errorf("reading replica %s's file: %w", r.ID(), err)
+	if err := f.ReadAt(p, off); err != nil {
+		return fmt.Errorf("replica %s: %w", r.ID(), err)
 	}
 	return nil
 }
