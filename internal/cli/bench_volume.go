@@ -78,10 +78,13 @@ With --binary, bench compares two builds instead: it runs "bench volume" of this
 binary and of --binary in turn, --runs times each, with the same flags, and
 prints each job's median volume/local ratio for both and their quotient, and the
 random write's CPU per request over the local file's where both builds measure
-it. It fails if a median ratio is more than 10 % below the other build's, or the
-CPU ratio more than 10 % above (and names those better by more than 10 %): on a
-shared machine single runs of one build differ by up to 3x, so one run against
-another says nothing.`,
+it, with the p-value of a Mann-Whitney U test of the two builds' runs (as
+benchstat's). It fails if a median ratio is more than 10 % below the other
+build's, or the CPU ratio more than 10 % above, and the U test says the runs
+differ (p ≤ 0.05); it names those better the same way. On a shared machine
+single runs of one build differ by up to 3x, so one run against another says
+nothing, and two medians of noisy runs can differ by chance; the test needs at
+least 5 runs each (with fewer, the medians decide alone, as it says).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if other != "" {

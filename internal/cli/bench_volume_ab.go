@@ -13,13 +13,39 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/perf/benchmath"
 
 	"github.com/crdipc/crdipc/internal/bench"
 )
 
 // abTolerance is how far a job's median ratio may move between two builds before the A/B
-// comparison calls it a regression (or a gain).
+// comparison calls it a regression (or a gain), if the runs also differ by rank (shift).
 const abTolerance = 0.10
+
+// shift compares two builds' runs of one figure as benchstat does: a Mann-Whitney U test,
+// which asks whether one build's runs rank above the other's, at benchstat's α of 0.05.
+// Medians alone call a move of two noisy runs a regression (five runs of this machine's
+// disk span 2×). decided is false when the runs are too few for the test ever to reject
+// (fewer than 5 each): then the median's move decides alone.
+func shift(a, b []float64) (c benchmath.Comparison, decided bool) {
+	c = benchmath.AssumeNothing.Compare(
+		benchmath.NewSample(slices.Clone(a), &benchmath.DefaultThresholds),
+		benchmath.NewSample(slices.Clone(b), &benchmath.DefaultThresholds))
+	return c, min(len(a), len(b)) >= 5
+}
+
+// moved says how the figure of runs a compares with that of runs b: q is median(a) /
+// median(b); up and down say whether q is beyond abTolerance and the runs' ranks agree; p
+// is the test's, "-" when the runs are too few for it.
+func moved(a, b []float64) (q float64, up, down bool, p string) {
+	q = median(a) / median(b)
+	c, decided := shift(a, b)
+	significant, p := true, "-"
+	if decided {
+		significant, p = c.P <= c.Alpha, fmt.Sprintf("%.3f", c.P)
+	}
+	return q, significant && q > 1+abTolerance, significant && q < 1-abTolerance, p
+}
 
 // runVolumeAB runs `bench volume` of this binary and of other in turn, runs times each,
 // with the flags cmd was given (but --binary, --runs and --json), and prints each job's
@@ -73,25 +99,26 @@ func runVolumeAB(cmd *cobra.Command, other string, runs int) error {
 
 // printVolumeAB prints the A/B table and fails when a job's median is slower than the
 // other build's by more than abTolerance, or, for a job with a CPU goal, its CPU per request
-// (× the local file's) higher by more; one better by more is named, not failed.
+// (× the local file's) higher by more, each only where the runs differ by rank too (moved);
+// one better is named, not failed.
 func printVolumeAB(out io.Writer, self, other string, a, b []*bench.Volume) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "job (median volume/local ratio of %d runs each)\tthis\tother\tthis/other\truns (this)\truns (other)\t\n", len(a))
+	fmt.Fprintf(tw, "job (median volume/local ratio of %d runs each)\tthis\tother\tthis/other\tp\truns (this)\truns (other)\t\n", len(a))
 	var slower, faster []string
 	for _, j := range a[0].Jobs {
 		ra, rb := jobValues(a, j.Name, ratioOf), jobValues(b, j.Name, ratioOf)
 		if len(rb) == 0 {
-			fmt.Fprintf(tw, "%s\t%.2f\t-\t-\t%s\t\t\n", j.Description, median(ra), fmtRatios(ra))
+			fmt.Fprintf(tw, "%s\t%.2f\t-\t-\t-\t%s\t\t\n", j.Description, median(ra), fmtRatios(ra))
 			continue
 		}
-		q := median(ra) / median(rb)
+		q, up, down, p := moved(ra, rb)
 		switch {
-		case q < 1-abTolerance:
+		case down:
 			slower = append(slower, fmt.Sprintf("%s %.2f×", j.Name, q))
-		case q > 1+abTolerance:
+		case up:
 			faster = append(faster, fmt.Sprintf("%s %.2f×", j.Name, q))
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", j.Description, median(ra), median(rb), q, fmtRatios(ra), fmtRatios(rb))
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%s\t%s\t%s\t\n", j.Description, median(ra), median(rb), q, p, fmtRatios(ra), fmtRatios(rb))
 	}
 	// CPU per request, volume over local: lower is better. Compared for the jobs with a CPU
 	// goal only: a short job's local side (a sequential read of 512 MiB takes a tenth of a
@@ -102,24 +129,28 @@ func printVolumeAB(out io.Writer, self, other string, a, b []*bench.Volume) erro
 		if j.CPUGoal <= 0 || len(ca) == 0 || len(cb) == 0 {
 			continue
 		}
-		q := median(ca) / median(cb)
+		q, up, down, p := moved(ca, cb)
 		switch {
-		case q > 1+abTolerance:
+		case up:
 			slower = append(slower, fmt.Sprintf("%s CPU %.2f×", j.Name, q))
-		case q < 1-abTolerance:
+		case down:
 			faster = append(faster, fmt.Sprintf("%s CPU %.2f×", j.Name, q))
 		}
-		fmt.Fprintf(tw, "CPU per request of %s, × local's\t%.1f\t%.1f\t%.2f\t%s\t%s\t\n", j.Name, median(ca), median(cb), q, fmtRatios(ca), fmtRatios(cb))
+		fmt.Fprintf(tw, "CPU per request of %s, × local's\t%.1f\t%.1f\t%.2f\t%s\t%s\t%s\t\n", j.Name, median(ca), median(cb), q, p, fmtRatios(ca), fmtRatios(cb))
 	}
 	tw.Flush()
 	fmt.Fprintf(out, "(this: %s; other: %s)\n", self, other)
+	rule := fmt.Sprintf("by more than %.0f%% and by rank (U test, p ≤ 0.05)", abTolerance*100)
+	if min(len(a), len(b)) < 5 {
+		rule = fmt.Sprintf("by more than %.0f%% (medians only: fewer than 5 runs each cannot pass a rank test)", abTolerance*100)
+	}
 	if len(faster) > 0 {
-		fmt.Fprintf(out, "faster than the other build by more than %.0f%%: %s\n", abTolerance*100, strings.Join(faster, ", "))
+		fmt.Fprintf(out, "better than the other build %s: %s\n", rule, strings.Join(faster, ", "))
 	}
 	if len(slower) > 0 {
-		return fmt.Errorf("bench volume A/B: slower than the other build by more than %.0f%%: %s", abTolerance*100, strings.Join(slower, ", "))
+		return fmt.Errorf("bench volume A/B: worse than the other build %s: %s", rule, strings.Join(slower, ", "))
 	}
-	fmt.Fprintf(out, "no job's median more than %.0f%% below the other build's\n", abTolerance*100)
+	fmt.Fprintf(out, "no job worse than the other build's %s\n", rule)
 	return nil
 }
 

@@ -104,37 +104,65 @@ func TestBenchVolume(t *testing.T) {
 	}
 }
 
-// The A/B comparison fails on a median more than 10 % below the other build's, naming the
-// job; one more than 10 % above is named as faster and passes.
+// The A/B comparison fails on a median more than 10 % below the other build's whose runs
+// also rank below (U test), naming the job; one better the same way is named and passes; a
+// median that moved by chance (runs interleaved by rank) is neither.
 func TestPrintVolumeAB(t *testing.T) {
 	run := func(seq, rand float64) *bench.Volume {
 		return &bench.Volume{Jobs: []bench.FioRatio{{Name: "seq-write", Description: "seq write", Ratio: seq}, {Name: "rand-write", Description: "rand write", Ratio: rand, CPURatio: 8, CPUGoal: 7.2}}}
 	}
-	this := []*bench.Volume{run(0.50, 0.30), run(0.40, 0.31), run(0.90, 0.29)}
-	other := []*bench.Volume{run(0.52, 0.20), run(0.48, 0.21), run(0.10, 0.19)}
+	runs := func(seq, rand []float64) []*bench.Volume {
+		var vs []*bench.Volume
+		for i := range seq {
+			vs = append(vs, run(seq[i], rand[i]))
+		}
+		return vs
+	}
+	// rand-write: every run of this above every run of other; seq-write: medians 0.50 and
+	// 0.48, runs interleaved.
+	this := runs([]float64{0.50, 0.40, 0.90, 0.45, 0.55}, []float64{0.30, 0.31, 0.29, 0.30, 0.32})
+	other := runs([]float64{0.52, 0.48, 0.10, 0.50, 0.47}, []float64{0.20, 0.21, 0.19, 0.20, 0.22})
 	var out strings.Builder
-	if err := printVolumeAB(&out, "new", "old", this, other); err != nil || !strings.Contains(out.String(), "faster than the other build by more than 10%: rand-write 1.50×") {
-		t.Fatalf("a build faster at rand-write (0.30/0.20), even at seq-write (0.50/0.48): %v\n%s", err, out.String())
+	if err := printVolumeAB(&out, "new", "old", this, other); err != nil || !strings.Contains(out.String(), "better than the other build by more than 10% and by rank (U test, p ≤ 0.05): rand-write 1.50×") {
+		t.Fatalf("a build better at rand-write (0.30/0.20), not at seq-write (0.50/0.48): %v\n%s", err, out.String())
 	}
 	out.Reset()
 	err := printVolumeAB(&out, "old", "new", other, this)
-	if err == nil || !strings.Contains(err.Error(), "slower than the other build by more than 10%: rand-write 0.67×") || strings.Contains(err.Error(), "seq-write") {
+	if err == nil || !strings.Contains(err.Error(), "rand-write 0.67×") || strings.Contains(err.Error(), "seq-write") {
 		t.Fatalf("error %v, want rand-write named (0.20/0.30) and not seq-write (0.48/0.50):\n%s", err, out.String())
 	}
 	if err := printVolumeAB(&out, "new", "old", this, this); err != nil {
 		t.Fatalf("a build against itself: %v", err)
 	}
+
+	// Medians 0.40 against 0.50 (0.80×), but the runs interleave by rank: chance, not a
+	// regression; the row still shows the move and its p.
+	noisy := runs([]float64{0.30, 0.60, 0.35, 0.62, 0.40}, []float64{0.20, 0.21, 0.19, 0.20, 0.22})
+	steady := runs([]float64{0.31, 0.58, 0.61, 0.36, 0.50}, []float64{0.20, 0.21, 0.19, 0.20, 0.22})
+	out.Reset()
+	if err := printVolumeAB(&out, "noisy", "steady", noisy, steady); err != nil || !strings.Contains(out.String(), "0.80  1.000") {
+		t.Fatalf("medians 0.80× apart with interleaved runs: %v, want no failure, the quotient and p=1.000 shown:\n%s", err, out.String())
+	}
+	// With three runs each no rank test can reject: the medians decide, and it says so.
+	out.Reset()
+	if err := printVolumeAB(&out, "noisy", "steady", noisy[:3], steady[:3]); err == nil || !strings.Contains(err.Error(), "medians only") || !strings.Contains(err.Error(), "seq-write") {
+		t.Fatalf("three runs each, medians 0.35 against 0.58: %v, want seq-write failing on medians only:\n%s", err, out.String())
+	}
+
 	// CPU per request: more is worse. A build that does not measure it is not compared.
-	cheaper := []*bench.Volume{run(0.50, 0.30), run(0.40, 0.31), run(0.90, 0.29)}
-	for _, v := range cheaper {
-		v.Jobs[1].CPURatio = 6
+	cheaper := runs([]float64{0.50, 0.40, 0.90, 0.45, 0.55}, []float64{0.30, 0.31, 0.29, 0.30, 0.32})
+	for i, v := range cheaper {
+		v.Jobs[1].CPURatio = 6 + float64(i)/10
+	}
+	for i, v := range this {
+		v.Jobs[1].CPURatio = 8 + float64(i)/10
 	}
 	out.Reset()
-	if err := printVolumeAB(&out, "cheap", "dear", cheaper, this); err != nil || !strings.Contains(out.String(), "rand-write CPU 0.75×") {
-		t.Fatalf("6× against 8× the local file's CPU: %v, want rand-write CPU 0.75× named as better:\n%s", err, out.String())
+	if err := printVolumeAB(&out, "cheap", "dear", cheaper, this); err != nil || !strings.Contains(out.String(), "rand-write CPU 0.76×") {
+		t.Fatalf("6.0–6.4× against 8.0–8.4× the local file's CPU: %v, want rand-write CPU 0.76× named as better:\n%s", err, out.String())
 	}
-	if err := printVolumeAB(&out, "dear", "cheap", this, cheaper); err == nil || !strings.Contains(err.Error(), "rand-write CPU 1.33×") {
-		t.Fatalf("8× against 6×: %v, want rand-write CPU 1.33× failing", err)
+	if err := printVolumeAB(&out, "dear", "cheap", this, cheaper); err == nil || !strings.Contains(err.Error(), "rand-write CPU 1.32×") {
+		t.Fatalf("8.0–8.4× against 6.0–6.4×: %v, want rand-write CPU 1.32× failing", err)
 	}
 	// A job without a CPU goal is not compared on CPU (a short job's is mostly fio's start).
 	for _, v := range cheaper {
