@@ -97,6 +97,26 @@ func runVolumeAB(cmd *cobra.Command, other string, runs int) error {
 	return printVolumeAB(cmd.OutOrStdout(), self, other, results[self], results[other])
 }
 
+// verdicts gathers the figures that moved between the two builds, by name.
+type verdicts struct{ worse, better []string }
+
+// judge compares figure name's runs a (this build) with b (the other's) and notes it if it
+// moved (moved); for a cost (lowerIsBetter) up is worse. It returns the quotient of the
+// medians and the test's p.
+func (v *verdicts) judge(name string, a, b []float64, lowerIsBetter bool) (q float64, p string) {
+	q, up, down, p := moved(a, b)
+	if lowerIsBetter {
+		up, down = down, up
+	}
+	switch {
+	case down:
+		v.worse = append(v.worse, fmt.Sprintf("%s %.2f×", name, q))
+	case up:
+		v.better = append(v.better, fmt.Sprintf("%s %.2f×", name, q))
+	}
+	return q, p
+}
+
 // printVolumeAB prints the A/B table and fails when a job's median is slower than the
 // other build's by more than abTolerance, or, for a job with a CPU goal, its CPU per request
 // (× the local file's) higher by more, each only where the runs differ by rank too (moved);
@@ -104,20 +124,14 @@ func runVolumeAB(cmd *cobra.Command, other string, runs int) error {
 func printVolumeAB(out io.Writer, self, other string, a, b []*bench.Volume) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "job (median volume/local ratio of %d runs each)\tthis\tother\tthis/other\tp\truns (this)\truns (other)\t\n", len(a))
-	var slower, faster []string
+	var v verdicts
 	for _, j := range a[0].Jobs {
 		ra, rb := jobValues(a, j.Name, ratioOf), jobValues(b, j.Name, ratioOf)
 		if len(rb) == 0 {
 			fmt.Fprintf(tw, "%s\t%.2f\t-\t-\t-\t%s\t\t\n", j.Description, median(ra), fmtRatios(ra))
 			continue
 		}
-		q, up, down, p := moved(ra, rb)
-		switch {
-		case down:
-			slower = append(slower, fmt.Sprintf("%s %.2f×", j.Name, q))
-		case up:
-			faster = append(faster, fmt.Sprintf("%s %.2f×", j.Name, q))
-		}
+		q, p := v.judge(j.Name, ra, rb, false)
 		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%s\t%s\t%s\t\n", j.Description, median(ra), median(rb), q, p, fmtRatios(ra), fmtRatios(rb))
 	}
 	// CPU per request, volume over local: lower is better. Compared for the jobs with a CPU
@@ -129,13 +143,7 @@ func printVolumeAB(out io.Writer, self, other string, a, b []*bench.Volume) erro
 		if j.CPUGoal <= 0 || len(ca) == 0 || len(cb) == 0 {
 			continue
 		}
-		q, up, down, p := moved(ca, cb)
-		switch {
-		case up:
-			slower = append(slower, fmt.Sprintf("%s CPU %.2f×", j.Name, q))
-		case down:
-			faster = append(faster, fmt.Sprintf("%s CPU %.2f×", j.Name, q))
-		}
+		q, p := v.judge(j.Name+" CPU", ca, cb, true)
 		fmt.Fprintf(tw, "CPU per request of %s, × local's\t%.1f\t%.1f\t%.2f\t%s\t%s\t%s\t\n", j.Name, median(ca), median(cb), q, p, fmtRatios(ca), fmtRatios(cb))
 	}
 	tw.Flush()
@@ -144,11 +152,11 @@ func printVolumeAB(out io.Writer, self, other string, a, b []*bench.Volume) erro
 	if min(len(a), len(b)) < 5 {
 		rule = fmt.Sprintf("by more than %.0f%% (medians only: fewer than 5 runs each cannot pass a rank test)", abTolerance*100)
 	}
-	if len(faster) > 0 {
-		fmt.Fprintf(out, "better than the other build %s: %s\n", rule, strings.Join(faster, ", "))
+	if len(v.better) > 0 {
+		fmt.Fprintf(out, "better than the other build %s: %s\n", rule, strings.Join(v.better, ", "))
 	}
-	if len(slower) > 0 {
-		return fmt.Errorf("bench volume A/B: worse than the other build %s: %s", rule, strings.Join(slower, ", "))
+	if len(v.worse) > 0 {
+		return fmt.Errorf("bench volume A/B: worse than the other build %s: %s", rule, strings.Join(v.worse, ", "))
 	}
 	fmt.Fprintf(out, "no job worse than the other build's %s\n", rule)
 	return nil
