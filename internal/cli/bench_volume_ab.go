@@ -19,29 +19,22 @@ import (
 )
 
 // abTolerance is how far a job's median ratio may move between two builds before the A/B
-// comparison calls it a regression (or a gain), if the runs also differ by rank (shift).
+// comparison calls it a regression (or a gain), if the runs also differ by rank (moved).
 const abTolerance = 0.10
 
-// shift compares two builds' runs of one figure as benchstat does: a Mann-Whitney U test,
-// which asks whether one build's runs rank above the other's, at benchstat's α of 0.05.
-// Medians alone call a move of two noisy runs a regression (five runs of this machine's
-// disk span 2×). decided is false when the runs are too few for the test ever to reject
-// (fewer than 5 each): then the median's move decides alone.
-func shift(a, b []float64) (c benchmath.Comparison, decided bool) {
-	c = benchmath.AssumeNothing.Compare(
-		benchmath.NewSample(slices.Clone(a), &benchmath.DefaultThresholds),
-		benchmath.NewSample(slices.Clone(b), &benchmath.DefaultThresholds))
-	return c, min(len(a), len(b)) >= 5
-}
-
-// moved says how the figure of runs a compares with that of runs b: q is median(a) /
-// median(b); up and down say whether q is beyond abTolerance and the runs' ranks agree; p
-// is the test's, "-" when the runs are too few for it.
+// moved compares runs a of one figure with runs b: q is median(a) / median(b); up and down
+// say whether q is beyond abTolerance and the runs also differ by rank, as benchstat
+// decides it: a Mann-Whitney U test at α 0.05 (medians alone call a move of two noisy runs
+// a regression; five runs of this machine's disk span 2×). p is the test's, "-" when the
+// runs are too few for it ever to reject (fewer than 5 each): then the median's move
+// decides alone.
 func moved(a, b []float64) (q float64, up, down bool, p string) {
 	q = median(a) / median(b)
-	c, decided := shift(a, b)
 	significant, p := true, "-"
-	if decided {
+	if min(len(a), len(b)) >= 5 {
+		c := benchmath.AssumeNothing.Compare(
+			benchmath.NewSample(slices.Clone(a), &benchmath.DefaultThresholds),
+			benchmath.NewSample(slices.Clone(b), &benchmath.DefaultThresholds))
 		significant, p = c.P <= c.Alpha, fmt.Sprintf("%.3f", c.P)
 	}
 	return q, significant && q > 1+abTolerance, significant && q < 1-abTolerance, p

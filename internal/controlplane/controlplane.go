@@ -445,8 +445,6 @@ func lockDataDir(dir string) (*os.File, error) {
 	return f, nil
 }
 
-// listen binds the API server's port before the server starts, so no other
-// process can take it between choosing and serving.
 func writeKubeconfig(path, server, ca, cert, key, user string) error {
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["crdipc"] = &clientcmdapi.Cluster{Server: server, CertificateAuthority: ca}

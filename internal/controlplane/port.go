@@ -14,6 +14,8 @@ import (
 
 // listen binds the API server's loopback port: port if given; else the port the data
 // directory's previous run recorded, if it is free; else a new one, recorded for the next run.
+// It binds before the server starts, so no other process can take the port between
+// choosing and serving.
 func listen(dir string, port int) (net.Listener, error) {
 	portFile := filepath.Join(dir, "port")
 	if port != 0 {

@@ -25,9 +25,10 @@ const directMin = 64 << 10
 // buffered read from the disk is bounded by read-ahead's pace and the copy: on this
 // machine's disk 0.8–1.2 GB/s at 16 in flight against 2.2–4.8 GB/s direct
 // (docs/performance.md). Pages that are all cached already (written a moment ago, read
-// by someone else) are copied, not read again. Why it is still coherent: before a direct read the kernel writes back and waits for the dirty
-// pages of its range (filemap_write_and_wait_range), so a read issued after an
-// acknowledged write, whose pwrite left it in the page cache, reads it from the disk.
+// by someone else) are copied, not read again. Why it is still coherent: before a direct
+// read the kernel writes back and waits for the dirty pages of its range
+// (filemap_write_and_wait_range), so a read issued after an acknowledged write, whose
+// pwrite left it in the page cache, reads it from the disk.
 type replicaFile struct {
 	f *os.File
 	// direct is nil where the file system has no direct I/O (tmpfs, some FUSE ones).
