@@ -64,7 +64,10 @@ The CPU of a request is the whole machine's busy time (/proc/stat: user, system,
 interrupts; not idle, I/O wait or steal) while fio ran the job, over the job's
 requests: fio, the kernel's file system, loop and FUSE layers, the volume target
 and the replica servers alike. It is the data path's cost on a machine that runs
-nothing else; with --kubeconfig, replicas on other machines are not in it.
+nothing else; with --kubeconfig, replicas on other machines are not in it. The
+ceiling's CPU per request is reported beside it: what FUSE, the loop device and
+the file system cost a request with no replica behind them, a floor no volume's
+request goes below.
 
 Without --kubeconfig, bench starts an embedded control plane plus, in this
 process, the operator, --nodes simulated nodes with their agents and the CSI
@@ -262,7 +265,7 @@ func printVolume(out io.Writer, v *bench.Volume) {
 	if v.CachesDropped {
 		mode += ", caches dropped"
 	}
-	fmt.Fprintf(tw, "volume (RF %d, %s, %s; fio %s, %s)\tvolume\tlocal file\tratio\trounds\tceiling\tvolume/ceiling\tCPU µs/request: volume\tlocal\tratio\t\n",
+	fmt.Fprintf(tw, "volume (RF %d, %s, %s; fio %s, %s)\tvolume\tlocal file\tratio\trounds\tceiling\tvolume/ceiling\tCPU µs/request: volume\tlocal\tratio\tceiling\t\n",
 		v.ReplicationFactor, v.FsType, resource.NewQuantity(v.VolumeBytes, resource.BinarySI), v.Engine, mode)
 	for _, j := range v.Jobs {
 		value := func(r bench.FioResult) string {
@@ -279,20 +282,24 @@ func printVolume(out io.Writer, v *bench.Volume) {
 		if j.Ceiling != nil {
 			ceiling, vsCeiling = value(*j.Ceiling), fmt.Sprintf("%.2f", j.CeilingRatio)
 		}
-		cpu := "\t\t"
+		cpu := "\t\t\t"
 		if j.CPURatio > 0 {
-			cpu = fmt.Sprintf("%.0f\t%.0f\t%.1f", j.Volume.CPUPerOpMicros, j.Local.CPUPerOpMicros, j.CPURatio)
+			cpu = fmt.Sprintf("%.0f\t%.0f\t%.1f\t", j.Volume.CPUPerOpMicros, j.Local.CPUPerOpMicros, j.CPURatio)
+			if j.Ceiling != nil && j.Ceiling.CPUPerOpMicros > 0 {
+				cpu += fmt.Sprintf("%.0f", j.Ceiling.CPUPerOpMicros)
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t\n", j.Description, value(j.Volume), value(j.Local), j.Ratio,
 			strings.Join(rounds, " "), ceiling, vsCeiling, cpu)
 	}
 	r := v.Rebuild
-	fmt.Fprintf(tw, "rebuild, %.0f of %.0f MiB allocated (MiB/s)\t%.1f\t\t\t\t\t\t\t\t\t\n",
+	fmt.Fprintf(tw, "rebuild, %.0f of %.0f MiB allocated (MiB/s)\t%.1f\t\t\t\t\t\t\t\t\t\t\n",
 		float64(r.AllocatedBytes)/(1<<20), float64(r.VolumeBytes)/(1<<20), r.MiBPerSec)
 	tw.Flush()
 	fmt.Fprintln(out, "(ratio: the median of the rounds' volume/local, each round running both sides in turn;")
 	fmt.Fprintln(out, " ceiling: the same job on crdipc's FUSE and loop export of a device in memory, no replicas;")
-	fmt.Fprintln(out, " CPU µs/request: the whole machine's busy CPU while the job ran, over its requests, in the median round)")
+	fmt.Fprintln(out, " CPU µs/request: the whole machine's busy CPU while the job ran, over its requests, in the median round;")
+	fmt.Fprintln(out, " its ceiling: the same on the ceiling's export, what FUSE, loop and the file system cost with no replica)")
 	fmt.Fprintln(out)
 	printGoals(out, v.Goals(), false)
 }

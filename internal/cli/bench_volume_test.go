@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -80,8 +81,16 @@ func TestBenchVolume(t *testing.T) {
 		if j.Divisor != divisor || j.Goal <= 0 || math.Abs(j.GoalRatio-j.Ratio*float64(divisor)) > 1e-9 {
 			t.Errorf("job %s: divisor %d, goal %v, goal ratio %v (ratio %v); want divisor %d", j.Name, j.Divisor, j.Goal, j.GoalRatio, j.Ratio, divisor)
 		}
-		if !strings.Contains(out.String(), j.Description) {
+		row := tableRow(out.String(), j.Description)
+		if row == nil {
 			t.Errorf("table lacks job %s (%q)", j.Name, j.Description)
+			continue
+		}
+		// The ceiling's CPU per request, the frontend's floor, ends the row.
+		if c := j.Ceiling; c == nil || c.CPUPerOpMicros <= 0 {
+			t.Errorf("job %s: ceiling %+v, want its CPU per request measured", j.Name, c)
+		} else if want := fmt.Sprintf("%.0f", c.CPUPerOpMicros); row[len(row)-1] != want {
+			t.Errorf("job %s: row %q, want the ceiling's CPU per request %s last", j.Name, row, want)
 		}
 	}
 	if r := v.Rebuild; r.AllocatedBytes < 8<<20 || r.Seconds <= 0 || r.MiBPerSec <= 0 {
@@ -102,6 +111,16 @@ func TestBenchVolume(t *testing.T) {
 			t.Errorf("left in --dir: %s", e.Name())
 		}
 	}
+}
+
+// tableRow is the fields after the description of the table's line for a job.
+func tableRow(table, desc string) []string {
+	for line := range strings.Lines(table) {
+		if rest, ok := strings.CutPrefix(strings.TrimLeft(line, " "), desc); ok {
+			return strings.Fields(rest)
+		}
+	}
+	return nil
 }
 
 // The A/B comparison fails on a median more than 10 % below the other build's whose runs
