@@ -68,7 +68,7 @@ nothing else; with --kubeconfig, replicas on other machines are not in it. The
 ceiling's CPU per request is reported beside it: what FUSE, the loop device and
 the file system cost a request with no replica behind them, the frontend's share
 of a volume's request (the ceiling runs each job once, so its short sequential
-jobs are noisy: read the 10-second random write's).
+jobs are noisy: read the random write's, which runs --rand-runtime).
 
 Without --kubeconfig, bench starts an embedded control plane plus, in this
 process, the operator, --nodes simulated nodes with their agents and the CSI
