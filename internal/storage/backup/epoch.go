@@ -168,7 +168,12 @@ func (r *Repository) openSession(ctx context.Context, key, id string, every time
 				return
 			case <-t.C:
 			}
-			_ = s.write(hctx)
+			// stop does not cancel a renewal under way, it waits for it: an S3 server may
+			// still store a PUT whose client gave up, after stop's DELETE of the marker,
+			// which would then hold prunes back for a whole pending timeout.
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(hctx), storeOpTimeout)
+			_ = s.write(wctx)
+			cancel()
 		}
 	}()
 	return s, nil
@@ -213,7 +218,10 @@ func (s *session) fresh() error {
 	return nil
 }
 
-// stop ends the renewals and removes the marker.
+// storeOpTimeout bounds a marker's renewal and its removal, which stop waits for.
+const storeOpTimeout = 30 * time.Second
+
+// stop ends the renewals, once the one under way (if any) is done, and removes the marker.
 func (s *session) stop(ctx context.Context) {
 	s.stopped.Store(true)
 	s.cancel()
@@ -222,7 +230,7 @@ func (s *session) stop(ctx context.Context) {
 }
 
 func (s *session) remove(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeOpTimeout)
 	defer cancel()
 	_ = s.r.store.Delete(ctx, s.key) // a marker left behind only delays prunes (the pending timeout)
 }

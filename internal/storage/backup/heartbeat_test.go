@@ -92,3 +92,55 @@ func (g *pausedVolume) ReadAt(p []byte, off int64) (int, error) {
 	}
 	return g.r.ReadAt(p, off)
 }
+
+// stop waits for a renewal of the marker under way rather than cancel it: an S3 server may
+// still store a PUT its client gave up on, after stop's DELETE, and the marker would then
+// hold every prune back for a pending timeout (seen in CI: a finished backup still listed
+// as running). The store's hook holds one renewal until the test lets it go, and reports it
+// if its client gives up first.
+func TestStopWaitsForARenewalUnderWay(t *testing.T) {
+	ctx := t.Context()
+	store := NewMemStore(time.Now)
+	repo, err := Open(ctx, store, bytes.Repeat([]byte{1}, 32), InitOptions{ChunkSize: minChunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var armed atomic.Bool
+	var once sync.Once
+	held, release, abandoned := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	store.Hook = func(ctx context.Context, op, key string) Fault {
+		if op != "put" || !strings.HasPrefix(key, pendingPrefix) || !armed.Load() {
+			return NoFault
+		}
+		first := false
+		once.Do(func() { first = true; close(held) })
+		if !first {
+			return NoFault
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+			close(abandoned)
+		}
+		return NoFault
+	}
+	s, err := repo.openSession(ctx, pendingPrefix+"b/"+randomID(), "b", time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	<-held
+	stopped := make(chan struct{})
+	go func() { s.stop(ctx); close(stopped) }()
+	wait.Eventually(t, 10*time.Second, "stop called", func(context.Context) (bool, error) { return s.stopped.Load(), nil })
+	select {
+	case <-abandoned:
+		t.Fatal("stop cancelled the marker's renewal under way; on S3 it may land after the marker's removal")
+	default:
+	}
+	close(release)
+	<-stopped
+	if keys := store.Keys(pendingPrefix); len(keys) != 0 {
+		t.Fatalf("markers left after stop: %v", keys)
+	}
+}
